@@ -1,0 +1,31 @@
+# CUDA is built when nvcc is present (AUTO) or demanded (ON). Architectures: CMAKE_CUDA_ARCHITECTURES,
+# default the consumer and datacenter cards users have (Ampere, Ada, Hopper).
+set(DFLASH_HAVE_CUDA OFF)
+if(NOT DFLASH_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
+      set(CMAKE_CUDA_ARCHITECTURES "80;86;89;90" CACHE STRING "CUDA architectures" FORCE)
+    endif()
+    enable_language(CUDA)
+    # CMake 3.25 does not know nvcc 13's C++20 dialect flag; tell it.
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    # Kernels (.cu) stay free of fmt/spdlog (nvcc's front end rejects their constexpr code); host glue that
+    # turns CUDA errors into Status lives in ops/cuda/*.cpp, built by the C++ compiler.
+    string(APPEND CMAKE_CUDA_FLAGS " --expt-relaxed-constexpr")
+    find_package(CUDAToolkit REQUIRED)
+    set(DFLASH_HAVE_CUDA ON)
+    message(STATUS "dflash: CUDA backend ON (architectures ${CMAKE_CUDA_ARCHITECTURES})")
+  elseif(DFLASH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "DFLASH_CUDA=ON but no CUDA compiler was found")
+  else()
+    message(STATUS "dflash: CUDA backend OFF (no nvcc)")
+  endif()
+endif()

@@ -1,0 +1,34 @@
+#include "ops/cuda/device.h"
+
+#include <cuda_runtime.h>
+
+namespace dflash::cuda {
+
+Result<std::vector<DeviceInfo>> list_devices() {
+  int n = 0;
+  cudaError_t err = cudaGetDeviceCount(&n);
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) {
+    cudaGetLastError();  // clear the sticky error for later calls
+    return std::vector<DeviceInfo>{};
+  }
+  if (err != cudaSuccess) return io_error("cudaGetDeviceCount: {}", cudaGetErrorString(err));
+  std::vector<DeviceInfo> out;
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp prop{};
+    err = cudaGetDeviceProperties(&prop, i);
+    if (err != cudaSuccess) return io_error("cudaGetDeviceProperties({}): {}", i, cudaGetErrorString(err));
+    DeviceInfo d;
+    d.index = i;
+    d.name = prop.name;
+    d.sm_major = prop.major;
+    d.sm_minor = prop.minor;
+    d.multiprocessors = prop.multiProcessorCount;
+    d.total_bytes = prop.totalGlobalMem;
+    size_t free_b = 0, total_b = 0;
+    if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) d.free_bytes = free_b;
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+}  // namespace dflash::cuda

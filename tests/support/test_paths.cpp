@@ -1,0 +1,28 @@
+#include "support/test_paths.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+namespace dflash::test {
+
+std::string source_dir() { return DFLASH_SOURCE_DIR; }
+std::string binary_dir() { return DFLASH_BINARY_DIR; }
+
+std::string fixture_path(const std::string& rel) { return source_dir() + "/tests/fixtures/" + rel; }
+
+std::string oracle_path(const std::string& rel) {
+  std::string p = source_dir() + "/tests/oracle/node_modules/" + rel;
+  return std::filesystem::exists(p) ? p : std::string();
+}
+
+std::string scratch_dir() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "scratch";
+  std::filesystem::path p = std::filesystem::path(binary_dir()) / "test-scratch" / name;
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p.string();
+}
+
+}  // namespace dflash::test

@@ -1,0 +1,25 @@
+// Where tests find fixtures, the oracle packages (npm) and scratch space.
+#pragma once
+
+#include <string>
+
+namespace dflash::test {
+
+// The repository root and the build directory.
+std::string source_dir();
+std::string binary_dir();
+// tests/fixtures/<rel>
+std::string fixture_path(const std::string& rel);
+// tests/oracle/node_modules/<rel>, or "" when the oracle packages are not installed.
+std::string oracle_path(const std::string& rel);
+// A fresh empty directory under the build tree, unique to the running test.
+std::string scratch_dir();
+
+}  // namespace dflash::test
+
+// Skips the current test with a message that CI logs show (an oracle that is absent never passes silently).
+#define DF_SKIP_LOUDLY(why)                                              \
+  do {                                                                   \
+    std::fprintf(stderr, "\n*** ORACLE SKIPPED: %s ***\n", std::string(why).c_str()); \
+    GTEST_SKIP() << (why);                                               \
+  } while (0)
