@@ -20,10 +20,16 @@ if (mode === "tokenize") {
   process.exit(0);
 }
 
+// Vocabulary size as llama.cpp sees it: the rows of token_embd (node-llama-cpp exposes no n_vocab).
+function logitsRowLength(model) {
+  const t = model.fileInfo.tensorInfo.find((x) => x.name === "token_embd.weight");
+  return Number(t.dimensions[1]);
+}
+
 if (mode === "logits") {
   const model = await llama.loadModel({modelPath});
   const {prompts} = JSON.parse(fs.readFileSync(inPath, "utf8"));
-  const nVocab = model.fileInsights.vocabularySize ?? model.tokens.length;
+  const nVocab = logitsRowLength(model);
   const fd = fs.openSync(outPath, "w");
   let positions = 0;
   for (const ids of prompts) {
