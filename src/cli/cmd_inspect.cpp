@@ -1,5 +1,7 @@
 // dflash inspect FILE: metadata and tensor table of a GGUF file, a safetensors file or an HF model directory.
 #include <cstdio>
+#include <cstring>
+#include <optional>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -7,6 +9,8 @@
 #include "base/file_io.h"
 #include "cli/commands.h"
 #include "formats/gguf.h"
+#include "formats/safetensors.h"
+#include "model/model_spec.h"
 
 namespace dflash::cli {
 namespace {
@@ -100,15 +104,76 @@ int inspect_gguf(const InspectOptions& opt) {
   return 0;
 }
 
+// A .safetensors file, an index .json, or an HF directory (config.json summarised when present).
+int inspect_safetensors(const InspectOptions& opt) {
+  auto m = SafetensorsModel::open(opt.path);
+  if (!m.ok()) return report(m.status());
+  std::optional<ModelSpec> spec;
+  std::string spec_error;
+  if (is_directory(opt.path)) {
+    auto s = model_spec_from_hf_path(opt.path);
+    if (s.ok()) spec = *s;
+    else spec_error = s.status().to_string();
+  }
+  std::vector<std::string> names = m->tensor_names();
+  if (opt.json) {
+    nlohmann::json j;
+    j["format"] = "safetensors";
+    j["sharded"] = m->sharded();
+    j["files"] = m->files().size();
+    if (spec) j["model"] = spec->summary();
+    j["tensors"] = nlohmann::json::array();
+    if (!opt.no_tensors)
+      for (const auto& n : names) {
+        const auto* t = m->find(n);
+        j["tensors"].push_back({{"name", n}, {"type", safetensors_dtype_name(t->dtype)}, {"shape", t->shape},
+                                {"bytes", t->nbytes}});
+      }
+    j["tensor_count"] = names.size();
+    j["tensor_bytes"] = m->total_bytes();
+    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return 0;
+  }
+  std::printf("%s: safetensors, %zu file(s)%s, %zu tensors, %.2f MiB\n", opt.path.c_str(), m->files().size(),
+              m->sharded() ? " (sharded)" : "", names.size(), m->total_bytes() / 1048576.0);
+  if (spec) std::printf("model: %s\n", spec->summary().c_str());
+  else if (!spec_error.empty()) std::printf("model: config.json not understood (%s)\n", spec_error.c_str());
+  if (!opt.no_tensors) {
+    std::printf("\n  %-64s %-5s %-24s %12s\n", "name", "type", "shape (row-major)", "bytes");
+    for (const auto& n : names) {
+      const auto* t = m->find(n);
+      std::printf("  %-64s %-5s %-24s %12llu\n", n.c_str(), std::string(safetensors_dtype_name(t->dtype)).c_str(),
+                  shape_string(t->shape).c_str(), static_cast<unsigned long long>(t->nbytes));
+    }
+  }
+  return 0;
+}
+
+bool looks_like_gguf(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return false;
+  char magic[4] = {};
+  size_t n = std::fread(magic, 1, 4, f);
+  std::fclose(f);
+  return n == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
 }  // namespace
 
 void add_inspect_command(CLI::App& app, int& exit_code) {
   auto opt = std::make_shared<InspectOptions>();
   auto* cmd = app.add_subcommand("inspect", "Print the metadata and tensor table of a model file");
-  cmd->add_option("file", opt->path, "GGUF file")->required();
+  cmd->add_option("file", opt->path, "GGUF file, .safetensors file, or HF model directory")->required();
   cmd->add_flag("--json", opt->json, "Machine-readable output");
   cmd->add_flag("--no-tensors", opt->no_tensors, "Omit the per-tensor table");
-  cmd->callback([opt, &exit_code] { exit_code = inspect_gguf(*opt); });
+  cmd->callback([opt, &exit_code] {
+    if (!is_directory(opt->path) && !file_exists(opt->path))
+      exit_code = report(not_found("no such file or directory: '{}'", opt->path));
+    else if (is_directory(opt->path) || !looks_like_gguf(opt->path))
+      exit_code = inspect_safetensors(*opt);
+    else
+      exit_code = inspect_gguf(*opt);
+  });
 }
 
 }  // namespace dflash::cli

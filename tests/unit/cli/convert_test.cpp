@@ -191,6 +191,9 @@ TEST(Convert, RandomQwen35CheckpointLoadsInLlamaCpp) {
   if (!llama_available(&why)) DF_SKIP_LOUDLY(why);
   const std::string dir = test::scratch_dir();
   ASSERT_TRUE(test::write_random_hf_model(dir + "/hf", test::tiny_qwen35_config(512), 11).ok());
+  // node-llama-cpp needs a vocabulary to run a model: borrow the tiny fixtures' 512-token one.
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::copy_file(test::fixture_path(std::string("models/tiny-qwen35/") + f), dir + "/hf/" + f);
   auto conv = dflash("convert " + shell_quote(dir + "/hf") + " -o " + shell_quote(dir + "/m.gguf"));
   ASSERT_EQ(conv.exit_code, 0) << conv.err;
   auto file = GgufFile::open(dir + "/m.gguf");
