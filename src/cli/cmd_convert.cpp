@@ -8,6 +8,7 @@
 #include "formats/safetensors.h"
 #include "model/hf_to_gguf.h"
 #include "model/model_spec.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/gguf_vocab.h"
 #include "tokenizer/load_tokenizer.h"
 
@@ -63,8 +64,16 @@ Status run_convert(const ConvertOptions& opt) {
   } else if (has_tokenizer) {
     DF_ASSIGN_OR_RETURN(Vocab vocab, load_vocab(opt.hf_dir));
     DF_RETURN_IF_ERROR(write_tokenizer_to_gguf(vocab, gguf_spec.vocab, w));
-    if (!vocab.chat_template.empty()) w.set("tokenizer.chat_template", GgufValue::string(vocab.chat_template));
-    else log::warn("convert: no chat template found in {}", opt.hf_dir);
+    auto tmpl = load_chat_template(opt.hf_dir);
+    if (tmpl.ok()) {
+      w.set("tokenizer.chat_template", GgufValue::string(tmpl->source));
+      if (!tmpl->tool_use_source.empty())
+        w.set("tokenizer.chat_template.tool_use", GgufValue::string(tmpl->tool_use_source));
+    } else if (tmpl.status().code() == ErrorCode::kNotFound) {
+      log::warn("convert: no chat template in {}", opt.hf_dir);
+    } else {
+      return tmpl.status();
+    }
   } else {
     // llama.cpp accepts a model without a vocabulary when told so; ids are then fed directly.
     log::warn("convert: {} has no tokenizer.json; writing a model without a vocabulary", opt.hf_dir);

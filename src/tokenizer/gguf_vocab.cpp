@@ -17,7 +17,6 @@ constexpr const char* kPad = "tokenizer.ggml.padding_token_id";
 constexpr const char* kUnk = "tokenizer.ggml.unknown_token_id";
 constexpr const char* kAddBos = "tokenizer.ggml.add_bos_token";
 constexpr const char* kAddEos = "tokenizer.ggml.add_eos_token";
-constexpr const char* kChatTemplate = "tokenizer.chat_template";
 
 Result<const std::string*> get_string(const GgufLookup& find, const char* key) {
   const GgufValue* v = find(key);
@@ -129,8 +128,6 @@ Result<Vocab> read(const GgufLookup& find) {
   DF_RETURN_IF_ERROR(get_id(find, kUnk, v.tokens.size(), v.unk_id));
   DF_RETURN_IF_ERROR(get_flag(find, kAddBos, v.add_bos));
   DF_RETURN_IF_ERROR(get_flag(find, kAddEos, v.add_eos));
-  DF_ASSIGN_OR_RETURN(const std::string* tpl, get_string(find, kChatTemplate));
-  if (tpl != nullptr) v.chat_template = *tpl;
 
   v.pre_name = *pre;
   v.split_regexes = {std::string(spec->regex)};

@@ -14,7 +14,7 @@ namespace dflash {
 using GgufLookup = std::function<const GgufValue*(const std::string& key)>;
 
 // Reads tokenizer.ggml.{model, pre, tokens, token_type, merges, bos/eos/eot/padding/unknown_token_id,
-// add_bos_token, add_eos_token} and tokenizer.chat_template. model must be "gpt2" (byte-level BPE);
+// add_bos_token, add_eos_token} (the chat template is chat_template.h's business). model must be "gpt2" (byte-level BPE);
 // pre must be a known family (qwen2, qwen35, llama-bpe, gpt2). Control tokens become special added tokens and user-defined tokens non-special ones.
 // GGUF has no normalizer key: NFC is applied when the family's HF tokenizer applies it (qwen2, qwen35),
 // which matches HF tokenizers (llama.cpp itself skips NFC; the two differ only on non-NFC input).

@@ -251,21 +251,6 @@ Status apply_config(const json& cfg, Vocab& v, std::vector<AddedToken>& extra_ad
   if (!cfg.is_object()) return corrupt("tokenizer_config.json: the top level must be an object");
   DF_RETURN_IF_ERROR(read_bool(cfg, "add_bos_token", "tokenizer_config.json", v.add_bos));
   DF_RETURN_IF_ERROR(read_bool(cfg, "add_eos_token", "tokenizer_config.json", v.add_eos));
-  if (const json* t = member(cfg, "chat_template")) {
-    if (t->is_string()) {
-      v.chat_template = t->get<std::string>();
-    } else if (t->is_array()) {  // [{"name": "default", "template": "..."}, ...]
-      for (const json& e : *t) {
-        if (!e.is_object()) continue;
-        DF_ASSIGN_OR_RETURN(const std::string* name, read_string(e, "name", "tokenizer_config.json chat_template"));
-        DF_ASSIGN_OR_RETURN(const std::string* tpl, read_string(e, "template", "tokenizer_config.json chat_template"));
-        if (tpl != nullptr && (v.chat_template.empty() || (name != nullptr && *name == "default")))
-          v.chat_template = *tpl;
-      }
-    } else {
-      return type_error("tokenizer_config.json", "chat_template", "a string or an array", *t);
-    }
-  }
   if (const json* dec = member(cfg, "added_tokens_decoder")) {
     if (!dec->is_object()) return type_error("tokenizer_config.json", "added_tokens_decoder", "an object", *dec);
     if (static_cast<int64_t>(dec->size()) > kMaxVocabTokens) return corrupt("tokenizer_config.json: too many added tokens");

@@ -16,7 +16,7 @@ inline constexpr size_t kMaxTokenizerJsonBytes = size_t{512} << 20;
 // added_tokens with their flags. Anything else is refused with kUnsupported naming what it is.
 //
 // `config_json` (tokenizer_config.json, may be empty) gives bos/eos/pad/unk tokens, add_bos_token,
-// add_eos_token, chat_template, and added tokens from added_tokens_decoder that tokenizer.json lacks.
+// add_eos_token, and added tokens from added_tokens_decoder that tokenizer.json lacks.
 // tokenizer.json wins for the flags of tokens it defines (it is what HF tokenizers itself reads).
 // Ids no token claims become padding (kUnused).
 Result<Vocab> vocab_from_tokenizer_json(std::string_view tokenizer_json, std::string_view config_json = {});

@@ -74,7 +74,6 @@ struct Vocab {
   std::optional<int32_t> bos_id, eos_id, eot_id, pad_id, unk_id;
   bool add_bos = false;
   bool add_eos = false;
-  std::string chat_template;  // as the files carry it ("" when none); the caller decides what to do with it
 
   int32_t size() const { return static_cast<int32_t>(tokens.size()); }
   bool is_valid_id(int64_t id) const { return id >= 0 && id < static_cast<int64_t>(tokens.size()); }

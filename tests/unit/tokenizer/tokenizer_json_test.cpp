@@ -73,7 +73,6 @@ TEST(TokenizerJson, config_gives_special_ids_flags_and_template) {
   EXPECT_EQ(v->eos_id, v->find_token("<|end|>"));
   EXPECT_EQ(v->pad_id, v->eos_id);
   EXPECT_FALSE(v->bos_id.has_value());
-  EXPECT_EQ(v->chat_template, "{{ messages }}");
   EXPECT_EQ(v->size(), 301);  // the config's token 300, with padding before it
   EXPECT_EQ(v->types[299], TokenType::kUnused);
   EXPECT_EQ(v->types[300], TokenType::kControl);
