@@ -22,6 +22,7 @@
 
 #include "ops/cuda/dequantize_host.h"
 #include "ops/cuda/fill.h"
+#include "support/random_blocks.h"
 #include "support/test_paths.h"
 #include "tensor/dtype.h"
 #include "tensor/half.h"
@@ -66,52 +67,12 @@ uint32_t test_seed() {
 uint32_t elems_per_block(DType t) { return dtype_info(t)->block_elems; }
 uint64_t bytes_for(DType t, int64_t n) { return row_bytes(t, static_cast<uint64_t>(n)).value(); }
 
-// Byte offsets of the fp16 scale fields (d, m, dmin) in one block.
-std::vector<size_t> half_fields(DType t) {
-  switch (t) {
-    case DType::kQ4_0: return {offsetof(BlockQ4_0, d)};
-    case DType::kQ4_1: return {offsetof(BlockQ4_1, d), offsetof(BlockQ4_1, m)};
-    case DType::kQ5_0: return {offsetof(BlockQ5_0, d)};
-    case DType::kQ5_1: return {offsetof(BlockQ5_1, d), offsetof(BlockQ5_1, m)};
-    case DType::kQ8_0: return {offsetof(BlockQ8_0, d)};
-    case DType::kQ2_K: return {offsetof(BlockQ2_K, d), offsetof(BlockQ2_K, dmin)};
-    case DType::kQ3_K: return {offsetof(BlockQ3_K, d)};
-    case DType::kQ4_K: return {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)};
-    case DType::kQ5_K: return {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)};
-    case DType::kQ6_K: return {offsetof(BlockQ6_K, d)};
-    default: return {};
-  }
-}
-
-// A finite scale as fp16 bits: mostly normal values over a wide range, sometimes zero or subnormal.
-uint16_t random_scale(std::mt19937& rng) {
-  std::uniform_int_distribution<int> kind(0, 19);
-  std::uniform_real_distribution<float> exponent(-20.0f, 6.0f);
-  const uint16_t sign = (rng() & 1) ? 0x8000 : 0;
-  switch (kind(rng)) {
-    case 0: return sign;                                               // zero
-    case 1: return static_cast<uint16_t>(sign | (1 + rng() % 0x3ff));  // subnormal
-    default: return static_cast<uint16_t>(sign | fp32_to_fp16(std::exp2(exponent(rng))));
-  }
-}
-
-// A scale that is often inf or NaN (any payload, signaling or quiet).
-uint16_t random_nonfinite_scale(std::mt19937& rng) {
-  const uint16_t sign = (rng() & 1) ? 0x8000 : 0;
-  switch (rng() % 4) {
-    case 0: return static_cast<uint16_t>(sign | 0x7c00u);                        // inf
-    case 1: return static_cast<uint16_t>(sign | 0x7c00u | (1 + rng() % 0x3ffu));  // NaN
-    default: return random_scale(rng);
-  }
-}
-
 // `bytes` bytes of a type's source tensor: codes and packed scales arbitrary, float scales finite (or
 // often inf/NaN when asked). Plain float types get arbitrary bits (NaN and inf included) except the f32
 // poison word.
 std::vector<uint8_t> random_source(DType t, uint64_t bytes, std::mt19937& rng, bool nonfinite_scales = false) {
   std::vector<uint8_t> out(bytes);
   for (auto& b : out) b = static_cast<uint8_t>(rng());
-  const auto info = *dtype_info(t);
   if (t == DType::kF32) {
     for (size_t i = 0; i + 4 <= out.size(); i += 4) {
       uint32_t w;
@@ -121,21 +82,7 @@ std::vector<uint8_t> random_source(DType t, uint64_t bytes, std::mt19937& rng, b
     }
     return out;
   }
-  if (!info.quantized) return out;
-  std::uniform_real_distribution<float> exponent(-30.0f, 10.0f);
-  for (size_t off = 0; off + info.block_bytes <= out.size(); off += info.block_bytes) {
-    uint8_t* block = out.data() + off;
-    if (t == DType::kQ8_K) {  // fp32 d
-      float d = ((rng() & 1) ? -1.0f : 1.0f) * std::exp2(exponent(rng));
-      if (nonfinite_scales && rng() % 2) d = (rng() % 2) ? std::numeric_limits<float>::infinity() : std::nanf("");
-      std::memcpy(block + offsetof(BlockQ8_K, d), &d, sizeof d);
-      continue;
-    }
-    for (size_t field : half_fields(t)) {
-      const uint16_t h = nonfinite_scales ? random_nonfinite_scale(rng) : random_scale(rng);
-      std::memcpy(block + field, &h, sizeof h);
-    }
-  }
+  test::randomize_block_scales(t, out.data(), out.size(), rng, nonfinite_scales);
   return out;
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "support/ggml_oracle.h"
+#include "support/random_blocks.h"
 #include "support/test_paths.h"
 #include "tensor/half.h"
 
@@ -34,56 +35,6 @@ constexpr QuantType kQuantTypes[] = {
 uint32_t block_elems(DType t) { return dtype_info(t)->block_elems; }
 uint64_t bytes_for(DType t, int64_t n) { return row_bytes(t, static_cast<uint64_t>(n)).value(); }
 uint32_t bits_of(float f) { return std::bit_cast<uint32_t>(f); }
-
-// Byte offsets of the fp16 scale fields (d, m, dmin) in one block.
-std::vector<size_t> half_fields(DType t) {
-  switch (t) {
-    case DType::kQ4_0: return {offsetof(BlockQ4_0, d)};
-    case DType::kQ4_1: return {offsetof(BlockQ4_1, d), offsetof(BlockQ4_1, m)};
-    case DType::kQ5_0: return {offsetof(BlockQ5_0, d)};
-    case DType::kQ5_1: return {offsetof(BlockQ5_1, d), offsetof(BlockQ5_1, m)};
-    case DType::kQ8_0: return {offsetof(BlockQ8_0, d)};
-    case DType::kQ2_K: return {offsetof(BlockQ2_K, d), offsetof(BlockQ2_K, dmin)};
-    case DType::kQ3_K: return {offsetof(BlockQ3_K, d)};
-    case DType::kQ4_K: return {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)};
-    case DType::kQ5_K: return {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)};
-    case DType::kQ6_K: return {offsetof(BlockQ6_K, d)};
-    default: return {};
-  }
-}
-
-// A finite scale as fp16 bits: mostly normal values over a wide range, sometimes zero or subnormal.
-uint16_t random_scale(std::mt19937& rng) {
-  std::uniform_int_distribution<int> kind(0, 19);
-  std::uniform_real_distribution<float> exponent(-20.0f, 6.0f);
-  const uint16_t sign = (rng() & 1) ? 0x8000 : 0;
-  switch (kind(rng)) {
-    case 0: return sign;                                                  // zero
-    case 1: return static_cast<uint16_t>(sign | (1 + rng() % 0x3ff));     // subnormal
-    default: return static_cast<uint16_t>(sign | fp32_to_fp16(std::exp2(exponent(rng))));
-  }
-}
-
-// Random bytes that form valid blocks: codes and packed scales arbitrary, float scales finite.
-std::vector<uint8_t> random_blocks(DType t, int64_t blocks, std::mt19937& rng) {
-  const uint32_t block_bytes = dtype_info(t)->block_bytes;
-  std::vector<uint8_t> bytes(block_bytes * static_cast<size_t>(blocks));
-  for (auto& b : bytes) b = static_cast<uint8_t>(rng());
-  std::uniform_real_distribution<float> exponent(-30.0f, 10.0f);
-  for (int64_t i = 0; i < blocks; ++i) {
-    uint8_t* block = bytes.data() + i * block_bytes;
-    if (t == DType::kQ8_K) {  // fp32 d
-      const float d = ((rng() & 1) ? -1.0f : 1.0f) * std::exp2(exponent(rng));
-      std::memcpy(block + offsetof(BlockQ8_K, d), &d, sizeof d);
-      continue;
-    }
-    for (size_t off : half_fields(t)) {
-      const uint16_t h = random_scale(rng);
-      std::memcpy(block + off, &h, sizeof h);
-    }
-  }
-  return bytes;
-}
 
 // Distributions of weights to quantize: shapes real tensors have and the corner cases of the fits.
 enum class Dist { kNormal, kUniform, kOutliers, kZeroBlocks, kTiny, kLarge, kMixedScale, kSparse, kConstant,
@@ -185,7 +136,7 @@ TEST(QuantOracle, dequantize_is_bit_identical_to_ggml_on_random_blocks) {
     ASSERT_NE(ggml, nullptr) << qt.ggml;
     for (int64_t blocks : {1, 2, 7, 64}) {
       for (int rep = 0; rep < 40; ++rep) {
-        const auto bytes = random_blocks(qt.type, blocks, rng);
+        const auto bytes = test::random_blocks(qt.type, blocks, rng);
         const int64_t n = blocks * block_elems(qt.type);
         std::vector<float> ours(static_cast<size_t>(n)), theirs(static_cast<size_t>(n));
         ASSERT_TRUE(dequantize_row(qt.type, bytes.data(), ours.data(), n).ok());
