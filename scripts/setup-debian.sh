@@ -31,7 +31,10 @@ if [ "${DFLASH_SKIP_NPM:-0}" != 1 ]; then
   if [ ! -f tests/oracle/node_modules/.package-lock.json ] ||
      ! cmp -s tests/oracle/package-lock.json tests/oracle/node_modules/.dflash-lock; then
     echo "setup: installing test oracles (npm)"
-    (cd tests/oracle && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm ci --omit=optional --no-audit --no-fund --loglevel=error \
+    # `npm install --no-save` rather than `npm ci`: node-llama-cpp lists platform packages that are not
+    # published for every platform, which npm ci rejects as a lock mismatch; the lock still pins versions.
+    (cd tests/oracle && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true \
+      npm install --omit=optional --no-save --no-audit --no-fund --loglevel=error >/dev/null \
       && cp package-lock.json node_modules/.dflash-lock) ||
       echo "setup: WARNING: npm install failed; oracle tests will be skipped (loudly)"
   fi
