@@ -302,3 +302,21 @@ TEST(GgufOracle, WeReadWhatGgmlWrites) {
 
 }  // namespace
 }  // namespace dflash
+
+namespace dflash {
+namespace {
+
+TEST(Gguf, ReadsVersion2Files) {
+  // v2 and v3 share the layout (v3 only added the big-endian marker): a v3 file relabelled v2 must load.
+  auto bytes = sample_bytes();
+  uint32_t v2 = 2;
+  std::memcpy(bytes.data() + 4, &v2, 4);
+  auto f = GgufFile::parse(bytes);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  EXPECT_EQ(f->version(), 2u);
+  EXPECT_EQ(*f->find("k.i64")->as_int(), -9000000000000000000ll);
+  EXPECT_EQ(f->tensor_data(*f->find_tensor("t"))[0], 7);
+}
+
+}  // namespace
+}  // namespace dflash
