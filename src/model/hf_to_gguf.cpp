@@ -28,23 +28,12 @@ std::vector<int64_t> v_head_permutation(int64_t n_k_heads, int64_t n_v_heads, in
   return perm;
 }
 
-// How one source tensor becomes its GGUF tensor.
-struct TensorPlan {
-  const TensorNameEntry* entry = nullptr;
-  const SafetensorsTensor* src = nullptr;
-  DType src_type = DType::kF32;
-  DType dst_type = DType::kF32;
-  int64_t rows = 1, cols = 1;           // source viewed as [rows, cols] row-major (1-D: one row)
-  std::vector<uint64_t> gguf_shape;     // innermost first
-  std::vector<int64_t> row_perm;        // out row r <- source row row_perm[r] (empty: identity)
-  std::vector<int64_t> col_perm;        // out col c <- source col col_perm[c] (empty: identity)
-  bool plus_one = false, neg_exp = false;
-};
+}  // namespace
 
-Status produce(const TensorPlan& p, int threads, std::FILE* f) {
+Status produce_hf_tensor(const HfTensorPlan& p, int threads, const ByteSink& sink) {
   auto src_row_bytes = row_bytes(p.src_type, p.cols);
   auto dst_row_bytes = row_bytes(p.dst_type, p.cols);
-  if (!src_row_bytes.ok() || !dst_row_bytes.ok()) return internal_error("bad row size for '{}'", p.entry->gguf);
+  if (!src_row_bytes.ok() || !dst_row_bytes.ok()) return internal_error("bad row size for '{}'", p.gguf_name);
   // Batches of rows through f32: bounded memory whatever the tensor size.
   const int64_t batch = std::max<int64_t>(1, (int64_t{8} << 20) / std::max<int64_t>(1, p.cols * 4));
   std::vector<float> f32(static_cast<size_t>(std::min(batch, p.rows) * p.cols));
@@ -67,14 +56,10 @@ Status produce(const TensorPlan& p, int threads, std::FILE* f) {
         for (int64_t c = 0; c < p.cols; ++c) dst[c] = dst[c] + 1.0f;
     }
     DF_RETURN_IF_ERROR(convert_rows(DType::kF32, f32.data(), p.dst_type, out.data(), n, p.cols, threads));
-    DF_RETURN_IF_ERROR(write_all(f, out.data(), static_cast<size_t>(n) * *dst_row_bytes));
+    DF_RETURN_IF_ERROR(sink(out.data(), static_cast<size_t>(n) * *dst_row_bytes));
   }
   return Status();
 }
-
-bool is_mtp(const TensorNameEntry& e) { return e.canonical.rfind("mtp.", 0) == 0; }
-
-}  // namespace
 
 std::optional<int> llama_file_type(DType t) {
   switch (t) {
@@ -109,8 +94,8 @@ Result<ModelSpec> gguf_spec_for_checkpoint(const ModelSpec& spec, const Safetens
   return out;
 }
 
-Status add_hf_weights_to_gguf(const ModelSpec& hf_spec_in, const SafetensorsModel& weights,
-                              const HfToGgufOptions& options, GgufWriter& writer) {
+Result<std::vector<HfTensorPlan>> plan_hf_tensors(const ModelSpec& hf_spec_in, const SafetensorsModel& weights,
+                                                  const HfToGgufOptions& options) {
   DF_ASSIGN_OR_RETURN(ModelSpec gguf_spec, gguf_spec_for_checkpoint(hf_spec_in, weights));
   ModelSpec hf_spec = hf_spec_in;
   hf_spec.n_mtp_layers = gguf_spec.n_mtp_layers;
@@ -132,7 +117,7 @@ Status add_hf_weights_to_gguf(const ModelSpec& hf_spec_in, const SafetensorsMode
     return invalid_argument("checkpoint has {} tensor(s) a {} model does not have, e.g. '{}'", unexpected.size(),
                             model_family_name(hf_spec.family), unexpected.front());
 
-  std::vector<TensorPlan> plans;
+  std::vector<HfTensorPlan> plans;
   for (const TensorNameEntry& e : names.entries()) {
     if (e.hf.empty() || e.gguf.empty()) continue;
     const SafetensorsTensor* t = weights.find(e.hf);
@@ -145,8 +130,9 @@ Status add_hf_weights_to_gguf(const ModelSpec& hf_spec_in, const SafetensorsMode
       if (e.canonical == "output" && hf_spec.tied_embeddings) continue;
       return not_found("checkpoint has no tensor '{}' (GGUF '{}')", e.hf, e.gguf);
     }
-    TensorPlan p;
-    p.entry = &e;
+    HfTensorPlan p;
+    p.canonical = e.canonical;
+    p.gguf_name = e.gguf;
     p.src = t;
     auto st = safetensors_to_dtype(t->dtype);
     if (!st.ok()) return st.status().with_context(fmt::format("tensor '{}'", t->name));
@@ -208,11 +194,18 @@ Status add_hf_weights_to_gguf(const ModelSpec& hf_spec_in, const SafetensorsMode
     plans.push_back(std::move(p));
   }
 
+  return plans;
+}
+
+Status add_hf_weights_to_gguf(const ModelSpec& hf_spec, const SafetensorsModel& weights,
+                              const HfToGgufOptions& options, GgufWriter& writer) {
+  DF_ASSIGN_OR_RETURN(std::vector<HfTensorPlan> plans, plan_hf_tensors(hf_spec, weights, options));
   const int threads = options.threads;
   for (auto& p : plans) {
-    auto plan = std::make_shared<TensorPlan>(std::move(p));
-    DF_RETURN_IF_ERROR(writer.add_tensor(plan->entry->gguf, plan->dst_type, plan->gguf_shape,
-                                         [plan, threads](std::FILE* f) { return produce(*plan, threads, f); }));
+    auto plan = std::make_shared<HfTensorPlan>(std::move(p));
+    DF_RETURN_IF_ERROR(writer.add_tensor(plan->gguf_name, plan->dst_type, plan->gguf_shape, [plan, threads](std::FILE* f) {
+      return produce_hf_tensor(*plan, threads, [f](const void* data, size_t n) { return write_all(f, data, n); });
+    }));
   }
   return Status();
 }

@@ -1,0 +1,143 @@
+// dflash run --model M --prompt "..." [--chat] [-n N] [sampling flags]: generates text on the CPU engine and
+// streams it to stdout; statistics (tokens, tokens/s) go to stderr.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "base/file_io.h"
+#include "cli/commands.h"
+#include "decode/runner.h"
+#include "decode/sampler.h"
+#include "model/weights.h"
+#include "state/sequence_state.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/load_tokenizer.h"
+#include "tokenizer/stream_detokenizer.h"
+
+namespace dflash::cli {
+namespace {
+
+struct RunOptions {
+  std::string model;
+  std::string prompt;
+  std::string prompt_file;
+  std::string system;
+  bool chat = false;
+  bool think = false;
+  int64_t n_predict = 128;
+  int threads = 0;
+  SamplingParams sampling;
+  uint64_t seed = 0;
+  bool seed_set = false;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Status run_generate(RunOptions opt) {
+  if (opt.seed_set) opt.sampling.seed = opt.seed;
+  DF_RETURN_IF_ERROR(opt.sampling.validate());
+  if (opt.n_predict < 0) return invalid_argument("-n must be >= 0");
+  std::string prompt = opt.prompt;
+  if (!opt.prompt_file.empty()) {
+    DF_ASSIGN_OR_RETURN(prompt, read_text_file(opt.prompt_file));
+  }
+  DF_ASSIGN_OR_RETURN(Tokenizer tok, load_tokenizer(opt.model));
+  if (opt.chat) {
+    DF_ASSIGN_OR_RETURN(ChatTemplateSource src, load_chat_template(opt.model));
+    DF_ASSIGN_OR_RETURN(ChatTemplate tmpl, ChatTemplate::create(src));
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (!opt.system.empty()) messages.push_back({{"role", "system"}, {"content", opt.system}});
+    messages.push_back({{"role", "user"}, {"content", prompt}});
+    nlohmann::ordered_json kwargs = {{"enable_thinking", opt.think}};
+    DF_ASSIGN_OR_RETURN(prompt, tmpl.render(messages, nullptr, true, kwargs));
+  }
+  DF_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.encode(prompt, true));
+  if (ids.empty()) return invalid_argument("the prompt is empty");
+
+  auto t_load = std::chrono::steady_clock::now();
+  DF_ASSIGN_OR_RETURN(Weights weights, Weights::load(opt.model, opt.threads));
+  if (tok.size() > weights.spec().vocab)
+    return invalid_argument("the tokenizer has {} tokens but the model only {}", tok.size(), weights.spec().vocab);
+  std::fprintf(stderr, "model: %s (%.1f MiB) loaded in %.2f s\n", weights.spec().summary().c_str(),
+               weights.bytes() / 1048576.0, seconds_since(t_load));
+  Runner runner(weights, opt.threads);
+  SequenceState state(weights.spec());
+  DF_ASSIGN_OR_RETURN(Sampler sampler, Sampler::create(opt.sampling));
+  const std::vector<int32_t> stop = tok.vocab().end_of_generation_ids();
+
+  auto t0 = std::chrono::steady_clock::now();
+  DF_ASSIGN_OR_RETURN(std::vector<float> logits, runner.prefill(state, ids));
+  const double prefill_s = seconds_since(t0);
+  StreamDetokenizer detok(tok, /*skip_special=*/true);
+  std::vector<int32_t> history = ids;
+  int64_t generated = 0;
+  const char* finish = "length";
+  auto t1 = std::chrono::steady_clock::now();
+  while (generated < opt.n_predict) {
+    DF_ASSIGN_OR_RETURN(int32_t next, sampler.sample(logits, history));
+    history.push_back(next);
+    ++generated;
+    if (std::find(stop.begin(), stop.end(), next) != stop.end()) {
+      finish = "stop";
+      break;
+    }
+    std::string piece = detok.push(next);
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    if (generated == opt.n_predict) break;
+    Step step;
+    step.tokens = std::span<const int32_t>(&history.back(), 1);
+    DF_ASSIGN_OR_RETURN(StepOutput out, runner.forward(state, step));
+    logits = std::move(out.logits);
+  }
+  std::string tail = detok.finish();
+  std::fwrite(tail.data(), 1, tail.size(), stdout);
+  std::fputc('\n', stdout);
+  const double decode_s = seconds_since(t1);
+  std::fprintf(stderr, "prompt %zu tokens, prefill %.2f s (%.1f tok/s); generated %lld tokens, decode %.2f s (%.1f tok/s); "
+               "finish %s; seed %llu\n",
+               ids.size(), prefill_s, ids.size() / std::max(prefill_s, 1e-9), static_cast<long long>(generated), decode_s,
+               generated / std::max(decode_s, 1e-9), finish, static_cast<unsigned long long>(sampler.seed()));
+  return Status();
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app, int& exit_code) {
+  auto opt = std::make_shared<RunOptions>();
+  auto* cmd = app.add_subcommand("run", "Generate text from a prompt (streams to stdout)");
+  cmd->add_option("--model,-m", opt->model, "GGUF file or HF model directory")->required();
+  auto* p = cmd->add_option("--prompt,-p", opt->prompt, "Prompt text");
+  auto* f = cmd->add_option("--prompt-file", opt->prompt_file, "Read the prompt from a file");
+  p->excludes(f);
+  cmd->add_flag("--chat", opt->chat, "Wrap the prompt in the model's chat template as a user message");
+  cmd->add_option("--system", opt->system, "System message (with --chat)");
+  cmd->add_flag("--think", opt->think, "With --chat: enable_thinking = true (default false)");
+  cmd->add_option("-n,--n-predict", opt->n_predict, "Tokens to generate")->capture_default_str();
+  cmd->add_option("--temperature,--temp", opt->sampling.temperature, "0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k", opt->sampling.top_k, "0 = off")->capture_default_str();
+  cmd->add_option("--top-p", opt->sampling.top_p, "1 = off")->capture_default_str();
+  cmd->add_option("--min-p", opt->sampling.min_p, "0 = off")->capture_default_str();
+  cmd->add_option("--repeat-penalty", opt->sampling.repetition_penalty, "1 = off")->capture_default_str();
+  cmd->add_option("--presence-penalty", opt->sampling.presence_penalty, "0 = off")->capture_default_str();
+  cmd->add_option("--frequency-penalty", opt->sampling.frequency_penalty, "0 = off")->capture_default_str();
+  cmd->add_option("--repeat-last-n", opt->sampling.penalty_last_n, "Penalty window (-1 = all)")->capture_default_str();
+  auto* seed = cmd->add_option("--seed", opt->seed, "RNG seed (default: random, printed on stderr)");
+  cmd->add_option("--threads,-t", opt->threads, "CPU threads (default: all cores)");
+  cmd->callback([opt, seed, &exit_code] {
+    RunOptions o = *opt;
+    o.seed_set = seed->count() > 0;
+    if (o.prompt.empty() && o.prompt_file.empty()) {
+      exit_code = report(invalid_argument("give a prompt with --prompt or --prompt-file"));
+      return;
+    }
+    Status st = run_generate(o);
+    exit_code = st.ok() ? 0 : report(st);
+  });
+}
+
+}  // namespace dflash::cli

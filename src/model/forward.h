@@ -1,0 +1,56 @@
+// The forward pass: one function per layer kind, one loop over a layer range. Every family and every
+// placement (single device, split shards) runs through forward_layers; a family is a ModelSpec.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "base/status.h"
+#include "base/thread_pool.h"
+#include "model/weights.h"
+#include "ops/cpu/ops.h"
+
+namespace dflash {
+
+// Where a layer's sequence state lives; implemented by state/SequenceState (which the model layer does
+// not see). Positions are absolute sequence positions; KV rows are [nkv * hd] float32.
+class LayerStateAccess {
+ public:
+  virtual ~LayerStateAccess() = default;
+  // Makes KV rows [0, n_total) of attention layer `layer` addressable.
+  virtual Status reserve_kv(int64_t layer, int64_t n_total) = 0;
+  virtual float* k_row(int64_t layer, int64_t pos) = 0;
+  virtual float* v_row(int64_t layer, int64_t pos) = 0;
+  virtual cpu::KvView kv_view(int64_t layer, int64_t n_total) = 0;
+  // Gated DeltaNet layer state: conv window [K-1, conv_dim] and S [Hv, dv, dk], float32, updated in place.
+  virtual float* conv_state(int64_t layer) = 0;
+  virtual float* ssm_state(int64_t layer) = 0;
+};
+
+// Prefill steps of at least this many tokens run the chunked (WY) DeltaNet form; shorter ones (decode,
+// verify) the recurrent form.
+inline constexpr int64_t kChunkedDeltaNetMinTokens = 64;
+
+// What one forward consumes (the `Step` of the architecture map, as the layers see it).
+struct StepShape {
+  int64_t n = 0;                        // tokens in this step
+  int64_t n_past = 0;                   // committed positions before it (KV rows [0, n_past) exist)
+  std::span<const int32_t> positions;   // [n] RoPE positions
+  cpu::MaskKind mask = cpu::MaskKind::kCausal;
+  std::span<const int32_t> parents;     // kTree: parent index of each token (-1: the committed prefix)
+};
+
+// Runs layers [begin, end) of `w` on the residual stream x [n, H] in place. `captures` lists layers whose
+// output (the residual after the whole block) is copied into the matching `captured` buffer [n, H].
+Status forward_layers(const Weights& w, int64_t begin, int64_t end, const StepShape& step, float* x,
+                      LayerStateAccess& state, std::span<const int64_t> captures, std::span<float* const> captured,
+                      ThreadPool& pool);
+
+// x [n, H] = token embeddings.
+Status embed_tokens(const Weights& w, std::span<const int32_t> tokens, float* x);
+
+// logits [rows.size(), V] for the given rows of x [n, H] (final norm, then the LM head).
+Status lm_head(const Weights& w, const float* x, std::span<const int64_t> rows, float* logits, ThreadPool& pool);
+
+}  // namespace dflash

@@ -1,0 +1,92 @@
+#include "model/weights.h"
+
+#include <fmt/ranges.h>
+
+#include "base/file_io.h"
+#include "model/hf_to_gguf.h"
+#include "model/tensor_shapes.h"
+#include "tensor/quant.h"
+
+namespace dflash {
+namespace {
+
+// Vectors and the DeltaNet conv kernel are read as f32 by every kernel.
+bool needs_f32(const std::string& canonical, const std::vector<int64_t>& shape) {
+  return shape.size() == 1 || canonical.find("gdn.conv") != std::string::npos;
+}
+
+}  // namespace
+
+Status Weights::add(const std::string& canonical, cpu::WeightView view) {
+  DF_ASSIGN_OR_RETURN(std::vector<int64_t> shape, canonical_tensor_shape(spec_, canonical));
+  const int64_t rows = shape.size() == 2 ? shape[0] : 1;
+  const int64_t cols = shape.back();
+  if (view.rows != rows || view.cols != cols)
+    return corrupt("tensor '{}' is [{}, {}] but the model needs {}", canonical, view.rows, view.cols,
+                   fmt::join(shape, "x"));
+  if (needs_f32(canonical, shape) && view.type != DType::kF32) {
+    std::vector<uint8_t> buf(static_cast<size_t>(rows * cols) * 4);
+    DF_RETURN_IF_ERROR(convert_rows(view.type, view.data, DType::kF32, buf.data(), rows, cols, 1));
+    view.type = DType::kF32;
+    view.data = buf.data();
+    owned_.push_back(std::move(buf));
+  }
+  bytes_ += *row_bytes(view.type, static_cast<uint64_t>(cols)) * static_cast<uint64_t>(rows);
+  tensors_[canonical] = view;
+  return Status();
+}
+
+Result<Weights> Weights::load(const std::string& path, int threads) {
+  Weights w;
+  w.path_ = path;
+  if (is_directory(path)) {
+    DF_ASSIGN_OR_RETURN(ModelSpec hf_spec, model_spec_from_hf_path(path));
+    DF_ASSIGN_OR_RETURN(SafetensorsModel st, SafetensorsModel::open_dir(path));
+    DF_ASSIGN_OR_RETURN(w.spec_, gguf_spec_for_checkpoint(hf_spec, st));
+    DF_ASSIGN_OR_RETURN(std::vector<HfTensorPlan> plans, plan_hf_tensors(hf_spec, st, HfToGgufOptions{}));
+    for (const HfTensorPlan& p : plans) {
+      std::vector<uint8_t> buf;
+      buf.reserve(*row_bytes(p.dst_type, static_cast<uint64_t>(p.cols)) * static_cast<uint64_t>(p.rows));
+      DF_RETURN_IF_ERROR(produce_hf_tensor(p, threads, [&](const void* data, size_t n) {
+        buf.insert(buf.end(), static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + n);
+        return Status();
+      }));
+      w.owned_.push_back(std::move(buf));
+      DF_RETURN_IF_ERROR(w.add(p.canonical, {p.dst_type, p.rows, p.cols, w.owned_.back().data()}));
+    }
+    return w;
+  }
+  DF_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(path));
+  w.gguf_ = std::make_shared<const GgufFile>(std::move(file));
+  DF_ASSIGN_OR_RETURN(w.spec_, model_spec_from_gguf(*w.gguf_));
+  TensorNameMap names(w.spec_.name_layout());
+  for (const TensorNameEntry& e : names.entries()) {
+    if (e.gguf.empty()) continue;
+    const GgufTensorInfo* t = w.gguf_->find_tensor(e.gguf);
+    if (t == nullptr) {
+      if (e.canonical == "output" && w.spec_.tied_embeddings) continue;
+      return not_found("{}: no tensor '{}'", path, e.gguf);
+    }
+    if (!row_conversion_supported(t->type))
+      return unsupported("{}: tensor '{}' has type {}, which the CPU engine does not compute with", path, e.gguf,
+                         dtype_name(t->type));
+    int64_t rows = 1;
+    for (size_t d = 1; d < t->shape.size(); ++d) rows *= static_cast<int64_t>(t->shape[d]);
+    DF_RETURN_IF_ERROR(w.add(e.canonical, {t->type, rows, static_cast<int64_t>(t->shape[0]),
+                                           w.gguf_->tensor_data(*t).data()})
+                           .with_context(path));
+  }
+  return w;
+}
+
+const cpu::WeightView* Weights::find(std::string_view canonical) const {
+  auto it = tensors_.find(canonical);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+const float* Weights::f32(std::string_view canonical) const {
+  const cpu::WeightView* v = find(canonical);
+  return v != nullptr && v->type == DType::kF32 ? static_cast<const float*>(v->data) : nullptr;
+}
+
+}  // namespace dflash

@@ -1,0 +1,48 @@
+// Weights: a model's tensors under canonical names, from a GGUF file (used in place from the mapping) or
+// an HF checkpoint (converted to canonical form once, at load: norm +1, -exp(A_log), tiled V-heads).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
+#include "model/model_spec.h"
+#include "ops/cpu/ops.h"
+
+namespace dflash {
+
+class Weights {
+ public:
+  // `path`: a GGUF file, or an HF directory (config.json + safetensors). Matrices keep their stored type
+  // (any quant type from GGUF; f32/f16/bf16 from HF); vectors (norms, biases, ssm_a) and the conv kernel
+  // become f32. Every tensor the spec implies must be present with the shape it implies.
+  static Result<Weights> load(const std::string& path, int threads = 0);
+
+  // The model as loaded, in canonical conventions (norms applied as x̂·w, tiled V-heads, ssm_a = -exp(A_log)).
+  const ModelSpec& spec() const { return spec_; }
+  const std::string& path() const { return path_; }
+
+  // A matrix [out, in] (or a vector as one row); nullptr when the model has no such tensor.
+  const cpu::WeightView* find(std::string_view canonical) const;
+  // f32 data of a vector tensor (norm weights, dt_bias, ssm_a, conv kernel); nullptr when absent.
+  const float* f32(std::string_view canonical) const;
+  // Total bytes of all tensors as stored for compute.
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  Status add(const std::string& canonical, cpu::WeightView view);
+
+  ModelSpec spec_;
+  std::string path_;
+  std::shared_ptr<const GgufFile> gguf_;  // keeps the mapping the views point into
+  std::map<std::string, cpu::WeightView, std::less<>> tensors_;
+  std::vector<std::vector<uint8_t>> owned_;  // converted tensors
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace dflash

@@ -1,0 +1,90 @@
+// SequenceState: everything one sequence holds on one shard (attention KV in 64-token chunks, DeltaNet
+// conv windows and states), exportable to and importable from a Snapshot of named host tensors.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "model/forward.h"
+#include "model/model_spec.h"
+
+namespace dflash {
+
+inline constexpr int64_t kKvChunkTokens = 64;
+
+// Attention K and V of one layer: chunk c holds positions [64c, 64c + 64) as [64, nkv, hd] float32.
+class KvStore {
+ public:
+  KvStore(int64_t n_kv_heads, int64_t head_dim) : n_kv_heads_(n_kv_heads), head_dim_(head_dim) {}
+  void reserve(int64_t n_tokens);
+  float* k_row(int64_t pos) { return k_[pos / kKvChunkTokens].get() + (pos % kKvChunkTokens) * row_floats(); }
+  float* v_row(int64_t pos) { return v_[pos / kKvChunkTokens].get() + (pos % kKvChunkTokens) * row_floats(); }
+  cpu::KvView view(int64_t n_tokens);
+  // Frees chunks past what n_tokens needs.
+  void shrink(int64_t n_tokens);
+  int64_t row_floats() const { return n_kv_heads_ * head_dim_; }
+  uint64_t bytes() const { return 2 * k_.size() * kKvChunkTokens * row_floats() * sizeof(float); }
+
+ private:
+  int64_t n_kv_heads_, head_dim_;
+  std::vector<std::unique_ptr<float[]>> k_, v_;
+  std::vector<const float*> k_ptrs_, v_ptrs_;
+};
+
+// A named host tensor of a snapshot (float32 unless said otherwise), shape outermost first.
+struct SnapshotTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+// What a sequence needs to continue: its tokens, position, the last logits, and every state tensor.
+// Names: "kv_k.<layer>" / "kv_v.<layer>" [n_past, nkv, hd], "conv.<layer>" [K-1, conv_dim],
+// "ssm.<layer>" [Hv, dv, dk]. (Placements prefix them per shard: "ls<shard>_<name>", FEATURES.md F3.)
+struct Snapshot {
+  std::vector<int32_t> tokens;
+  int64_t n_past = 0;
+  std::vector<float> last_logits;
+  std::vector<SnapshotTensor> tensors;
+  const SnapshotTensor* find(const std::string& name) const;
+};
+
+class SequenceState : public LayerStateAccess {
+ public:
+  // State for layers [layer_begin, layer_end) of `spec` (a shard's range; the whole model by default).
+  explicit SequenceState(const ModelSpec& spec, int64_t layer_begin = 0, int64_t layer_end = -1);
+
+  int64_t n_past() const { return n_past_; }
+  // Attention rollback is a crop: positions >= n are forgotten. (Recurrent state is not rolled back here.)
+  void set_n_past(int64_t n) { n_past_ = n; }
+  void reset();
+  uint64_t bytes() const;
+
+  Snapshot export_snapshot() const;
+  // Replaces the state with the snapshot's; every tensor must be present with this model's shapes.
+  Status import_snapshot(const Snapshot& snap);
+
+  // LayerStateAccess
+  Status reserve_kv(int64_t layer, int64_t n_total) override;
+  float* k_row(int64_t layer, int64_t pos) override { return kv(layer).k_row(pos); }
+  float* v_row(int64_t layer, int64_t pos) override { return kv(layer).v_row(pos); }
+  cpu::KvView kv_view(int64_t layer, int64_t n_total) override { return kv(layer).view(n_total); }
+  float* conv_state(int64_t layer) override { return conv_[slot(layer)].data(); }
+  float* ssm_state(int64_t layer) override { return ssm_[slot(layer)].data(); }
+
+ private:
+  KvStore& kv(int64_t layer) { return *kv_[slot(layer)]; }
+  size_t slot(int64_t layer) const { return static_cast<size_t>(layer - layer_begin_); }
+
+  ModelSpec spec_;
+  int64_t layer_begin_, layer_end_;
+  int64_t n_past_ = 0;
+  std::vector<std::unique_ptr<KvStore>> kv_;  // per layer in range; null for recurrent layers
+  std::vector<std::vector<float>> conv_;      // per layer; empty for attention layers
+  std::vector<std::vector<float>> ssm_;
+};
+
+}  // namespace dflash

@@ -1,0 +1,93 @@
+// dflash run and dflash logits as a user runs them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "base/file_io.h"
+#include "formats/safetensors.h"
+#include "support/process.h"
+#include "support/test_paths.h"
+
+namespace dflash {
+namespace {
+
+using test::shell_quote;
+
+test::CommandResult dflash(const std::string& args) { return test::run_command(shell_quote(DFLASH_BIN) + " " + args); }
+
+TEST(Logits, WritesEveryPositionAsRawFloatsWithASidecar) {
+  const std::string model = test::fixture_path("models/tiny-qwen3");
+  auto ref = nlohmann::json::parse(*read_text_file(model + "/reference.json"));
+  std::vector<int32_t> prompt = ref["prompts"][2];  // 7 tokens
+  std::string ids;
+  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  const std::string out = test::scratch_dir() + "/l.bin";
+  auto r = dflash("logits -m " + shell_quote(model) + " --tokens " + ids + " --all -o " + shell_quote(out));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto meta = nlohmann::json::parse(*read_text_file(out + ".json"));
+  ASSERT_EQ(meta["shape"], nlohmann::json({7, 512}));
+  std::ifstream in(out, std::ios::binary);
+  std::vector<float> got(7 * 512);
+  in.read(reinterpret_cast<char*>(got.data()), static_cast<std::streamsize>(got.size() * 4));
+  ASSERT_EQ(in.gcount(), static_cast<std::streamsize>(got.size() * 4));
+  auto st = SafetensorsFile::open(model + "/reference.safetensors");
+  const auto* t = st->find("logits.2");
+  std::vector<float> want(t->n_elements());
+  std::memcpy(want.data(), t->data.data(), want.size() * 4);
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    err = std::max(err, std::abs(double(got[i]) - want[i]));
+    scale = std::max(scale, std::abs(double(want[i])));
+  }
+  EXPECT_LT(err / scale, 1e-4);
+  // The sidecar's top-1 of the last row is the argmax of the last row.
+  int best = 0;
+  for (int v = 1; v < 512; ++v)
+    if (got[6 * 512 + v] > got[6 * 512 + best]) best = v;
+  EXPECT_EQ(meta["top5"][6][0]["id"], best);
+}
+
+TEST(Logits, BadTokensAreClearErrors) {
+  const std::string model = test::fixture_path("models/tiny-qwen3");
+  const std::string out = test::scratch_dir() + "/l.bin";
+  auto r = dflash("logits -m " + shell_quote(model) + " --tokens 1,x,3 -o " + shell_quote(out));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("not a token id"), std::string::npos) << r.err;
+  r = dflash("logits -m " + shell_quote(model) + " --tokens 1,99999 -o " + shell_quote(out));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("outside the vocabulary"), std::string::npos) << r.err;
+}
+
+TEST(Run, SamplingIsDeterministicForASeedAndStatsGoToStderr) {
+  const std::string model = test::fixture_path("models/tiny-qwen35");
+  const std::string args = "run -m " + shell_quote(model) + " --chat -p 'def main():' -n 12 --temperature 0.9 --top-p 0.95 --seed 42";
+  auto a = dflash(args);
+  auto b = dflash(args);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_FALSE(a.out.empty());
+  EXPECT_NE(a.err.find("tok/s"), std::string::npos) << a.err;
+  EXPECT_NE(a.err.find("seed 42"), std::string::npos) << a.err;
+  EXPECT_EQ(a.out.find("tok/s"), std::string::npos);  // stdout carries only the text
+}
+
+TEST(Run, ImpossibleParametersAreClearErrors) {
+  const std::string model = test::fixture_path("models/tiny-qwen3");
+  auto r = dflash("run -m " + shell_quote(model) + " -p hi --temperature -1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("temperature"), std::string::npos) << r.err;
+  r = dflash("run -m " + shell_quote(model) + " -p hi --top-p 1.5");
+  EXPECT_EQ(r.exit_code, 1);
+  r = dflash("run -m /nonexistent -p hi");
+  EXPECT_EQ(r.exit_code, 1);
+  r = dflash("run -m " + shell_quote(model));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("prompt"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace dflash
