@@ -1,0 +1,186 @@
+// dflash bench: the one benchmark entry point.
+//   dflash bench --make-random SHAPE --type T -o file.gguf   random weights of a real model's shape
+//   dflash bench --model M --prompt-len N --gen-len N        prefill / decode speed beside their ceilings
+// Each figure is printed with the ceiling it is compared with and the ratio (docs/benchmarks.md).
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "base/log.h"
+#include "cli/commands.h"
+#include "decode/runner.h"
+#include "model/random_model.h"
+#include "model/weights.h"
+#include "state/sequence_state.h"
+#include "tokenizer/gguf_vocab.h"
+#include "tokenizer/load_tokenizer.h"
+
+namespace dflash::cli {
+namespace {
+
+struct BenchOptions {
+  std::string make_random;
+  std::string type = "q4_k_m";
+  std::string out;
+  std::string tokenizer;
+  uint64_t seed = 1;
+  std::string model;
+  int64_t prompt_len = 512;
+  int64_t gen_len = 64;
+  int threads = 0;
+  bool json = false;
+};
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+Status make_random(const BenchOptions& opt) {
+  if (opt.out.empty()) return invalid_argument("--make-random needs -o FILE.gguf");
+  auto ft = file_type_from_name(opt.type);
+  if (!ft) return invalid_argument("--type {} is not a file type dflash writes (e.g. f32, bf16, q8_0, q4_k_m)", opt.type);
+  DF_ASSIGN_OR_RETURN(ModelSpec spec, random_model_spec(opt.make_random));
+  GgufWriter w;
+  if (!opt.tokenizer.empty()) {
+    DF_ASSIGN_OR_RETURN(Vocab vocab, load_vocab(opt.tokenizer));
+    if (vocab.size() > spec.vocab)
+      return invalid_argument("the tokenizer has {} tokens, more than the shape's vocabulary of {}", vocab.size(),
+                              spec.vocab);
+    DF_RETURN_IF_ERROR(write_tokenizer_to_gguf(vocab, spec.vocab, w));
+  } else {
+    w.set("tokenizer.ggml.model", GgufValue::string("none"));
+  }
+  DF_RETURN_IF_ERROR(add_random_model(spec, *ft, opt.seed, opt.threads, w));
+  const double t0 = now_s();
+  log::info("bench: writing {} ({} tensors) to {}", spec.summary(), w.tensor_count(), opt.out);
+  DF_RETURN_IF_ERROR(w.write(opt.out));
+  log::info("bench: wrote {} in {:.1f} s", opt.out, now_s() - t0);
+  return Status();
+}
+
+// Host memory bandwidth, bytes read + written per second, by a threaded copy of 256 MiB (best of 5).
+double measure_host_bandwidth(ThreadPool& pool) {
+  const size_t n = size_t{256} << 20;
+  std::vector<uint8_t> a(n, 1), b(n, 0);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const double t0 = now_s();
+    pool.parallel_for(static_cast<int64_t>(n), int64_t{1} << 20, [&](int64_t lo, int64_t hi) {
+      std::memcpy(b.data() + lo, a.data() + lo, static_cast<size_t>(hi - lo));
+    });
+    best = std::max(best, 2.0 * n / (now_s() - t0));
+  }
+  return best;
+}
+
+// Bytes a decode step must move: every weight once (the embedding table only one row unless it is also
+// the head), KV of the attention layers at context `ctx`, and the DeltaNet states read and written.
+double decode_bytes(const Weights& w, double ctx) {
+  const ModelSpec& s = w.spec();
+  double bytes = static_cast<double>(w.bytes());
+  if (!s.tied_embeddings) {
+    const cpu::WeightView* e = w.find("token_embd");
+    bytes -= static_cast<double>(*row_bytes(e->type, e->cols)) * (e->rows - 1);
+  }
+  bytes += static_cast<double>(s.n_attention_layers()) * 2.0 * s.kv_dim() * 4.0 * ctx;
+  bytes += static_cast<double>(s.n_recurrent_layers()) * 2.0 * s.gdn.n_v_heads * s.gdn.d_v * s.gdn.d_k * 4.0;
+  return bytes;
+}
+
+Status run_bench(const BenchOptions& opt) {
+  if (opt.prompt_len < 1 || opt.gen_len < 1) return invalid_argument("--prompt-len and --gen-len must be >= 1");
+  DF_ASSIGN_OR_RETURN(Weights weights, Weights::load(opt.model, opt.threads));
+  const ModelSpec& s = weights.spec();
+  if (s.max_context > 0 && opt.prompt_len + opt.gen_len > s.max_context)
+    return invalid_argument("{} + {} tokens exceed the model's context of {}", opt.prompt_len, opt.gen_len, s.max_context);
+  Runner runner(weights, opt.threads);
+  const double bandwidth = measure_host_bandwidth(runner.pool());
+
+  // Prompt ids: a fixed pseudo-random sequence (speed does not depend on the text).
+  std::vector<int32_t> prompt(static_cast<size_t>(opt.prompt_len));
+  uint64_t x = 88172645463325252ull;
+  for (auto& t : prompt) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    t = static_cast<int32_t>(x % static_cast<uint64_t>(s.vocab));
+  }
+  SequenceState state(s);
+  const double t0 = now_s();
+  DF_ASSIGN_OR_RETURN(std::vector<float> logits, runner.prefill(state, prompt));
+  const double prefill_s = now_s() - t0;
+  std::vector<int32_t> tokens = {static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin())};
+  const double ttft_s = now_s() - t0;
+  const double t1 = now_s();
+  for (int64_t i = 0; i < opt.gen_len; ++i) {
+    Step step;
+    step.tokens = std::span<const int32_t>(&tokens.back(), 1);
+    DF_ASSIGN_OR_RETURN(StepOutput o, runner.forward(state, step));
+    tokens.push_back(static_cast<int32_t>(std::max_element(o.logits.begin(), o.logits.end()) - o.logits.begin()));
+  }
+  const double decode_s = now_s() - t1;
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+
+  const double prefill_tps = opt.prompt_len / prefill_s, decode_tps = opt.gen_len / decode_s;
+  const double bytes = decode_bytes(weights, opt.prompt_len + opt.gen_len / 2.0);
+  const double decode_ceiling = bandwidth / bytes;
+  nlohmann::json j = {{"backend", "cpu"},
+                      {"threads", runner.pool().size()},
+                      {"model", s.summary()},
+                      {"weights_mib", weights.bytes() / 1048576.0},
+                      {"prompt_len", opt.prompt_len},
+                      {"gen_len", opt.gen_len},
+                      {"prefill_tok_s", prefill_tps},
+                      {"ttft_ms", ttft_s * 1e3},
+                      {"decode_tok_s", decode_tps},
+                      {"decode_bytes_per_token", bytes},
+                      {"host_bandwidth_gb_s", bandwidth / 1e9},
+                      {"decode_ceiling_tok_s", decode_ceiling},
+                      {"decode_ratio", decode_tps / decode_ceiling},
+                      {"peak_rss_mib", ru.ru_maxrss / 1024.0}};
+  if (opt.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return Status();
+  }
+  std::printf("dflash bench (cpu, %d threads): %s, %.1f MiB of weights\n", runner.pool().size(), s.summary().c_str(),
+              weights.bytes() / 1048576.0);
+  std::printf("  %-8s %12s %22s %8s\n", "", "measured", "ceiling", "ratio");
+  std::printf("  %-8s %8.1f tok/s %14s %8s   (%lld tokens, TTFT %.1f ms)\n", "prefill", prefill_tps, "n/a on cpu", "",
+              static_cast<long long>(opt.prompt_len), ttft_s * 1e3);
+  std::printf("  %-8s %8.2f tok/s %8.2f tok/s      %6.2f   (%.1f MB/token at %.2f GB/s host copy rate)\n", "decode",
+              decode_tps, decode_ceiling, decode_tps / decode_ceiling, bytes / 1e6, bandwidth / 1e9);
+  std::printf("  peak RSS %.1f MiB\n", ru.ru_maxrss / 1024.0);
+  return Status();
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, int& exit_code) {
+  auto opt = std::make_shared<BenchOptions>();
+  auto* cmd = app.add_subcommand("bench", "Benchmark prefill/decode against their ceilings, or write random models");
+  std::string shapes;
+  for (auto n : random_model_presets()) shapes += (shapes.empty() ? "" : ", ") + std::string(n);
+  cmd->add_option("--make-random", opt->make_random, "Write a random-weight GGUF of this shape: " + shapes);
+  cmd->add_option("--type", opt->type, "File type of --make-random (llama.cpp's mix: f32, bf16, q8_0, q4_k_m, ...)")
+      ->capture_default_str();
+  cmd->add_option("-o,--out", opt->out, "Output file of --make-random");
+  cmd->add_option("--tokenizer", opt->tokenizer, "Vocabulary for --make-random (GGUF or HF dir); default none");
+  cmd->add_option("--seed", opt->seed, "Seed of the random weights")->capture_default_str();
+  cmd->add_option("--model,-m", opt->model, "Model to benchmark (GGUF file or HF directory)");
+  cmd->add_option("--prompt-len", opt->prompt_len, "Prompt tokens")->capture_default_str();
+  cmd->add_option("--gen-len", opt->gen_len, "Generated tokens")->capture_default_str();
+  cmd->add_option("--threads,-t", opt->threads, "CPU threads (default: all cores)");
+  cmd->add_flag("--json", opt->json, "Machine-readable output");
+  cmd->callback([opt, &exit_code] {
+    Status st;
+    if (!opt->make_random.empty()) st = make_random(*opt);
+    else if (!opt->model.empty()) st = run_bench(*opt);
+    else st = invalid_argument("give --model M to benchmark, or --make-random SHAPE -o FILE");
+    exit_code = st.ok() ? 0 : report(st);
+  });
+}
+
+}  // namespace dflash::cli
