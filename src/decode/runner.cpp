@@ -31,7 +31,8 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
     f.resize(x.size());
     captured.push_back(f.data());
   }
-  StepShape shape{n, state.n_past(), positions, step.mask, step.parents};
+  StepShape shape{n, state.n_past(), positions, step.mask, step.parents, step.capture_recurrent};
+  if (step.capture_recurrent && step.mask == cpu::MaskKind::kCausal) state.begin_captured_step(n);
   DF_RETURN_IF_ERROR(forward_layers(w_, 0, s.n_layers, shape, x.data(), state, step.capture_layers, captured, pool_));
 
   std::vector<int64_t> rows;

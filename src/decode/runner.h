@@ -21,6 +21,7 @@ struct Step {
   cpu::MaskKind mask = cpu::MaskKind::kCausal;
   std::span<const int32_t> parents;    // kTree only
   bool all_logits = false;             // logits of every token (else only the last)
+  bool capture_recurrent = false;      // keep per-token DeltaNet states: SequenceState::rollback_captured
   std::span<const int64_t> capture_layers;  // layers whose outputs to return (DFlash features)
 };
 

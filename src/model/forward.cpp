@@ -102,6 +102,14 @@ Status deltanet_mixer(const Weights& w, int64_t L, const StepShape& st, const fl
   DF_RETURN_IF_ERROR(cpu::matmul(*wb, xn, n, b.data(), pool));
   DF_RETURN_IF_ERROR(cpu::matmul(*wa, xn, n, a.data(), pool));
 
+  const bool capture = st.capture_recurrent || st.mask == cpu::MaskKind::kTree;
+  if (capture) {
+    // The window before the step, then this step's inputs: rollback to any prefix reads its window here.
+    float* conv_cap = state.conv_capture(L, n);
+    const int64_t window = (g.conv_kernel - 1) * C;
+    std::memcpy(conv_cap, state.conv_state(L), sizeof(float) * window);
+    std::memcpy(conv_cap + window, mixed.data(), sizeof(float) * n * C);
+  }
   std::vector<float> u(mixed.size());
   cpu::causal_conv1d_silu(mixed.data(), n, C, conv_w, g.conv_kernel, state.conv_state(L), u.data(), st.parents);
 
@@ -135,10 +143,10 @@ Status deltanet_mixer(const Weights& w, int64_t L, const StepShape& st, const fl
 
   std::vector<float> o(v.size());
   const cpu::DeltaNetShape shape{Hk, Hv, dk, dv};
-  if (st.mask == cpu::MaskKind::kTree) {
-    std::vector<float> per_token(static_cast<size_t>(n * Hv * dv * dk));
+  if (capture) {
+    // Recurrent form: it yields the state after every token (tree nodes start from their parent's).
     cpu::gated_delta_net_recurrent(q.data(), k.data(), v.data(), decay.data(), b.data(), n, shape,
-                                   state.ssm_state(L), o.data(), per_token.data(), st.parents, pool);
+                                   state.ssm_state(L), o.data(), state.ssm_capture(L, n), st.parents, pool);
   } else if (n >= kChunkedDeltaNetMinTokens) {
     cpu::gated_delta_net_chunked(q.data(), k.data(), v.data(), decay.data(), b.data(), n, shape, state.ssm_state(L),
                                  o.data(), pool);

@@ -26,6 +26,11 @@ class LayerStateAccess {
   // Gated DeltaNet layer state: conv window [K-1, conv_dim] and S [Hv, dv, dk], float32, updated in place.
   virtual float* conv_state(int64_t layer) = 0;
   virtual float* ssm_state(int64_t layer) = 0;
+  // Capture buffers of a step that may be rolled back (speculative verify), sized for `n` tokens:
+  // ssm [n, Hv, dv, dk], the state after each token; conv [(K-1) + n, conv_dim], the conv window before
+  // the step followed by the step's conv inputs.
+  virtual float* ssm_capture(int64_t layer, int64_t n) = 0;
+  virtual float* conv_capture(int64_t layer, int64_t n) = 0;
 };
 
 // Prefill steps of at least this many tokens run the chunked (WY) DeltaNet form; shorter ones (decode,
@@ -39,6 +44,7 @@ struct StepShape {
   std::span<const int32_t> positions;   // [n] RoPE positions
   cpu::MaskKind mask = cpu::MaskKind::kCausal;
   std::span<const int32_t> parents;     // kTree: parent index of each token (-1: the committed prefix)
+  bool capture_recurrent = false;       // fill the DeltaNet capture buffers (tree steps always do)
 };
 
 // Runs layers [begin, end) of `w` on the residual stream x [n, H] in place. `captures` lists layers whose

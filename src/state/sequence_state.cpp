@@ -77,6 +77,48 @@ Status SequenceState::reserve_kv(int64_t layer, int64_t n_total) {
   return Status();
 }
 
+float* SequenceState::ssm_capture(int64_t layer, int64_t n) {
+  if (ssm_capture_.size() != ssm_.size()) ssm_capture_.resize(ssm_.size());
+  auto& buf = ssm_capture_[slot(layer)];
+  buf.resize(static_cast<size_t>(n) * ssm_[slot(layer)].size());
+  return buf.data();
+}
+
+float* SequenceState::conv_capture(int64_t layer, int64_t n) {
+  if (conv_capture_.size() != conv_.size()) conv_capture_.resize(conv_.size());
+  auto& buf = conv_capture_[slot(layer)];
+  const size_t C = static_cast<size_t>(spec_.gdn.conv_dim());
+  buf.resize(conv_[slot(layer)].size() + static_cast<size_t>(n) * C);
+  return buf.data();
+}
+
+void SequenceState::begin_captured_step(int64_t n) {
+  capture_base_ = n_past_;
+  capture_n_ = n;
+}
+
+Status SequenceState::rollback_captured(int64_t n_keep) {
+  if (capture_base_ < 0) return internal_error("rollback without a captured step");
+  // The step's first token is always kept (in speculative decoding it is the committed root).
+  if (n_keep < 1 || n_keep > capture_n_)
+    return invalid_argument("cannot keep {} of a captured step of {} tokens (1 to {})", n_keep, capture_n_, capture_n_);
+  if (n_past_ != capture_base_ + capture_n_)
+    return internal_error("the captured step is not the last one (n_past {}, step [{}, +{}))", n_past_, capture_base_,
+                          capture_n_);
+  const size_t C = static_cast<size_t>(spec_.gdn.conv_dim());
+  for (int64_t L = layer_begin_; L < layer_end_; ++L) {
+    const size_t i = slot(L);
+    if (kv_[i]) continue;
+    const size_t state_size = ssm_[i].size();
+    std::copy_n(ssm_capture_[i].data() + static_cast<size_t>(n_keep - 1) * state_size, state_size, ssm_[i].data());
+    // The window after n_keep tokens: rows [n_keep, n_keep + K - 1) of (old window ; step inputs).
+    std::copy_n(conv_capture_[i].data() + static_cast<size_t>(n_keep) * C, conv_[i].size(), conv_[i].data());
+  }
+  n_past_ = capture_base_ + n_keep;
+  capture_base_ = -1;
+  return Status();
+}
+
 Snapshot SequenceState::export_snapshot() const {
   Snapshot snap;
   snap.n_past = n_past_;

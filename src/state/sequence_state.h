@@ -63,6 +63,13 @@ class SequenceState : public LayerStateAccess {
   void reset();
   uint64_t bytes() const;
 
+  // After a causal step run with capture_recurrent (n tokens from position `base`), keeps only the first
+  // n_keep of them: attention is cropped to base + n_keep and every DeltaNet layer takes the state and conv
+  // window it had after token n_keep - 1 of the step. 1 <= n_keep <= n.
+  Status rollback_captured(int64_t n_keep);
+  // Called before a step run with capture_recurrent (the Runner does): remembers where it starts.
+  void begin_captured_step(int64_t n);
+
   Snapshot export_snapshot() const;
   // Replaces the state with the snapshot's; every tensor must be present with this model's shapes.
   Status import_snapshot(const Snapshot& snap);
@@ -74,6 +81,8 @@ class SequenceState : public LayerStateAccess {
   cpu::KvView kv_view(int64_t layer, int64_t n_total) override { return kv(layer).view(n_total); }
   float* conv_state(int64_t layer) override { return conv_[slot(layer)].data(); }
   float* ssm_state(int64_t layer) override { return ssm_[slot(layer)].data(); }
+  float* ssm_capture(int64_t layer, int64_t n) override;
+  float* conv_capture(int64_t layer, int64_t n) override;
 
  private:
   KvStore& kv(int64_t layer) { return *kv_[slot(layer)]; }
@@ -85,6 +94,9 @@ class SequenceState : public LayerStateAccess {
   std::vector<std::unique_ptr<KvStore>> kv_;  // per layer in range; null for recurrent layers
   std::vector<std::vector<float>> conv_;      // per layer; empty for attention layers
   std::vector<std::vector<float>> ssm_;
+  std::vector<std::vector<float>> ssm_capture_;   // per layer: [n, Hv, dv, dk] of the last captured step
+  std::vector<std::vector<float>> conv_capture_;  // per layer: [(K-1) + n, conv_dim]
+  int64_t capture_base_ = -1, capture_n_ = 0;     // the captured step: first position and token count
 };
 
 }  // namespace dflash

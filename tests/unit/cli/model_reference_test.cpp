@@ -191,3 +191,42 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, ModelReference,
 
 }  // namespace
 }  // namespace dflash
+
+namespace dflash {
+namespace {
+
+// A verify-like step of 6 tokens with capture, rolled back to its first k, continues exactly like a state
+// that only ever saw those k tokens (attention cropped, DeltaNet state and conv window from the capture).
+TEST_P(ModelReference, rollback_of_a_captured_step_equals_never_having_run_the_rest) {
+  const int64_t V = weights_->spec().vocab;
+  const auto& prompt = ref_.prompts[1];
+  const std::vector<int32_t> block = {ref_.greedy[1][0], 7, 8, 9, 10, 11};
+  for (int64_t keep : {1, 3, 6}) {
+    SequenceState a(weights_->spec()), b(weights_->spec());
+    ASSERT_TRUE(runner_->prefill(a, prompt).ok());
+    ASSERT_TRUE(runner_->prefill(b, prompt).ok());
+    Step verify;
+    verify.tokens = block;
+    verify.all_logits = true;
+    verify.capture_recurrent = true;
+    ASSERT_TRUE(runner_->forward(a, verify).ok());
+    ASSERT_TRUE(a.rollback_captured(keep).ok());
+    Step kept;
+    kept.tokens = std::span<const int32_t>(block).first(static_cast<size_t>(keep));
+    kept.capture_recurrent = true;  // the same (recurrent) DeltaNet form as the verify step
+    ASSERT_TRUE(runner_->forward(b, kept).ok());
+    ASSERT_EQ(a.n_past(), b.n_past());
+    int32_t next = 42;
+    Step step;
+    step.tokens = std::span<const int32_t>(&next, 1);
+    auto oa = runner_->forward(a, step);
+    auto ob = runner_->forward(b, step);
+    ASSERT_TRUE(oa.ok() && ob.ok());
+    EXPECT_EQ(std::memcmp(oa->logits.data(), ob->logits.data(), sizeof(float) * V), 0) << "keep " << keep;
+  }
+  SequenceState c(weights_->spec());
+  EXPECT_FALSE(c.rollback_captured(1).ok());  // nothing captured
+}
+
+}  // namespace
+}  // namespace dflash
