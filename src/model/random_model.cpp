@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/file_io.h"
+#include "base/splitmix.h"
 #include "model/tensor_shapes.h"
 #include "tensor/quant.h"
 
@@ -38,24 +39,6 @@ constexpr Preset kPresets[] = {
       "mrope_section":[11,11,10],"mrope_interleaved":true}})"},
 };
 
-// splitmix64: fast, and the same stream on every platform.
-struct Rng {
-  uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return static_cast<float>(next() >> 40) * (1.0f / 16777216.0f); }
-  float normal() { return (uniform() + uniform() + uniform() + uniform() - 2.0f) * 1.7320508f; }  // ~N(0, 1)
-};
-
-uint64_t hash_name(std::string_view s, uint64_t seed) {
-  uint64_t h = 1469598103934665603ull ^ seed;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 }  // namespace
 
@@ -119,7 +102,7 @@ Status add_random_model(const ModelSpec& spec, FileType file_type, uint64_t seed
       if (!out_row.ok()) return out_row.status();
       std::vector<float> src(static_cast<size_t>(std::min(batch, rows) * cols));
       std::vector<uint8_t> dst(static_cast<size_t>(std::min(batch, rows)) * *out_row);
-      Rng rng{hash_name(canon, seed)};
+      SplitMix64 rng{seed_for_name(canon, seed)};
       for (int64_t r0 = 0; r0 < rows; r0 += batch) {
         const int64_t n = std::min(batch, rows - r0);
         for (int64_t i = 0; i < n * cols; ++i) {

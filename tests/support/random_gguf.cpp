@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "base/file_io.h"
+#include "base/splitmix.h"
 #include "formats/gguf.h"
 #include "tensor/quant.h"
 
@@ -18,30 +19,11 @@ bool is_full_attention(const RandomModelSpec& s, uint32_t layer) {
   return !is_qwen35(s) || (layer + 1) % s.full_attention_interval == 0;
 }
 
-// splitmix64: small, fast and the same on every platform (std:: distributions are not).
-struct Rng {
-  uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return static_cast<float>(next() >> 40) * (1.0f / 16777216.0f); }  // [0, 1)
-  // About N(0, 1): the sum of four uniforms, rescaled.
-  float normal() { return (uniform() + uniform() + uniform() + uniform() - 2.0f) * 1.7320508f; }
-};
-
-uint64_t hash_name(const std::string& s, uint64_t seed) {
-  uint64_t h = 1469598103934665603ull ^ seed;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 // Values for one tensor: norms near 1, ssm_a negative (it holds -exp(A_log)), weights ~N(0, scale) with
 // an occasional outlier so the quantizers' scale choices are exercised.
 void fill(const RandomModelSpec& spec, const std::string& name, std::vector<float>& v) {
-  Rng rng{hash_name(name, spec.seed)};
+  SplitMix64 rng{seed_for_name(name, spec.seed)};
   const bool norm = name.find("norm") != std::string::npos;
   const bool ssm_a = name.ends_with("ssm_a");
   for (float& x : v) {
