@@ -230,3 +230,36 @@ TEST_P(ModelReference, rollback_of_a_captured_step_equals_never_having_run_the_r
 
 }  // namespace
 }  // namespace dflash
+
+namespace dflash {
+namespace {
+
+// Captured layer outputs (what a DFlash draft reads) equal HF's hidden_states[l + 1]. The last entry of
+// HF's tuple is taken after the final norm, so layers 0 .. L-2 are compared.
+TEST_P(ModelReference, captured_layer_outputs_match_transformers_hidden_states) {
+  const auto& [name, gguf] = GetParam();
+  auto st = SafetensorsFile::open(test::fixture_path("models/" + name + "/reference.safetensors"));
+  ASSERT_TRUE(st.ok());
+  const int64_t L = weights_->spec().n_layers, H = weights_->spec().hidden;
+  std::vector<int64_t> layers;
+  for (int64_t l = 0; l + 1 < L; ++l) layers.push_back(l);
+  SequenceState state(weights_->spec());
+  Step step;
+  step.tokens = ref_.prompts[1];
+  step.capture_layers = layers;
+  auto out = runner_->forward(state, step);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  ASSERT_EQ(out->features.size(), layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const auto* t = st->find("hidden.1." + std::to_string(layers[i]));
+    ASSERT_NE(t, nullptr);
+    std::vector<float> want(t->n_elements());
+    std::memcpy(want.data(), t->data.data(), want.size() * 4);
+    ASSERT_EQ(static_cast<int64_t>(want.size()), static_cast<int64_t>(ref_.prompts[1].size()) * H);
+    EXPECT_LT(rel_err(out->features[i].data(), want.data(), static_cast<int64_t>(want.size())), 1e-4)
+        << "layer " << layers[i];
+  }
+}
+
+}  // namespace
+}  // namespace dflash
