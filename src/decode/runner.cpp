@@ -23,7 +23,7 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
     return invalid_argument("{} tokens after {} exceed the model's context of {}", n, state.n_past(), s.max_context);
 
   std::vector<float> x(static_cast<size_t>(n * s.hidden));
-  DF_RETURN_IF_ERROR(embed_tokens(w_, step.tokens, x.data()));
+  DF_RETURN_IF_ERROR(embed_tokens(w_, step.tokens, x.data(), backend_));
   StepOutput out;
   out.features.resize(step.capture_layers.size());
   std::vector<float*> captured;
@@ -33,7 +33,8 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
   }
   StepShape shape{n, state.n_past(), positions, step.mask, step.parents, step.capture_recurrent};
   if (step.capture_recurrent && step.mask == cpu::MaskKind::kCausal) state.begin_captured_step(n);
-  DF_RETURN_IF_ERROR(forward_layers(w_, 0, s.n_layers, shape, x.data(), state, step.capture_layers, captured, pool_));
+  DF_RETURN_IF_ERROR(
+      forward_layers(w_, 0, s.n_layers, shape, x.data(), state, step.capture_layers, captured, backend_));
 
   std::vector<int64_t> rows;
   if (step.all_logits) {
@@ -44,7 +45,7 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
   }
   out.rows = static_cast<int64_t>(rows.size());
   out.logits.resize(rows.size() * static_cast<size_t>(s.vocab));
-  DF_RETURN_IF_ERROR(lm_head(w_, x.data(), rows, out.logits.data(), pool_));
+  DF_RETURN_IF_ERROR(lm_head(w_, x.data(), rows, out.logits.data(), backend_));
   if (step.mask != cpu::MaskKind::kTree) state.set_n_past(state.n_past() + n);
   return out;
 }

@@ -33,11 +33,12 @@ struct StepOutput {
 
 class Runner {
  public:
-  Runner(const Weights& weights, int threads = 0) : w_(weights), pool_(threads) {}
+  Runner(const Weights& weights, int threads = 0) : w_(weights), backend_(threads) {}
 
   const ModelSpec& spec() const { return w_.spec(); }
   const Weights& weights() const { return w_; }
-  ThreadPool& pool() { return pool_; }
+  ThreadPool& pool() { return backend_.pool(); }
+  Backend& backend() { return backend_; }
 
   // Runs the step and advances state.n_past by the number of tokens (causal steps). Tree steps leave
   // n_past unchanged: the caller commits accepted nodes.
@@ -49,7 +50,7 @@ class Runner {
 
  private:
   const Weights& w_;
-  ThreadPool pool_;
+  CpuBackend backend_;
 };
 
 }  // namespace dflash

@@ -26,7 +26,7 @@ double rope_freq_scale(const ModelSpec& s) {
 
 // Gated or plain attention (Qwen3.5 / Qwen3), algorithms.md D.3. xn [n, H] -> out [n, H].
 Status attention_mixer(const Weights& w, int64_t L, const StepShape& st, const float* xn, float* out,
-                       LayerStateAccess& state, ThreadPool& pool) {
+                       LayerStateAccess& state, Backend& be) {
   const ModelSpec& s = w.spec();
   const int64_t n = st.n, nh = s.n_heads, nkv = s.n_kv_heads, hd = s.head_dim;
   const bool gated = s.layer_kinds[static_cast<size_t>(L)] == LayerKind::kGatedAttention && s.attn_output_gate;
@@ -37,51 +37,48 @@ Status attention_mixer(const Weights& w, int64_t L, const StepShape& st, const f
   DF_ASSIGN_OR_RETURN(const float* q_norm, need_f32(w, layer_name(L, "attn.q_norm")));
   DF_ASSIGN_OR_RETURN(const float* k_norm, need_f32(w, layer_name(L, "attn.k_norm")));
 
-  std::vector<float> qg(static_cast<size_t>(n * wq->rows));
-  DF_RETURN_IF_ERROR(cpu::matmul(*wq, xn, n, qg.data(), pool));
-  std::vector<float> q(static_cast<size_t>(n * nh * hd)), gate;
+  DF_ASSIGN_OR_RETURN(Buffer qg, be.alloc(n * wq->rows));
+  DF_RETURN_IF_ERROR(be.matmul(*wq, xn, n, qg.data()));
+  DF_ASSIGN_OR_RETURN(Buffer q, be.alloc(n * nh * hd));
+  DF_ASSIGN_OR_RETURN(Buffer gate, be.alloc(gated ? n * nh * hd : 0));
   if (gated) {
-    // Rows of attn.q are per head [q_h (hd) | gate_h (hd)].
-    gate.resize(q.size());
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t h = 0; h < nh; ++h) {
-        const float* src = qg.data() + (t * nh + h) * 2 * hd;
-        std::memcpy(q.data() + (t * nh + h) * hd, src, sizeof(float) * hd);
-        std::memcpy(gate.data() + (t * nh + h) * hd, src + hd, sizeof(float) * hd);
-      }
+    // Rows of attn.q are per head [q_h (hd) | gate_h (hd)]: viewed as [n * nh, 2 hd], split the columns.
+    DF_RETURN_IF_ERROR(be.slice_columns(qg.data(), n * nh, 2 * hd, 0, hd, q.data()));
+    DF_RETURN_IF_ERROR(be.slice_columns(qg.data(), n * nh, 2 * hd, hd, hd, gate.data()));
   } else {
-    q = std::move(qg);
+    DF_RETURN_IF_ERROR(be.copy(q.data(), qg.data(), n * nh * hd));
   }
-  std::vector<float> k(static_cast<size_t>(n * nkv * hd)), v(k.size());
-  DF_RETURN_IF_ERROR(cpu::matmul(*wk, xn, n, k.data(), pool));
-  DF_RETURN_IF_ERROR(cpu::matmul(*wv, xn, n, v.data(), pool));
+  DF_ASSIGN_OR_RETURN(Buffer k, be.alloc(n * nkv * hd));
+  DF_ASSIGN_OR_RETURN(Buffer v, be.alloc(n * nkv * hd));
+  DF_RETURN_IF_ERROR(be.matmul(*wk, xn, n, k.data()));
+  DF_RETURN_IF_ERROR(be.matmul(*wv, xn, n, v.data()));
   const float eps = static_cast<float>(s.rms_eps);
-  cpu::rms_norm(q.data(), q_norm, eps, n * nh, hd, q.data());
-  cpu::rms_norm(k.data(), k_norm, eps, n * nkv, hd, k.data());
+  DF_RETURN_IF_ERROR(be.rms_norm(q.data(), q_norm, eps, n * nh, hd, q.data()));
+  DF_RETURN_IF_ERROR(be.rms_norm(k.data(), k_norm, eps, n * nkv, hd, k.data()));
   const int64_t rot = s.rope_dims > 0 ? s.rope_dims : hd;
-  cpu::rope_neox(q.data(), n, nh, hd, rot, st.positions, s.rope_theta, rope_freq_scale(s));
-  cpu::rope_neox(k.data(), n, nkv, hd, rot, st.positions, s.rope_theta, rope_freq_scale(s));
+  DF_RETURN_IF_ERROR(be.rope_neox(q.data(), n, nh, hd, rot, st.positions, s.rope_theta, rope_freq_scale(s)));
+  DF_RETURN_IF_ERROR(be.rope_neox(k.data(), n, nkv, hd, rot, st.positions, s.rope_theta, rope_freq_scale(s)));
 
   // New tokens take KV slots n_past .. n_past + n - 1 (tree nodes too: slot = node index).
   DF_RETURN_IF_ERROR(state.reserve_kv(L, st.n_past + n));
   for (int64_t t = 0; t < n; ++t) {
-    std::memcpy(state.k_row(L, st.n_past + t), k.data() + t * nkv * hd, sizeof(float) * nkv * hd);
-    std::memcpy(state.v_row(L, st.n_past + t), v.data() + t * nkv * hd, sizeof(float) * nkv * hd);
+    DF_RETURN_IF_ERROR(be.copy(state.k_row(L, st.n_past + t), k.data() + t * nkv * hd, nkv * hd));
+    DF_RETURN_IF_ERROR(be.copy(state.v_row(L, st.n_past + t), v.data() + t * nkv * hd, nkv * hd));
   }
-  std::vector<float> o(q.size());
+  DF_ASSIGN_OR_RETURN(Buffer o, be.alloc(n * nh * hd));
   cpu::AttentionMask mask{st.mask, st.n_past, st.parents};
-  cpu::attention(q.data(), n, nh, state.kv_view(L, st.n_past + n), mask, 1.0f / std::sqrt(static_cast<float>(hd)),
-                 o.data(), pool);
+  DF_RETURN_IF_ERROR(be.attention(q.data(), n, nh, state.kv_view(L, st.n_past + n), mask,
+                                  1.0f / std::sqrt(static_cast<float>(hd)), o.data()));
   if (gated) {
-    cpu::sigmoid_inplace(gate.data(), static_cast<int64_t>(gate.size()));
-    for (size_t i = 0; i < o.size(); ++i) o[i] *= gate[i];
+    DF_RETURN_IF_ERROR(be.sigmoid_inplace(gate.data(), n * nh * hd));
+    DF_RETURN_IF_ERROR(be.mul_inplace(o.data(), gate.data(), n * nh * hd));
   }
-  return cpu::matmul(*wo, o.data(), n, out, pool);
+  return be.matmul(*wo, o.data(), n, out);
 }
 
 // Gated DeltaNet mixer, algorithms.md D.4. xn [n, H] -> out [n, H].
 Status deltanet_mixer(const Weights& w, int64_t L, const StepShape& st, const float* xn, float* out,
-                      LayerStateAccess& state, ThreadPool& pool) {
+                      LayerStateAccess& state, Backend& be) {
   const ModelSpec& s = w.spec();
   const DeltaNetDims& g = s.gdn;
   const int64_t n = st.n, C = g.conv_dim(), Hk = g.n_k_heads, Hv = g.n_v_heads, dk = g.d_k, dv = g.d_v;
@@ -95,89 +92,71 @@ Status deltanet_mixer(const Weights& w, int64_t L, const StepShape& st, const fl
   DF_ASSIGN_OR_RETURN(const float* ssm_a, need_f32(w, layer_name(L, "gdn.ssm_a")));
   DF_ASSIGN_OR_RETURN(const float* norm_w, need_f32(w, layer_name(L, "gdn.norm")));
 
-  std::vector<float> mixed(static_cast<size_t>(n * C)), z(static_cast<size_t>(n * Hv * dv));
-  std::vector<float> b(static_cast<size_t>(n * Hv)), a(b.size());
-  DF_RETURN_IF_ERROR(cpu::matmul(*wqkv, xn, n, mixed.data(), pool));
-  DF_RETURN_IF_ERROR(cpu::matmul(*wz, xn, n, z.data(), pool));
-  DF_RETURN_IF_ERROR(cpu::matmul(*wb, xn, n, b.data(), pool));
-  DF_RETURN_IF_ERROR(cpu::matmul(*wa, xn, n, a.data(), pool));
+  DF_ASSIGN_OR_RETURN(Buffer mixed, be.alloc(n * C));
+  DF_ASSIGN_OR_RETURN(Buffer z, be.alloc(n * Hv * dv));
+  DF_ASSIGN_OR_RETURN(Buffer b, be.alloc(n * Hv));
+  DF_ASSIGN_OR_RETURN(Buffer a, be.alloc(n * Hv));
+  DF_RETURN_IF_ERROR(be.matmul(*wqkv, xn, n, mixed.data()));
+  DF_RETURN_IF_ERROR(be.matmul(*wz, xn, n, z.data()));
+  DF_RETURN_IF_ERROR(be.matmul(*wb, xn, n, b.data()));
+  DF_RETURN_IF_ERROR(be.matmul(*wa, xn, n, a.data()));
 
   const bool capture = st.capture_recurrent || st.mask == cpu::MaskKind::kTree;
   if (capture) {
     // The window before the step, then this step's inputs: rollback to any prefix reads its window here.
     float* conv_cap = state.conv_capture(L, n);
     const int64_t window = (g.conv_kernel - 1) * C;
-    std::memcpy(conv_cap, state.conv_state(L), sizeof(float) * window);
-    std::memcpy(conv_cap + window, mixed.data(), sizeof(float) * n * C);
+    DF_RETURN_IF_ERROR(be.copy(conv_cap, state.conv_state(L), window));
+    DF_RETURN_IF_ERROR(be.copy(conv_cap + window, mixed.data(), n * C));
   }
-  std::vector<float> u(mixed.size());
-  cpu::causal_conv1d_silu(mixed.data(), n, C, conv_w, g.conv_kernel, state.conv_state(L), u.data(), st.parents);
+  DF_ASSIGN_OR_RETURN(Buffer u, be.alloc(n * C));
+  DF_RETURN_IF_ERROR(
+      be.causal_conv1d_silu(mixed.data(), n, C, conv_w, g.conv_kernel, state.conv_state(L), u.data(), st.parents));
 
   // Split [q | k | v], L2-normalise q and k per head (eps 1e-6), scale q by 1/sqrt(dk).
-  std::vector<float> q(static_cast<size_t>(n * Hk * dk)), k(q.size()), v(static_cast<size_t>(n * Hv * dv));
-  const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
-  for (int64_t t = 0; t < n; ++t) {
-    const float* row = u.data() + t * C;
-    std::memcpy(q.data() + t * Hk * dk, row, sizeof(float) * Hk * dk);
-    std::memcpy(k.data() + t * Hk * dk, row + Hk * dk, sizeof(float) * Hk * dk);
-    std::memcpy(v.data() + t * Hv * dv, row + 2 * Hk * dk, sizeof(float) * Hv * dv);
-    for (int64_t h = 0; h < Hk; ++h) {
-      for (float* x : {q.data() + (t * Hk + h) * dk, k.data() + (t * Hk + h) * dk}) {
-        float ss = 0;
-        for (int64_t i = 0; i < dk; ++i) ss += x[i] * x[i];
-        const float inv = 1.0f / std::sqrt(ss + 1e-6f);
-        for (int64_t i = 0; i < dk; ++i) x[i] *= inv;
-      }
-      float* qh = q.data() + (t * Hk + h) * dk;
-      for (int64_t i = 0; i < dk; ++i) qh[i] *= q_scale;
-    }
-  }
-  // beta = sigmoid(b); g = ssm_a * softplus(a + dt_bias) (ssm_a = -exp(A_log) <= 0).
-  std::vector<float> decay(b.size());
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t h = 0; h < Hv; ++h) {
-      const size_t i = static_cast<size_t>(t * Hv + h);
-      decay[i] = ssm_a[h] * cpu::softplus(a[i] + dt_bias[h]);
-    }
-  cpu::sigmoid_inplace(b.data(), static_cast<int64_t>(b.size()));
+  DF_ASSIGN_OR_RETURN(Buffer q, be.alloc(n * Hk * dk));
+  DF_ASSIGN_OR_RETURN(Buffer k, be.alloc(n * Hk * dk));
+  DF_ASSIGN_OR_RETURN(Buffer v, be.alloc(n * Hv * dv));
+  DF_RETURN_IF_ERROR(be.slice_columns(u.data(), n, C, 0, Hk * dk, q.data()));
+  DF_RETURN_IF_ERROR(be.slice_columns(u.data(), n, C, Hk * dk, Hk * dk, k.data()));
+  DF_RETURN_IF_ERROR(be.slice_columns(u.data(), n, C, 2 * Hk * dk, Hv * dv, v.data()));
+  DF_RETURN_IF_ERROR(be.l2_norm_rows(q.data(), n * Hk, dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(dk))));
+  DF_RETURN_IF_ERROR(be.l2_norm_rows(k.data(), n * Hk, dk, 1e-6f, 1.0f));
+  // a -> decay = ssm_a * softplus(a + dt_bias) (ssm_a = -exp(A_log) <= 0); b -> beta = sigmoid(b).
+  DF_RETURN_IF_ERROR(be.deltanet_gates(a.data(), b.data(), dt_bias, ssm_a, n, Hv));
 
-  std::vector<float> o(v.size());
+  DF_ASSIGN_OR_RETURN(Buffer o, be.alloc(n * Hv * dv));
   const cpu::DeltaNetShape shape{Hk, Hv, dk, dv};
-  if (capture) {
-    // Recurrent form: it yields the state after every token (tree nodes start from their parent's).
-    cpu::gated_delta_net_recurrent(q.data(), k.data(), v.data(), decay.data(), b.data(), n, shape,
-                                   state.ssm_state(L), o.data(), state.ssm_capture(L, n), st.parents, pool);
-  } else if (n >= kChunkedDeltaNetMinTokens) {
-    cpu::gated_delta_net_chunked(q.data(), k.data(), v.data(), decay.data(), b.data(), n, shape, state.ssm_state(L),
-                                 o.data(), pool);
-  } else {
-    cpu::gated_delta_net_recurrent(q.data(), k.data(), v.data(), decay.data(), b.data(), n, shape, state.ssm_state(L),
-                                   o.data(), nullptr, {}, pool);
-  }
+  const bool chunked = !capture && n >= kChunkedDeltaNetMinTokens;
+  // Captured steps run the recurrent form: it yields the state after every token (tree nodes start
+  // from their parent's).
+  DF_RETURN_IF_ERROR(be.gated_delta_net(q.data(), k.data(), v.data(), a.data(), b.data(), n, shape, state.ssm_state(L),
+                                        o.data(), capture ? state.ssm_capture(L, n) : nullptr, st.parents, chunked));
   // Gated output norm: RMSNorm over dv per (token, V-head), then * silu(z).
-  cpu::rms_norm(o.data(), norm_w, static_cast<float>(s.rms_eps), n * Hv, dv, o.data());
-  cpu::silu_inplace(z.data(), static_cast<int64_t>(z.size()));
-  for (size_t i = 0; i < o.size(); ++i) o[i] *= z[i];
-  return cpu::matmul(*wout, o.data(), n, out, pool);
+  DF_RETURN_IF_ERROR(be.rms_norm(o.data(), norm_w, static_cast<float>(s.rms_eps), n * Hv, dv, o.data()));
+  DF_RETURN_IF_ERROR(be.silu_inplace(z.data(), n * Hv * dv));
+  DF_RETURN_IF_ERROR(be.mul_inplace(o.data(), z.data(), n * Hv * dv));
+  return be.matmul(*wout, o.data(), n, out);
 }
 
 // SwiGLU FFN on the normed stream: out [n, H] = down(silu(gate h) * up h).
-Status mlp(const Weights& w, int64_t L, int64_t n, const float* hn, float* out, ThreadPool& pool) {
+Status mlp(const Weights& w, int64_t L, int64_t n, const float* hn, float* out, Backend& be) {
   DF_ASSIGN_OR_RETURN(const cpu::WeightView* wg, need(w, layer_name(L, "ffn.gate")));
   DF_ASSIGN_OR_RETURN(const cpu::WeightView* wu, need(w, layer_name(L, "ffn.up")));
   DF_ASSIGN_OR_RETURN(const cpu::WeightView* wd, need(w, layer_name(L, "ffn.down")));
-  std::vector<float> gate(static_cast<size_t>(n * wg->rows)), up(gate.size());
-  DF_RETURN_IF_ERROR(cpu::matmul(*wg, hn, n, gate.data(), pool));
-  DF_RETURN_IF_ERROR(cpu::matmul(*wu, hn, n, up.data(), pool));
-  cpu::swiglu(gate.data(), up.data(), gate.data(), static_cast<int64_t>(gate.size()));
-  return cpu::matmul(*wd, gate.data(), n, out, pool);
+  DF_ASSIGN_OR_RETURN(Buffer gate, be.alloc(n * wg->rows));
+  DF_ASSIGN_OR_RETURN(Buffer up, be.alloc(n * wu->rows));
+  DF_RETURN_IF_ERROR(be.matmul(*wg, hn, n, gate.data()));
+  DF_RETURN_IF_ERROR(be.matmul(*wu, hn, n, up.data()));
+  DF_RETURN_IF_ERROR(be.swiglu(gate.data(), up.data(), gate.data(), n * wg->rows));
+  return be.matmul(*wd, gate.data(), n, out);
 }
 
 }  // namespace
 
 Status forward_layers(const Weights& w, int64_t begin, int64_t end, const StepShape& st, float* x,
                       LayerStateAccess& state, std::span<const int64_t> captures, std::span<float* const> captured,
-                      ThreadPool& pool) {
+                      Backend& be) {
   const ModelSpec& s = w.spec();
   if (begin < 0 || end > s.n_layers || begin > end)
     return invalid_argument("layer range [{}, {}) is outside the model's {} layers", begin, end, s.n_layers);
@@ -189,39 +168,41 @@ Status forward_layers(const Weights& w, int64_t begin, int64_t end, const StepSh
   if (captures.size() != captured.size()) return invalid_argument("capture layers and buffers differ in count");
   const int64_t n = st.n, H = s.hidden;
   const float eps = static_cast<float>(s.rms_eps);
-  std::vector<float> xn(static_cast<size_t>(n * H)), delta(xn.size());
+  DF_ASSIGN_OR_RETURN(Buffer xn, be.alloc(n * H));
+  DF_ASSIGN_OR_RETURN(Buffer delta, be.alloc(n * H));
   for (int64_t L = begin; L < end; ++L) {
     DF_ASSIGN_OR_RETURN(const float* attn_norm, need_f32(w, layer_name(L, "attn_norm")));
     DF_ASSIGN_OR_RETURN(const float* ffn_norm, need_f32(w, layer_name(L, "ffn_norm")));
-    cpu::rms_norm(x, attn_norm, eps, n, H, xn.data());
-    if (s.is_recurrent(L)) DF_RETURN_IF_ERROR(deltanet_mixer(w, L, st, xn.data(), delta.data(), state, pool));
-    else DF_RETURN_IF_ERROR(attention_mixer(w, L, st, xn.data(), delta.data(), state, pool));
-    for (size_t i = 0; i < delta.size(); ++i) x[i] += delta[i];
-    cpu::rms_norm(x, ffn_norm, eps, n, H, xn.data());
-    DF_RETURN_IF_ERROR(mlp(w, L, n, xn.data(), delta.data(), pool));
-    for (size_t i = 0; i < delta.size(); ++i) x[i] += delta[i];
+    DF_RETURN_IF_ERROR(be.rms_norm(x, attn_norm, eps, n, H, xn.data()));
+    if (s.is_recurrent(L)) DF_RETURN_IF_ERROR(deltanet_mixer(w, L, st, xn.data(), delta.data(), state, be));
+    else DF_RETURN_IF_ERROR(attention_mixer(w, L, st, xn.data(), delta.data(), state, be));
+    DF_RETURN_IF_ERROR(be.add_inplace(x, delta.data(), n * H));
+    DF_RETURN_IF_ERROR(be.rms_norm(x, ffn_norm, eps, n, H, xn.data()));
+    DF_RETURN_IF_ERROR(mlp(w, L, n, xn.data(), delta.data(), be));
+    DF_RETURN_IF_ERROR(be.add_inplace(x, delta.data(), n * H));
     for (size_t c = 0; c < captures.size(); ++c)
-      if (captures[c] == L) std::memcpy(captured[c], x, sizeof(float) * n * H);
+      if (captures[c] == L) DF_RETURN_IF_ERROR(be.copy(captured[c], x, n * H));
   }
   return Status();
 }
 
-Status embed_tokens(const Weights& w, std::span<const int32_t> tokens, float* x) {
+Status embed_tokens(const Weights& w, std::span<const int32_t> tokens, float* x, Backend& be) {
   DF_ASSIGN_OR_RETURN(const cpu::WeightView* table, need(w, "token_embd"));
-  return cpu::embedding_lookup(*table, tokens, x);
+  return be.embedding(*table, tokens, x);
 }
 
-Status lm_head(const Weights& w, const float* x, std::span<const int64_t> rows, float* logits, ThreadPool& pool) {
+Status lm_head(const Weights& w, const float* x, std::span<const int64_t> rows, float* logits, Backend& be) {
   const ModelSpec& s = w.spec();
   DF_ASSIGN_OR_RETURN(const float* norm, need_f32(w, "output_norm"));
   const cpu::WeightView* head = w.find("output");
   if (head == nullptr) {
     DF_ASSIGN_OR_RETURN(head, need(w, "token_embd"));
   }
-  std::vector<float> xn(rows.size() * static_cast<size_t>(s.hidden));
-  for (size_t r = 0; r < rows.size(); ++r)
-    cpu::rms_norm(x + rows[r] * s.hidden, norm, static_cast<float>(s.rms_eps), 1, s.hidden, xn.data() + r * s.hidden);
-  return cpu::matmul(*head, xn.data(), static_cast<int64_t>(rows.size()), logits, pool);
+  const int64_t m = static_cast<int64_t>(rows.size());
+  DF_ASSIGN_OR_RETURN(Buffer xn, be.alloc(m * s.hidden));
+  DF_RETURN_IF_ERROR(be.gather_rows(x, s.hidden, rows, xn.data()));
+  DF_RETURN_IF_ERROR(be.rms_norm(xn.data(), norm, static_cast<float>(s.rms_eps), m, s.hidden, xn.data()));
+  return be.matmul(*head, xn.data(), m, logits);
 }
 
 }  // namespace dflash

@@ -9,6 +9,7 @@
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "model/weights.h"
+#include "ops/backend.h"
 #include "ops/cpu/ops.h"
 
 namespace dflash {
@@ -47,16 +48,17 @@ struct StepShape {
   bool capture_recurrent = false;       // fill the DeltaNet capture buffers (tree steps always do)
 };
 
-// Runs layers [begin, end) of `w` on the residual stream x [n, H] in place. `captures` lists layers whose
-// output (the residual after the whole block) is copied into the matching `captured` buffer [n, H].
+// Runs layers [begin, end) of `w` on the residual stream x [n, H] in place, with backend `be` (x, the
+// captured buffers and the state's buffers live where `be` computes). `captures` lists layers whose output
+// (the residual after the whole block) is copied into the matching `captured` buffer [n, H].
 Status forward_layers(const Weights& w, int64_t begin, int64_t end, const StepShape& step, float* x,
                       LayerStateAccess& state, std::span<const int64_t> captures, std::span<float* const> captured,
-                      ThreadPool& pool);
+                      Backend& be);
 
 // x [n, H] = token embeddings.
-Status embed_tokens(const Weights& w, std::span<const int32_t> tokens, float* x);
+Status embed_tokens(const Weights& w, std::span<const int32_t> tokens, float* x, Backend& be);
 
 // logits [rows.size(), V] for the given rows of x [n, H] (final norm, then the LM head).
-Status lm_head(const Weights& w, const float* x, std::span<const int64_t> rows, float* logits, ThreadPool& pool);
+Status lm_head(const Weights& w, const float* x, std::span<const int64_t> rows, float* logits, Backend& be);
 
 }  // namespace dflash

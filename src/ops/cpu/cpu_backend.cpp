@@ -1,0 +1,116 @@
+#include <cmath>
+#include <cstring>
+#include <new>
+
+#include "ops/backend.h"
+
+namespace dflash {
+
+Result<Buffer> CpuBackend::alloc(int64_t n_floats) {
+  if (n_floats < 0) return invalid_argument("negative buffer size {}", n_floats);
+  float* p = new (std::nothrow) float[static_cast<size_t>(std::max<int64_t>(n_floats, 1))];
+  if (p == nullptr) return Status(ErrorCode::kOutOfMemory, fmt::format("cannot allocate {} floats", n_floats));
+  return Buffer(this, p, n_floats);
+}
+
+void CpuBackend::release(float* data) { delete[] data; }
+
+Status CpuBackend::upload(float* dst, const float* src, int64_t n) {
+  std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n));
+  return Status();
+}
+Status CpuBackend::download(float* dst, const float* src, int64_t n) { return upload(dst, src, n); }
+Status CpuBackend::copy(float* dst, const float* src, int64_t n) { return upload(dst, src, n); }
+
+Status CpuBackend::matmul(const cpu::WeightView& w, const float* x, int64_t n, float* y) {
+  return cpu::matmul(w, x, n, y, pool_);
+}
+Status CpuBackend::embedding(const cpu::WeightView& table, std::span<const int32_t> ids, float* out) {
+  return cpu::embedding_lookup(table, ids, out);
+}
+Status CpuBackend::rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* y) {
+  cpu::rms_norm(x, w, eps, n, dim, y);
+  return Status();
+}
+Status CpuBackend::rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
+                             std::span<const int32_t> positions, double theta, double freq_scale) {
+  cpu::rope_neox(x, n, n_heads, head_dim, rot_dims, positions, theta, freq_scale);
+  return Status();
+}
+Status CpuBackend::attention(const float* q, int64_t n_q, int64_t n_heads, const cpu::KvView& kv,
+                             const cpu::AttentionMask& mask, float scale, float* out) {
+  cpu::attention(q, n_q, n_heads, kv, mask, scale, out, pool_);
+  return Status();
+}
+Status CpuBackend::gated_delta_net(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                                   int64_t n, const cpu::DeltaNetShape& s, float* state, float* out,
+                                   float* per_token_states, std::span<const int32_t> parents, bool chunked) {
+  if (chunked) {
+    if (per_token_states != nullptr || !parents.empty())
+      return internal_error("the chunked DeltaNet form keeps no per-token states and has no tree form");
+    cpu::gated_delta_net_chunked(q, k, v, g, beta, n, s, state, out, pool_);
+  } else {
+    cpu::gated_delta_net_recurrent(q, k, v, g, beta, n, s, state, out, per_token_states, parents, pool_);
+  }
+  return Status();
+}
+Status CpuBackend::causal_conv1d_silu(const float* x, int64_t n, int64_t channels, const float* w, int64_t kernel,
+                                      float* conv_state, float* out, std::span<const int32_t> parents) {
+  cpu::causal_conv1d_silu(x, n, channels, w, kernel, conv_state, out, parents);
+  return Status();
+}
+Status CpuBackend::add_inplace(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+  return Status();
+}
+Status CpuBackend::mul_inplace(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] *= x[i];
+  return Status();
+}
+Status CpuBackend::silu_inplace(float* x, int64_t n) {
+  cpu::silu_inplace(x, n);
+  return Status();
+}
+Status CpuBackend::sigmoid_inplace(float* x, int64_t n) {
+  cpu::sigmoid_inplace(x, n);
+  return Status();
+}
+Status CpuBackend::swiglu(const float* gate, const float* up, float* out, int64_t n) {
+  cpu::swiglu(gate, up, out, n);
+  return Status();
+}
+Status CpuBackend::slice_columns(const float* src, int64_t rows, int64_t src_width, int64_t offset, int64_t width,
+                                 float* dst) {
+  if (offset < 0 || width < 0 || offset + width > src_width)
+    return internal_error("column slice [{}, +{}) of a {}-wide row", offset, width, src_width);
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(dst + r * width, src + r * src_width + offset, sizeof(float) * static_cast<size_t>(width));
+  return Status();
+}
+Status CpuBackend::l2_norm_rows(float* x, int64_t rows, int64_t dim, float eps, float scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x + r * dim;
+    float ss = 0;
+    for (int64_t i = 0; i < dim; ++i) ss += row[i] * row[i];
+    const float inv = 1.0f / std::sqrt(ss + eps);
+    for (int64_t i = 0; i < dim; ++i) row[i] = row[i] * inv * scale;
+  }
+  return Status();
+}
+Status CpuBackend::deltanet_gates(float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a,
+                                  int64_t n, int64_t n_heads) {
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float& a = alpha_to_decay[t * n_heads + h];
+      a = ssm_a[h] * cpu::softplus(a + dt_bias[h]);
+    }
+  cpu::sigmoid_inplace(beta, n * n_heads);
+  return Status();
+}
+Status CpuBackend::gather_rows(const float* x, int64_t dim, std::span<const int64_t> rows, float* out) {
+  for (size_t r = 0; r < rows.size(); ++r)
+    std::memcpy(out + static_cast<int64_t>(r) * dim, x + rows[r] * dim, sizeof(float) * static_cast<size_t>(dim));
+  return Status();
+}
+
+}  // namespace dflash

@@ -1,0 +1,68 @@
+// Device attention over the chunked KV layout (kernels in attention.cu); the math of cpu::attention
+// (ops/cpu/ops.h), which is the reference: same masks, GQA mapping, scale, "a query that sees no key gets
+// zeros", float32 throughout with a running max.
+//
+// KV layout (chosen to mirror the CPU KvStore, so that a paged store needs no copy): a device array of
+// device chunk pointers per tensor. Chunk c holds positions [c * chunk_tokens, (c + 1) * chunk_tokens) as
+// [chunk_tokens, n_kv_heads, head_dim] float32. A contiguous [capacity, nkv, hd] buffer is the special
+// case of a table whose entries are buffer + c * chunk_tokens * nkv * hd. Every chunk pointer must be
+// 16-byte aligned (cudaMalloc gives 256); the tables themselves live in device memory.
+//
+// Kernels (one template, two launch shapes):
+//   prefill (n_q > 32): a block takes 64 rows = (query, head-of-the-group) pairs of one KV head, so a K/V
+//     tile in shared memory serves every query head of the group; tiles of 32 keys (16 at hd 256) are
+//     scored against the rows in shared memory, then an online softmax per row and the P.V update of
+//     float32 accumulators in registers (f32 FMA, no tensor cores yet).
+//   decode (n_q <= 32: decode, chain verify, tree verify): 16 rows per block and split-K: the visible keys
+//     are cut into ranges handled by different blocks, each leaving a partial (max, sum, unnormalised
+//     output) in the workspace; a merge kernel combines them. Prefill splits too when its grid alone would
+//     not fill the GPU.
+// head_dim 64, 128 or 256.
+//
+// This header is included by nvcc-compiled code: no base/status.h (see attention_host.h for the Status API).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dflash::cuda {
+
+// Same values as cpu::MaskKind (pinned in attention_host.cpp).
+enum class AttnMaskKind : int32_t { kCausal = 0, kTree = 1, kFull = 2 };
+
+struct DeviceKvView {
+  const float* const* k_chunks = nullptr;  // device array of device pointers
+  const float* const* v_chunks = nullptr;
+  int64_t chunk_tokens = 64;
+  int64_t n_tokens = 0;  // valid positions
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+};
+
+// Keys [0, n_prefix) are seen by every query; key n_prefix + s is new slot s. Query i sees slot s when
+//   kCausal: s <= i; kTree: s == i or s an ancestor of i (parents[i] < i, -1 for a root); kFull: always.
+struct DeviceAttnMask {
+  AttnMaskKind kind = AttnMaskKind::kCausal;
+  int64_t n_prefix = 0;
+  const int32_t* parents = nullptr;  // kTree only: device array of n_q
+};
+
+bool attention_head_dim_supported(int64_t head_dim);
+
+// Bytes of workspace that lets attention() use its preferred split-K plan for this call shape on the
+// current device (0 when it does not split).
+size_t attention_workspace_bytes(int64_t n_q, int64_t n_heads, const DeviceKvView& kv, const DeviceAttnMask& mask);
+
+// out[i, h, :] = softmax_j(q[i, h, :] . k[j, h / (nh / nkv), :] * scale | visible) v[j, h / (nh / nkv), :]
+// q, out [n_q, n_heads, head_dim] device float32 (out must not alias q). `workspace` (device, may be null)
+// holds the split-K partials; with less than attention_workspace_bytes() the call splits less (correct,
+// slower). Returns cudaErrorInvalidValue (nothing enqueued) for an unsupported head_dim, n_heads not a
+// multiple of n_kv_heads, n_prefix outside [0, n_tokens], a null pointer with work to do, or a kTree mask
+// without parents. n_q == 0 is a no-op.
+cudaError_t attention(const float* q, int64_t n_q, int64_t n_heads, const DeviceKvView& kv,
+                      const DeviceAttnMask& mask, float scale, float* out, void* workspace, size_t workspace_bytes,
+                      cudaStream_t stream = nullptr);
+
+}  // namespace dflash::cuda

@@ -1,0 +1,245 @@
+// Kernels of norm_rope.h: RMSNorm (a warp or a block per row), partial NEOX RoPE (a block per token,
+// cos/sin once per token in shared memory), row softmax (a block per row) and the elementwise ops
+// (grid-stride). Products and sums that the CPU rounds separately use the _rn intrinsics so that nvcc
+// cannot fuse them into FMAs.
+#include "ops/cuda/norm_rope.h"
+
+#include <cmath>
+#include <cstdint>
+
+namespace dflash::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (kThreads threads); every thread gets the result. `scratch` holds kThreads/32 values.
+__device__ double block_sum(double v, double* scratch) {
+  v = warp_sum(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // scratch may still be read from a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  double t = 0.0;
+  for (int w = 0; w < kThreads / 32; ++w) t += scratch[w];
+  return t;
+}
+__device__ float block_max(float v, float* scratch) {
+  v = warp_max(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float t = -INFINITY;
+  for (int w = 0; w < kThreads / 32; ++w) t = fmaxf(t, scratch[w]);
+  return t;
+}
+
+// One warp per row (dim <= 1024): 8 rows per block.
+__global__ void rms_norm_warp_kernel(const float* x, int64_t xs, const float* w, float eps, int64_t n, int64_t dim,
+                                     float* y, int64_t ys) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  if (r >= n) return;
+  const int lane = threadIdx.x % 32;
+  const float* xr = x + r * xs;
+  float* yr = y + r * ys;
+  double sum = 0.0;
+  for (int64_t i = lane; i < dim; i += 32) sum += static_cast<double>(xr[i]) * xr[i];
+  sum = warp_sum(sum);
+  const float mean = dim > 0 ? static_cast<float>(sum / static_cast<double>(dim)) : 0.0f;
+  const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+  if (w != nullptr) {
+    for (int64_t i = lane; i < dim; i += 32) yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+  } else {
+    for (int64_t i = lane; i < dim; i += 32) yr[i] = __fmul_rn(xr[i], scale);
+  }
+}
+
+// One block per row (long rows: the hidden size).
+__global__ void rms_norm_block_kernel(const float* x, int64_t xs, const float* w, float eps, int64_t dim, float* y,
+                                      int64_t ys) {
+  __shared__ double scratch[kThreads / 32];
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * xs;
+  float* yr = y + r * ys;
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < dim; i += kThreads) sum += static_cast<double>(xr[i]) * xr[i];
+  sum = block_sum(sum, scratch);
+  const float mean = dim > 0 ? static_cast<float>(sum / static_cast<double>(dim)) : 0.0f;
+  const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+  if (w != nullptr) {
+    for (int64_t i = threadIdx.x; i < dim; i += kThreads) yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+  } else {
+    for (int64_t i = threadIdx.x; i < dim; i += kThreads) yr[i] = __fmul_rn(xr[i], scale);
+  }
+}
+
+// One block per token: cos/sin of the token's angles in shared memory, then every (head, pair).
+__global__ void rope_neox_kernel(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
+                                 const int32_t* positions, double theta, double freq_scale) {
+  extern __shared__ float cs_sn[];  // [half] cos, then [half] sin
+  const int64_t t = blockIdx.x;
+  const int64_t half = rot_dims / 2;
+  float* cs = cs_sn;
+  float* sn = cs_sn + half;
+  const double pos = positions[t];
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const double inv_freq =
+        pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rot_dims)) / freq_scale;
+    const double a = pos * inv_freq;
+    cs[i] = static_cast<float>(cos(a));
+    sn[i] = static_cast<float>(sin(a));
+  }
+  __syncthreads();
+  float* xt = x + t * n_heads * head_dim;
+  for (int64_t e = threadIdx.x; e < n_heads * half; e += blockDim.x) {
+    const int64_t h = e / half, i = e % half;
+    float* v = xt + h * head_dim;
+    const float x0 = v[i], x1 = v[i + half];
+    v[i] = __fsub_rn(__fmul_rn(x0, cs[i]), __fmul_rn(x1, sn[i]));
+    v[i + half] = __fadd_rn(__fmul_rn(x0, sn[i]), __fmul_rn(x1, cs[i]));
+  }
+}
+
+__device__ __forceinline__ float silu_f(float v) { return __fdiv_rn(v, __fadd_rn(1.0f, expf(-v))); }
+
+__global__ void silu_kernel(float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = silu_f(x[i]);
+}
+__global__ void sigmoid_kernel(float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x[i])));
+}
+__global__ void swiglu_kernel(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = __fmul_rn(silu_f(gate[i]), up[i]);
+}
+__global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = __fadd_rn(a[i], b[i]);
+}
+__global__ void mul_kernel(const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = __fmul_rn(a[i], b[i]);
+}
+
+__global__ void softmax_rows_kernel(float* x, int64_t dim) {
+  __shared__ double dscratch[kThreads / 32];
+  __shared__ float fscratch[kThreads / 32];
+  float* v = x + static_cast<int64_t>(blockIdx.x) * dim;
+  float mx = -INFINITY;
+  for (int64_t i = threadIdx.x; i < dim; i += kThreads) mx = fmaxf(mx, v[i]);
+  mx = block_max(mx, fscratch);
+  if (mx == -INFINITY) {
+    for (int64_t i = threadIdx.x; i < dim; i += kThreads) v[i] = 0.0f;
+    return;
+  }
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
+    const float e = expf(__fsub_rn(v[i], mx));
+    v[i] = e;
+    sum += e;
+  }
+  sum = block_sum(sum, dscratch);
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = threadIdx.x; i < dim; i += kThreads) v[i] = __fmul_rn(v[i], inv);
+}
+
+unsigned grid_for(int64_t n) {
+  int64_t blocks = (n + kThreads - 1) / kThreads;
+  if (blocks > 65535 * 16) blocks = 65535 * 16;
+  return static_cast<unsigned>(blocks);
+}
+
+constexpr int64_t kMaxGridX = 2147483647;
+
+}  // namespace
+
+cudaError_t rms_norm_strided(const float* x, int64_t x_stride, const float* w, float eps, int64_t n, int64_t dim,
+                             float* y, int64_t y_stride, cudaStream_t stream) {
+  if (n < 0 || dim < 0 || x_stride < dim || y_stride < dim) return cudaErrorInvalidValue;
+  if (n == 0 || dim == 0) return cudaSuccess;
+  if (x == nullptr || y == nullptr) return cudaErrorInvalidValue;
+  if (dim <= 1024) {
+    const int64_t blocks = (n + kThreads / 32 - 1) / (kThreads / 32);
+    if (blocks > kMaxGridX) return cudaErrorInvalidValue;
+    rms_norm_warp_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, x_stride, w, eps, n, dim, y,
+                                                                                  y_stride);
+  } else {
+    if (n > kMaxGridX) return cudaErrorInvalidValue;
+    rms_norm_block_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, x_stride, w, eps, dim, y, y_stride);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* y,
+                     cudaStream_t stream) {
+  return rms_norm_strided(x, dim, w, eps, n, dim, y, dim, stream);
+}
+
+cudaError_t rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
+                      const int32_t* positions, double theta, double freq_scale, cudaStream_t stream) {
+  if (n < 0 || n_heads < 0 || head_dim < 0 || rot_dims < 0 || rot_dims % 2 != 0 || rot_dims > head_dim ||
+      n > kMaxGridX || rot_dims > 16384)
+    return cudaErrorInvalidValue;
+  if (n == 0 || n_heads == 0 || rot_dims == 0) return cudaSuccess;
+  if (x == nullptr || positions == nullptr) return cudaErrorInvalidValue;
+  const size_t smem = sizeof(float) * static_cast<size_t>(rot_dims);
+  rope_neox_kernel<<<static_cast<unsigned>(n), 128, smem, stream>>>(x, n_heads, head_dim, rot_dims, positions, theta,
+                                                                     freq_scale);
+  return cudaGetLastError();
+}
+
+cudaError_t silu_inplace(float* x, int64_t n, cudaStream_t stream) {
+  if (n < 0 || (n > 0 && x == nullptr)) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  silu_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t sigmoid_inplace(float* x, int64_t n, cudaStream_t stream) {
+  if (n < 0 || (n > 0 && x == nullptr)) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  sigmoid_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t swiglu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {
+  if (n < 0 || (n > 0 && (gate == nullptr || up == nullptr || out == nullptr))) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  swiglu_kernel<<<grid_for(n), kThreads, 0, stream>>>(gate, up, out, n);
+  return cudaGetLastError();
+}
+
+cudaError_t softmax_rows(float* x, int64_t n, int64_t dim, cudaStream_t stream) {
+  if (n < 0 || dim < 0 || n > kMaxGridX) return cudaErrorInvalidValue;
+  if (n == 0 || dim == 0) return cudaSuccess;
+  if (x == nullptr) return cudaErrorInvalidValue;
+  softmax_rows_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, dim);
+  return cudaGetLastError();
+}
+
+cudaError_t add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {
+  if (n < 0 || (n > 0 && (a == nullptr || b == nullptr || out == nullptr))) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  add_kernel<<<grid_for(n), kThreads, 0, stream>>>(a, b, out, n);
+  return cudaGetLastError();
+}
+
+cudaError_t mul(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {
+  if (n < 0 || (n > 0 && (a == nullptr || b == nullptr || out == nullptr))) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  mul_kernel<<<grid_for(n), kThreads, 0, stream>>>(a, b, out, n);
+  return cudaGetLastError();
+}
+
+}  // namespace dflash::cuda

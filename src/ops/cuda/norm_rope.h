@@ -1,0 +1,58 @@
+// Device RMSNorm, partial NEOX RoPE and the elementwise ops of the forward (kernels in norm_rope.cu).
+//
+// Each function is the device twin of the ops/cpu/ops.h function of the same name and reproduces its
+// float operations in the same order (no fused multiply-add where the CPU rounds twice):
+//   rms_norm:     sum of squares in double, mean rounded to float, scale = 1 / sqrtf(mean + eps),
+//                 y = (x * scale) * w. Bit-identical with the CPU except where the double sum, taken in
+//                 another order, rounds to a different float mean (rare, 1 ulp of the scale).
+//   rope_neox:    inv_freq and angle in double, cos/sin in double rounded to float, rotation in float
+//                 (x0 * c - x1 * s, x0 * s + x1 * c, each product rounded). Bit-identical up to the
+//                 rounding of the device's double cos/sin (within 1 ulp of float).
+//   silu/sigmoid/swiglu: x / (1 + expf(-x)); expf is the device's (max 2 ulp), so within a few ulp.
+//   softmax_rows: max-subtracted, expf, the sum in double, one float scale 1 / sum per row; a row that is
+//                 all -inf becomes zeros.
+//   add, mul:     out = a + b, out = a * b (the residual add and the gate multiply); exact.
+//
+// Pointers are device pointers; x and y (out and an input) may alias exactly (in place) but must not
+// overlap otherwise. Every function enqueues on `stream` and returns the launch status
+// (cudaErrorInvalidValue, nothing enqueued, for a negative size or a null pointer with work to do).
+// Sizes of 0 are no-ops.
+//
+// This header is included by nvcc-compiled kernels: no base/status.h here.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dflash::cuda {
+
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w for n rows of `dim` (w null: no scale).
+// Per-head use (the q/k norms, the DeltaNet output norm): n = tokens * heads rows of dim = head_dim.
+cudaError_t rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* y,
+                     cudaStream_t stream = nullptr);
+// The same with row strides (in floats): row r of x at x + r * x_stride, of y at y + r * y_stride
+// (strides >= dim). For reading q out of the gated [q_h | gate_h] rows, x_stride = 2 * head_dim.
+cudaError_t rms_norm_strided(const float* x, int64_t x_stride, const float* w, float eps, int64_t n, int64_t dim,
+                             float* y, int64_t y_stride, cudaStream_t stream = nullptr);
+
+// x [n, n_heads, head_dim] in place: NEOX (rotate-half) RoPE on the first rot_dims dims of every head,
+// pair (i, i + rot_dims / 2), angle = positions[t] * theta^(-2i / rot_dims) / freq_scale. `positions` is a
+// device array of n int32. rot_dims must be even and <= head_dim (else cudaErrorInvalidValue);
+// rot_dims == 0 is a no-op.
+cudaError_t rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
+                      const int32_t* positions, double theta, double freq_scale = 1.0,
+                      cudaStream_t stream = nullptr);
+
+cudaError_t silu_inplace(float* x, int64_t n, cudaStream_t stream = nullptr);
+cudaError_t sigmoid_inplace(float* x, int64_t n, cudaStream_t stream = nullptr);
+// out[i] = silu(gate[i]) * up[i]; out may alias gate or up.
+cudaError_t swiglu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream = nullptr);
+// Softmax over each of n rows of `dim`, in place.
+cudaError_t softmax_rows(float* x, int64_t n, int64_t dim, cudaStream_t stream = nullptr);
+// out[i] = a[i] + b[i] (the residual add: add(x, delta, x, n)); out may alias a or b.
+cudaError_t add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream = nullptr);
+// out[i] = a[i] * b[i] (the output gate); out may alias a or b.
+cudaError_t mul(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream = nullptr);
+
+}  // namespace dflash::cuda
