@@ -46,6 +46,9 @@ cmd_bundle() {
     cp "$build/tests/$t" "$bundle/bin/"
     while read -r soname path; do
       case "$soname" in
+        # The CUDA toolkit's own libraries (cuBLAS alone is ~570 MB) are on the GPU machine already, in
+        # /usr/local/cuda/lib64, which `run` puts on the library path; only small ones travel.
+        libcublas*.so*|libcublasLt*.so*) continue ;;
         libstdc++.so*|libgcc_s.so*) dest="$bundle/lib-cxx" ;;
         *) dest="$bundle/lib" ;;
       esac
@@ -77,7 +80,7 @@ cmd_run() {
     local name libpath
     name="$(basename "$exe")"
     # Prefer the machine's libstdc++; fall back to the bundled one when ours needs a newer GLIBCXX.
-    libpath="$bundle/lib"
+    libpath="$bundle/lib:/usr/local/cuda/lib64"
     if ! LD_LIBRARY_PATH="$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$exe" --gtest_list_tests >/dev/null 2>"$logs/$name.load.txt"; then
       libpath="$bundle/lib:$bundle/lib-cxx"
       echo "$name: does not start with lib/ alone ($(head -1 "$logs/$name.load.txt")); adding the bundled libstdc++"

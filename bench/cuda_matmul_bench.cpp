@@ -1,0 +1,134 @@
+// bench_cuda_matmul: GEMV (ops/cuda/matmul.h) bandwidth per weight type and shape, beside the device's
+// measured device-to-device copy rate (read + write bytes per second).
+//
+//   bench_cuda_matmul [--quick]
+//
+// Figure: bytes moved (W in its stored type + x + y) / median kernel time (CUDA events, 30 runs after 3
+// warm-ups). Weights are random bytes whose 16-bit words are all finite fp16/bf16 values (speed does not
+// depend on the values). For n = 1 each split (warps per row) is also timed; the table shows auto's
+// figure and the best split.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ops/cuda/matmul.h"
+#include "tensor/dtype.h"
+
+namespace {
+
+#define CHECK(expr)                                                                            \
+  do {                                                                                         \
+    const cudaError_t e_ = (expr);                                                             \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+template <typename F>
+float median_ms(F&& f, int runs = 30) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) f();
+  std::vector<float> ms;
+  for (int i = 0; i < runs; ++i) {
+    CHECK(cudaEventRecord(a));
+    f();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using dflash::DType;
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+
+  // Copy rate: 1 GiB device to device.
+  const size_t copy_bytes = size_t{1} << 30;
+  void *ca = nullptr, *cb = nullptr;
+  CHECK(cudaMalloc(&ca, copy_bytes));
+  CHECK(cudaMalloc(&cb, copy_bytes));
+  CHECK(cudaMemset(ca, 1, copy_bytes));
+  const float copy_ms = median_ms([&] { CHECK(cudaMemcpyAsync(cb, ca, copy_bytes, cudaMemcpyDeviceToDevice)); }, 10);
+  const double copy_gbs = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e9;
+  CHECK(cudaFree(ca));
+  CHECK(cudaFree(cb));
+  std::printf("device: %s, %d SMs; device-to-device copy: %.0f GB/s (read + write)\n", prop.name,
+              prop.multiProcessorCount, copy_gbs);
+
+  const DType types[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0, DType::kQ4_0,
+                         DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K,
+                         DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+  struct Shape {
+    int64_t rows, cols;
+  };
+  std::vector<Shape> shapes = {{4096, 4096}, {4096, 12288}, {12288, 4096}, {5120, 17408}};
+  if (quick) shapes = {{4096, 12288}};
+
+  // Random weights: the largest matrix of any type, 16-bit words masked finite.
+  size_t max_bytes = 0;
+  for (const Shape& s : shapes)
+    for (DType t : types)
+      max_bytes = std::max<size_t>(max_bytes, dflash::row_bytes(t, s.cols).value() * s.rows);
+  std::vector<uint16_t> host(max_bytes / 2 + 8);
+  std::mt19937 rng(1);
+  for (auto& h : host) h = static_cast<uint16_t>(rng()) & 0x3bffu;
+  void* w = nullptr;
+  CHECK(cudaMalloc(&w, max_bytes + 16));
+  CHECK(cudaMemcpy(w, host.data(), max_bytes, cudaMemcpyHostToDevice));
+  float *x = nullptr, *y = nullptr;
+  CHECK(cudaMalloc(&x, sizeof(float) * 16 * 17408));
+  CHECK(cudaMalloc(&y, sizeof(float) * 16 * 17408));
+  CHECK(cudaMemset(x, 0, sizeof(float) * 16 * 17408));
+
+  std::printf("%-6s %-12s %3s %9s %8s %6s %10s %7s\n", "type", "rows x cols", "n", "us", "GB/s", "/copy",
+              "best split", "/copy");
+  for (const Shape& s : shapes)
+    for (DType t : types) {
+      const size_t wbytes = dflash::row_bytes(t, s.cols).value() * s.rows;
+      for (int64_t n : {1, 4, 16}) {
+        auto run = [&](int split) {
+          CHECK(dflash::cuda::gemv(t, w, s.rows, s.cols, x, n, y, nullptr, split));
+        };
+        const double bytes = static_cast<double>(wbytes) + 4.0 * n * (s.cols + s.rows);
+        const float ms = median_ms([&] { run(0); });
+        const double gbs = bytes / (ms * 1e-3) / 1e9;
+        std::string best = "-";
+        double best_ratio = 0;
+        if (n == 1) {
+          int best_split = 0;
+          double best_gbs = 0;
+          for (int split : {1, 2, 4}) {
+            const double g = bytes / (median_ms([&] { run(split); }) * 1e-3) / 1e9;
+            if (g > best_gbs) best_gbs = g, best_split = split;
+          }
+          best = std::to_string(best_split) + " (auto " + std::to_string(dflash::cuda::gemv_auto_split(s.rows)) + ")";
+          best_ratio = best_gbs / copy_gbs;
+        }
+        char shape[32];
+        std::snprintf(shape, sizeof shape, "%lldx%lld", static_cast<long long>(s.rows), static_cast<long long>(s.cols));
+        std::printf("%-6s %-12s %3lld %9.1f %8.0f %6.2f %10s %7.2f\n", std::string(dflash::dtype_name(t)).c_str(),
+                    shape, static_cast<long long>(n), ms * 1e3, gbs, gbs / copy_gbs, best.c_str(), best_ratio);
+      }
+    }
+  CHECK(cudaDeviceSynchronize());
+  return 0;
+}

@@ -1,0 +1,104 @@
+#include "ops/cuda/glue.h"
+
+namespace dflash::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned grid_for(int64_t n) {
+  int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 * 32 ? 65535 * 32 : blocks));
+}
+
+__global__ void slice_columns_kernel(const float* src, int64_t rows, int64_t src_width, int64_t offset, int64_t width,
+                                     float* dst) {
+  const int64_t n = rows * width;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / width, c = i % width;
+    dst[i] = src[r * src_width + offset + c];
+  }
+}
+
+// One warp per row: the sum of squares is taken sequentially by lane 0 so it rounds like the CPU's loop;
+// the scaling is parallel. Rows are short (a head: 128 values), so this costs little.
+__global__ void l2_norm_rows_kernel(float* x, int64_t rows, int64_t dim, float eps, float scale) {
+  const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  float* p = x + row * dim;
+  float inv = 0.0f;
+  if (lane == 0) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < dim; ++i) ss = __fadd_rn(ss, __fmul_rn(p[i], p[i]));
+    inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ss, eps)));
+  }
+  inv = __shfl_sync(0xffffffffu, inv, 0);
+  for (int64_t i = lane; i < dim; i += 32) p[i] = __fmul_rn(__fmul_rn(p[i], inv), scale);
+}
+
+__device__ float softplus_dev(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+__device__ float sigmoid_dev(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__global__ void deltanet_gates_kernel(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t n,
+                                      int64_t heads) {
+  const int64_t total = n * heads;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t h = i % heads;
+    a[i] = ssm_a[h] * softplus_dev(a[i] + dt_bias[h]);
+    b[i] = sigmoid_dev(b[i]);
+  }
+}
+
+__global__ void gather_rows_kernel(const float* x, int64_t dim, const int64_t* rows, int64_t m, float* out) {
+  const int64_t total = m * dim;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = x[rows[i / dim] * dim + i % dim];
+}
+
+__global__ void mul_inplace_kernel(float* y, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = __fmul_rn(y[i], x[i]);
+}
+
+}  // namespace
+
+cudaError_t slice_columns(const float* src, int64_t rows, int64_t src_width, int64_t offset, int64_t width, float* dst,
+                          cudaStream_t stream) {
+  if (rows < 0 || width < 0 || offset < 0 || offset + width > src_width) return cudaErrorInvalidValue;
+  if (rows * width == 0) return cudaSuccess;
+  slice_columns_kernel<<<grid_for(rows * width), kThreads, 0, stream>>>(src, rows, src_width, offset, width, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t l2_norm_rows(float* x, int64_t rows, int64_t dim, float eps, float scale, cudaStream_t stream) {
+  if (rows < 0 || dim < 0) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  const int64_t warps_per_block = kThreads / 32;
+  const unsigned blocks = static_cast<unsigned>((rows + warps_per_block - 1) / warps_per_block);
+  l2_norm_rows_kernel<<<blocks, kThreads, 0, stream>>>(x, rows, dim, eps, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t deltanet_gates(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t n, int64_t heads,
+                           cudaStream_t stream) {
+  if (n < 0 || heads <= 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  deltanet_gates_kernel<<<grid_for(n * heads), kThreads, 0, stream>>>(a, b, dt_bias, ssm_a, n, heads);
+  return cudaGetLastError();
+}
+
+cudaError_t gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t m, float* out, cudaStream_t stream) {
+  if (m < 0 || dim < 0) return cudaErrorInvalidValue;
+  if (m * dim == 0) return cudaSuccess;
+  gather_rows_kernel<<<grid_for(m * dim), kThreads, 0, stream>>>(x, dim, rows, m, out);
+  return cudaGetLastError();
+}
+
+cudaError_t mul_inplace(float* y, const float* x, int64_t n, cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  mul_inplace_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, x, n);
+  return cudaGetLastError();
+}
+
+}  // namespace dflash::cuda

@@ -1,0 +1,25 @@
+// Device kernels for the elementwise glue of the layer kinds (the CUDA side of Backend's slice_columns,
+// l2_norm_rows, deltanet_gates, gather_rows, mul_inplace); semantics as CpuBackend's in ops/cpu/cpu_backend.cpp.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dflash::cuda {
+
+// dst[r, :] = src[r, offset : offset + width] for `rows` rows of `src_width`.
+cudaError_t slice_columns(const float* src, int64_t rows, int64_t src_width, int64_t offset, int64_t width, float* dst,
+                          cudaStream_t stream = nullptr);
+// Each row of x [rows, dim] becomes x / sqrt(sum x^2 + eps) * scale (sum in the CPU's order: sequential).
+cudaError_t l2_norm_rows(float* x, int64_t rows, int64_t dim, float eps, float scale, cudaStream_t stream = nullptr);
+// Over [n, n_heads]: alpha <- ssm_a[h] * softplus(alpha + dt_bias[h]); beta <- sigmoid(beta).
+cudaError_t deltanet_gates(float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a, int64_t n,
+                           int64_t n_heads, cudaStream_t stream = nullptr);
+// out[r, :] = x[rows[r], :]; `rows` is a device array of m indices.
+cudaError_t gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t m, float* out,
+                        cudaStream_t stream = nullptr);
+// y[i] *= x[i]
+cudaError_t mul_inplace(float* y, const float* x, int64_t n, cudaStream_t stream = nullptr);
+
+}  // namespace dflash::cuda

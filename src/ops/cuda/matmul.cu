@@ -1,0 +1,477 @@
+// GEMV kernels (matmul.h): y[n, rows] = x[n, cols] W^T for n <= 16 tokens, W in any stored type.
+//
+// Work split: a CTA of 4 warps; each weight row belongs to `split` consecutive warps (1, 2 or 4), which
+// take interleaved pieces of it, so a CTA covers 4 / split rows. A warp keeps one f32 accumulator per
+// token per lane, reduces them with shuffles, and the row's warps add their partials in a fixed order.
+// Weight access by type:
+//   - f32/f16/bf16 with 16-byte aligned rows: 16-byte loads straight into registers, 4 in flight per lane;
+//     otherwise element loads.
+//   - q4_K (144-byte blocks, 16-byte aligned rows): 8 lanes per block, each loads the block header and 16
+//     bytes of nibbles (32 weights) with two 16-byte loads, 2 blocks in flight per lane.
+//   - every other block type: the warp copies a chunk of whole blocks (any alignment) to its own shared
+//     memory with 16-byte loads, then decodes from there: q8_0 one block per lane, the rest with the
+//     exact group codecs of quant_blocks.cuh.
+// Byte codes become floats by the 2^23 trick (a byte placed in the mantissa of 2^23, minus 2^23), exact
+// and cheaper than an integer-to-float conversion.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "ops/cuda/matmul.h"
+#include "ops/cuda/quant_blocks.cuh"
+
+namespace dflash::cuda {
+namespace {
+
+using namespace qblocks;  // NOLINT: the codecs and type ids
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr unsigned kFull = 0xffffffffu;
+
+struct Args {
+  const uint8_t* w;
+  int64_t rows, cols, rb;  // rb: bytes per weight row
+  const float* x;
+  int n;
+  float* y;
+  int split;
+  bool x_vec;  // x rows 16-byte aligned: float4 loads
+};
+
+// Byte k (compile-time) of `word` (0..255) minus kOffset as a float, exactly.
+template <int k, int kOffset = 0>
+__device__ __forceinline__ float byte_f(uint32_t word) {
+  return __int_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | k)) - (8388608.0f + kOffset);
+}
+
+// acc[t] += dot(w[0..16), x[t, col..col+16)) for t < n.
+template <int NT>
+__device__ __forceinline__ void dot16(const Args& a, int64_t col, const float (&w)[kGroup], float (&acc)[NT]) {
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    if (t >= a.n) break;
+    const float* xp = a.x + t * a.cols + col;
+    if (a.x_vec) {
+#pragma unroll
+      for (int k = 0; k < kGroup / 4; ++k) {
+        const float4 v = __ldg(reinterpret_cast<const float4*>(xp) + k);
+        acc[t] = fmaf(w[4 * k], v.x, acc[t]);
+        acc[t] = fmaf(w[4 * k + 1], v.y, acc[t]);
+        acc[t] = fmaf(w[4 * k + 2], v.z, acc[t]);
+        acc[t] = fmaf(w[4 * k + 3], v.w, acc[t]);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kGroup; ++k) acc[t] = fmaf(w[k], __ldg(xp + k), acc[t]);
+    }
+  }
+}
+
+// ---- f32 / f16 / bf16 ----
+
+template <uint32_t kType>
+struct PlainT {
+  static constexpr int kSize = kType == kF32 ? 4 : 2;
+  static constexpr int kVec = 16 / kSize;  // elements per 16-byte load
+};
+
+// 8 (16-bit) or 4 (f32) weights of one 16-byte word.
+template <uint32_t kType>
+__device__ __forceinline__ void unpack_plain(const uint4& q, float (&w)[PlainT<kType>::kVec]) {
+  const uint32_t v[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (kType == kF32) {
+      w[i] = __uint_as_float(v[i]);
+    } else if constexpr (kType == kBF16) {
+      w[2 * i] = __uint_as_float(v[i] << 16);
+      w[2 * i + 1] = __uint_as_float(v[i] & 0xffff0000u);
+    } else {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&v[i]));
+      w[2 * i] = f.x;
+      w[2 * i + 1] = f.y;
+    }
+  }
+}
+
+template <uint32_t kType, bool kVector>
+struct Plain {
+  struct Smem {};
+  template <int NT>
+  __device__ static void row_dot(const Args& a, int64_t row, int part, int lane, Smem&, float (&acc)[NT]) {
+    constexpr int V = PlainT<kType>::kVec;
+    const uint8_t* rowp = a.w + row * a.rb;
+    if constexpr (kVector) {  // rows and x rows 16-byte aligned, cols % V == 0
+      constexpr int U = 4;
+      const int64_t step = int64_t{a.split} * 32 * V;
+      int64_t e = (int64_t{part} * 32 + lane) * V;
+      for (; e < a.cols; e += U * step) {
+        uint4 q[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (e + u * step < a.cols)
+            q[u] = __ldg(reinterpret_cast<const uint4*>(rowp + (e + u * step) * PlainT<kType>::kSize));
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int64_t col = e + u * step;
+          if (col >= a.cols) break;
+          float w[V];
+          unpack_plain<kType>(q[u], w);
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            if (t >= a.n) break;
+            const float4* xp = reinterpret_cast<const float4*>(a.x + t * a.cols + col);
+#pragma unroll
+            for (int k = 0; k < V / 4; ++k) {
+              const float4 v = __ldg(xp + k);
+              acc[t] = fmaf(w[4 * k], v.x, acc[t]);
+              acc[t] = fmaf(w[4 * k + 1], v.y, acc[t]);
+              acc[t] = fmaf(w[4 * k + 2], v.z, acc[t]);
+              acc[t] = fmaf(w[4 * k + 3], v.w, acc[t]);
+            }
+          }
+        }
+      }
+    } else {  // any alignment: byte loads
+      for (int64_t e = int64_t{part} * 32 + lane; e < a.cols; e += int64_t{a.split} * 32) {
+        const uint8_t* p = rowp + e * PlainT<kType>::kSize;
+        float w;
+        if constexpr (kType == kF32)
+          w = __uint_as_float(load_u32(p));
+        else if constexpr (kType == kF16)
+          w = fp16_to_f32(load_u16(p));
+        else
+          w = bf16_to_f32(load_u16(p));
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          if (t >= a.n) break;
+          acc[t] = fmaf(w, a.x[t * a.cols + e], acc[t]);
+        }
+      }
+    }
+  }
+};
+
+// ---- q4_K straight from global memory ----
+
+// 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes s0 (bytes 0-3), s1 (4-7), s2 (8-11).
+__device__ __forceinline__ void k4_scale_min(int j, uint32_t s0, uint32_t s1, uint32_t s2, int& sc, int& m) {
+  const int sh = 8 * (j & 3);
+  if (j < 4) {
+    sc = (s0 >> sh) & 63;
+    m = (s1 >> sh) & 63;
+  } else {
+    sc = ((s2 >> sh) & 0x0f) | (((s0 >> sh) >> 6 & 3) << 4);
+    m = ((s2 >> sh) >> 4 & 0x0f) | (((s1 >> sh) >> 6 & 3) << 4);
+  }
+}
+
+struct Q4KDirect {  // rows 16-byte aligned (144-byte blocks)
+  struct Smem {};
+  template <int NT>
+  __device__ static void row_dot(const Args& a, int64_t row, int part, int lane, Smem&, float (&acc)[NT]) {
+    constexpr int U = 2;  // blocks in flight per lane
+    const uint8_t* rowp = a.w + row * a.rb;
+    const int64_t blocks = a.cols / 256;
+    const int u = lane & 7;  // 16-byte word of the block's 128 nibble bytes
+    const int c = u >> 1, half = u & 1;
+    const int64_t step = int64_t{a.split} * 4;
+    for (int64_t b0 = int64_t{part} * 4 + (lane >> 3); b0 < blocks; b0 += U * step) {
+      uint4 hdr[U], qs[U];
+#pragma unroll
+      for (int k = 0; k < U; ++k) {
+        const int64_t b = b0 + k * step;
+        if (b < blocks) {
+          const uint4* blk = reinterpret_cast<const uint4*>(rowp + b * 144);
+          hdr[k] = __ldg(blk);
+          qs[k] = __ldg(blk + 1 + u);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < U; ++k) {
+        const int64_t b = b0 + k * step;
+        if (b >= blocks) break;
+        const float d = fp16_to_f32(hdr[k].x & 0xffffu), dmin = fp16_to_f32(hdr[k].x >> 16);
+        int sc0, m0, sc1, m1;
+        k4_scale_min(2 * c, hdr[k].y, hdr[k].z, hdr[k].w, sc0, m0);
+        k4_scale_min(2 * c + 1, hdr[k].y, hdr[k].z, hdr[k].w, sc1, m1);
+        const float ds0 = __fmul_rn(d, static_cast<float>(sc0)), ms0 = __fmul_rn(dmin, static_cast<float>(m0));
+        const float ds1 = __fmul_rn(d, static_cast<float>(sc1)), ms1 = __fmul_rn(dmin, static_cast<float>(m1));
+        const uint32_t v[4] = {qs[k].x, qs[k].y, qs[k].z, qs[k].w};
+        float wl[kGroup], wh[kGroup];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t lo = v[i] & 0x0f0f0f0fu, hi = (v[i] >> 4) & 0x0f0f0f0fu;
+          wl[4 * i + 0] = fmaf(ds0, byte_f<0>(lo), -ms0);
+          wl[4 * i + 1] = fmaf(ds0, byte_f<1>(lo), -ms0);
+          wl[4 * i + 2] = fmaf(ds0, byte_f<2>(lo), -ms0);
+          wl[4 * i + 3] = fmaf(ds0, byte_f<3>(lo), -ms0);
+          wh[4 * i + 0] = fmaf(ds1, byte_f<0>(hi), -ms1);
+          wh[4 * i + 1] = fmaf(ds1, byte_f<1>(hi), -ms1);
+          wh[4 * i + 2] = fmaf(ds1, byte_f<2>(hi), -ms1);
+          wh[4 * i + 3] = fmaf(ds1, byte_f<3>(hi), -ms1);
+        }
+        const int64_t col = b * 256 + 64 * c + 16 * half;
+        dot16<NT>(a, col, wl, acc);
+        dot16<NT>(a, col + 32, wh, acc);
+      }
+    }
+  }
+};
+
+// ---- Block types through a per-warp shared-memory stage ----
+
+// Copies bytes [src, src + len) to the warp's stage at their address modulo 16; returns the offset of
+// src's first byte in the stage. Reads nothing outside the range.
+__device__ __forceinline__ int stage_bytes(const uint8_t* src, int len, uint4* stage, int lane) {
+  auto* sbytes = reinterpret_cast<uint8_t*>(stage);
+  const auto ub = reinterpret_cast<uintptr_t>(src);
+  const uintptr_t ue = ub + static_cast<uintptr_t>(len);
+  const uintptr_t base = ub & ~uintptr_t{15};
+  uintptr_t a0 = (ub + 15) & ~uintptr_t{15};
+  if (a0 > ue) a0 = ue;
+  uintptr_t a1 = ue & ~uintptr_t{15};
+  if (a1 < a0) a1 = a0;
+  const int head = static_cast<int>(a0 - ub), tail = static_cast<int>(ue - a1);
+  const int words = static_cast<int>((a1 - a0) / 16);
+  if (lane < head) sbytes[(ub - base) + lane] = src[lane];
+  if (lane >= 16 && lane - 16 < tail) sbytes[(a1 - base) + (lane - 16)] = src[(a1 - ub) + (lane - 16)];
+  const auto* gwords = reinterpret_cast<const uint4*>(src + (a0 - ub));
+  uint4* swords = stage + (a0 - base) / 16;
+#pragma unroll 4
+  for (int w = lane; w < words; w += 32) swords[w] = __ldg(gwords + w);
+  return static_cast<int>(ub - base);
+}
+
+// q8_0, one block per lane, from the stage (block starts even: the caller checks W is 2-byte aligned).
+// The block's scale multiplies its partial sums: sum_b d_b * sum_i q_i x_i.
+struct Q8_0Lane {
+  static constexpr int kElems = 32, kBytes = 34, kChunkBlocks = 32;
+  static constexpr bool kLaneBlocks = true;
+  template <int NT>
+  __device__ static void block_dot(const Args& a, const uint8_t* b, int64_t col, float (&acc)[NT]) {
+    const float d = fp16_to_f32(*reinterpret_cast<const uint16_t*>(b));
+    const auto* q16 = reinterpret_cast<const uint16_t*>(b + 2);
+    float w[32];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {  // 4 codes per step, offset by 128 (sign bit flipped) for byte_f
+      const uint32_t v = (uint32_t{q16[2 * i]} | (uint32_t{q16[2 * i + 1]} << 16)) ^ 0x80808080u;
+      w[4 * i + 0] = byte_f<0, 128>(v);
+      w[4 * i + 1] = byte_f<1, 128>(v);
+      w[4 * i + 2] = byte_f<2, 128>(v);
+      w[4 * i + 3] = byte_f<3, 128>(v);
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (t >= a.n) break;
+      const float* xp = a.x + t * a.cols + col;
+      float s = 0.0f;
+      if (a.x_vec) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float4 v = __ldg(reinterpret_cast<const float4*>(xp) + k);
+          s = fmaf(w[4 * k], v.x, s);
+          s = fmaf(w[4 * k + 1], v.y, s);
+          s = fmaf(w[4 * k + 2], v.z, s);
+          s = fmaf(w[4 * k + 3], v.w, s);
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < 32; ++k) s = fmaf(w[k], __ldg(xp + k), s);
+      }
+      acc[t] = fmaf(d, s, acc[t]);
+    }
+  }
+};
+
+// Any block codec: each lane decodes 16-element groups with the exact codec, then dots them.
+template <typename Codec>
+struct GroupLanes {
+  static constexpr int kElems = Codec::kElems, kBytes = Codec::kBytes;
+  static constexpr int kChunkBlocks = Codec::kElems == 32 ? 32 : 4;  // 64 groups: 2 per lane
+  static constexpr bool kLaneBlocks = false;
+};
+
+template <typename Kind>
+struct Staged {
+  static constexpr int kWords = (15 + Kind::kChunkBlocks * Kind::kBytes + 15) / 16;
+  struct Smem {
+    uint4 w[kWords];
+  };
+  template <int NT>
+  __device__ static void row_dot(const Args& a, int64_t row, int part, int lane, Smem& sm, float (&acc)[NT]) {
+    const uint8_t* rowp = a.w + row * a.rb;
+    const int64_t blocks = a.cols / Kind::kElems;
+    const int64_t chunks = (blocks + Kind::kChunkBlocks - 1) / Kind::kChunkBlocks;
+    const auto* sbytes = reinterpret_cast<const uint8_t*>(sm.w);
+    for (int64_t ch = part; ch < chunks; ch += a.split) {
+      const int64_t first = ch * Kind::kChunkBlocks;
+      const int nb = static_cast<int>(blocks - first < Kind::kChunkBlocks ? blocks - first : Kind::kChunkBlocks);
+      const int off = stage_bytes(rowp + first * Kind::kBytes, nb * Kind::kBytes, sm.w, lane);
+      __syncwarp();
+      if constexpr (Kind::kLaneBlocks) {
+        if (lane < nb) Kind::template block_dot<NT>(a, sbytes + off + lane * Kind::kBytes,
+                                                    (first + lane) * Kind::kElems, acc);
+      } else {
+        using Codec = typename Kind::Codec;
+        constexpr int kGroups = Codec::kElems / kGroup;
+        for (int g = lane; g < nb * kGroups; g += 32) {
+          float w[kGroup];
+          Codec::decode(sbytes + off + (g / kGroups) * Codec::kBytes, g % kGroups, w);
+          dot16<NT>(a, first * Codec::kElems + int64_t{g} * kGroup, w, acc);
+        }
+      }
+      __syncwarp();  // the stage is refilled next
+    }
+  }
+};
+
+template <typename C>
+struct Generic : GroupLanes<C> {
+  using Codec = C;
+};
+
+// ---- The kernel ----
+
+template <typename Policy, int NT>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
+  __shared__ typename Policy::Smem stage[kWarps];
+  __shared__ float partial[kWarps][NT];
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t row = int64_t{blockIdx.x} * (kWarps / a.split) + warp / a.split;
+  const int part = warp % a.split;
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  if (row < a.rows) Policy::template row_dot<NT>(a, row, part, lane, stage[warp], acc);
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(kFull, acc[t], o);
+  if (a.split == 1) {
+    if (lane == 0 && row < a.rows)
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        if (t < a.n) a.y[t * a.rows + row] = acc[t];
+    return;
+  }
+  if (lane == 0)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) partial[warp][t] = acc[t];
+  __syncthreads();
+  if (lane == 0 && part == 0 && row < a.rows)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (t >= a.n) break;
+      float s = partial[warp][t];
+      for (int p = 1; p < a.split; ++p) s += partial[warp + p][t];
+      a.y[t * a.rows + row] = s;
+    }
+}
+
+template <typename Policy>
+cudaError_t launch(const Args& a, cudaStream_t stream) {
+  const int64_t per_cta = kWarps / a.split;
+  const int64_t grid = (a.rows + per_cta - 1) / per_cta;
+  if (grid > INT_MAX) return cudaErrorInvalidValue;
+  const auto g = static_cast<unsigned>(grid);
+  if (a.n <= 1)
+    gemv_kernel<Policy, 1><<<g, kThreads, 0, stream>>>(a);
+  else if (a.n <= 2)
+    gemv_kernel<Policy, 2><<<g, kThreads, 0, stream>>>(a);
+  else if (a.n <= 4)
+    gemv_kernel<Policy, 4><<<g, kThreads, 0, stream>>>(a);
+  else if (a.n <= 8)
+    gemv_kernel<Policy, 8><<<g, kThreads, 0, stream>>>(a);
+  else
+    gemv_kernel<Policy, 16><<<g, kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+struct Layout {
+  uint32_t id;
+  int64_t elems, bytes;  // per block
+};
+constexpr Layout kLayouts[] = {
+    {kF32, 1, 4},      {kF16, 1, 2},      {kBF16, 1, 2},     {kQ4_0, 32, 18},   {kQ4_1, 32, 20},
+    {kQ5_0, 32, 22},   {kQ5_1, 32, 24},   {kQ8_0, 32, 34},   {kQ2_K, 256, 84},  {kQ3_K, 256, 110},
+    {kQ4_K, 256, 144}, {kQ5_K, 256, 176}, {kQ6_K, 256, 210}, {kQ8_K, 256, 292},
+};
+
+const Layout* find_layout(uint32_t id) {
+  for (const auto& l : kLayouts)
+    if (l.id == id) return &l;
+  return nullptr;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <uint32_t kType>
+cudaError_t launch_plain(const Args& a, cudaStream_t stream) {
+  constexpr int V = PlainT<kType>::kVec;
+  if (aligned16(a.w) && a.rb % 16 == 0 && a.x_vec && a.cols % V == 0)
+    return launch<Plain<kType, true>>(a, stream);
+  return launch<Plain<kType, false>>(a, stream);
+}
+
+}  // namespace
+
+bool gemv_supported(DType type) { return find_layout(static_cast<uint32_t>(type)) != nullptr; }
+
+int gemv_auto_split(int64_t rows) {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) !=
+                                                cudaSuccess || sms <= 0)
+    sms = 132;
+  // Aim for at least 32 warps per multiprocessor.
+  const int64_t want = int64_t{32} * sms;
+  if (rows >= want) return 1;
+  if (2 * rows >= want) return 2;
+  return 4;
+}
+
+cudaError_t gemv(DType type, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
+                 cudaStream_t stream, int split) {
+  const uint32_t id = static_cast<uint32_t>(type);
+  const Layout* layout = find_layout(id);
+  if (layout == nullptr || rows < 0 || cols < 0 || cols % layout->elems != 0) return cudaErrorInvalidValue;
+  if (n < 1 || n > kGemvMaxTokens) return cudaErrorInvalidValue;
+  if (split != 0 && split != 1 && split != 2 && split != 4) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  if (y == nullptr || reinterpret_cast<uintptr_t>(y) % 4 != 0) return cudaErrorInvalidValue;
+  if (rows > INT64_MAX / n / 4) return cudaErrorInvalidValue;
+  if (cols == 0) return cudaMemsetAsync(y, 0, static_cast<size_t>(n * rows) * sizeof(float), stream);
+  if (w == nullptr || x == nullptr || reinterpret_cast<uintptr_t>(x) % 4 != 0) return cudaErrorInvalidValue;
+  const int64_t rb = cols / layout->elems * layout->bytes;
+  if (cols > INT64_MAX / n || rows > INT64_MAX / rb) return cudaErrorInvalidValue;
+
+  Args a{static_cast<const uint8_t*>(w), rows, cols, rb, x, static_cast<int>(n), y, 0, false};
+  a.split = split != 0 ? split : gemv_auto_split(rows);
+  a.x_vec = aligned16(x) && cols % 4 == 0;
+  switch (id) {
+    case kF32: return launch_plain<kF32>(a, stream);
+    case kF16: return launch_plain<kF16>(a, stream);
+    case kBF16: return launch_plain<kBF16>(a, stream);
+    case kQ4_0: return launch<Staged<Generic<Q4_0>>>(a, stream);
+    case kQ4_1: return launch<Staged<Generic<Q4_1>>>(a, stream);
+    case kQ5_0: return launch<Staged<Generic<Q5_0>>>(a, stream);
+    case kQ5_1: return launch<Staged<Generic<Q5_1>>>(a, stream);
+    case kQ8_0:
+      if (reinterpret_cast<uintptr_t>(w) % 2 == 0) return launch<Staged<Q8_0Lane>>(a, stream);
+      return launch<Staged<Generic<Q8_0>>>(a, stream);
+    case kQ2_K: return launch<Staged<Generic<Q2_K>>>(a, stream);
+    case kQ3_K: return launch<Staged<Generic<Q3_K>>>(a, stream);
+    case kQ4_K:
+      if (aligned16(w)) return launch<Q4KDirect>(a, stream);
+      return launch<Staged<Generic<Q4_K>>>(a, stream);
+    case kQ5_K: return launch<Staged<Generic<Q5_K>>>(a, stream);
+    case kQ6_K: return launch<Staged<Generic<Q6_K>>>(a, stream);
+    case kQ8_K: return launch<Staged<Generic<Q8_K>>>(a, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace dflash::cuda

@@ -1,0 +1,38 @@
+// y[n, rows] = x[n, cols] W^T on the GPU, W [rows, cols] device-resident in its stored type (rows
+// contiguous, ggml block layouts), x and y device f32. Status API with argument messages.
+//
+// Two paths:
+//   - GEMV (n <= kGemvMaxTokens = 16: decode, speculative verify): matmul.h. f32 accumulation of the
+//     CPU codecs' weights; matches ops/cpu matmul to float rounding (summation order differs).
+//   - GEMM (larger n: prefill): W is dequantized to bf16 in slabs of rows (dequantize.h, bit-identical
+//     with fp32_to_bf16 of the CPU value), x is rounded to bf16, and cuBLAS multiplies them with f32
+//     accumulation and f32 output. This differs from the CPU's f32 math by the bf16 rounding of both
+//     inputs (about 2^-8 relative per product); it equals the CPU matmul of the bf16-rounded inputs
+//     to float rounding. Scratch (x in bf16, one slab of W in bf16, at most 64 MiB) is taken per call from
+//     the stream-ordered allocator (cudaMallocAsync) and freed on the stream.
+// The cuBLAS handle is created once per host thread and device (never destroyed: it lives until exit).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "base/status.h"
+#include "tensor/dtype.h"
+
+namespace dflash::cuda {
+
+enum class MatmulPath {
+  kAuto,      // GEMV for n <= 16, GEMM above
+  kGemv,      // n must be <= 16
+  kGemmBf16,  // any n >= 1
+};
+
+// Enqueues the product on `stream`. Errors (nothing enqueued): unsupported type, negative shape, cols not
+// a multiple of the block size, a shape cuBLAS cannot address (int dims), null or misaligned (x, y: 4
+// bytes) pointers for a non-empty product, n > 16 with kGemv. n == 0 or rows == 0 is a no-op; cols == 0
+// zeroes y. Kernel faults surface at the next synchronization of `stream`.
+Status matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
+              cudaStream_t stream = nullptr, MatmulPath path = MatmulPath::kAuto);
+
+}  // namespace dflash::cuda

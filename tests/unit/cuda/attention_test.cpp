@@ -1,0 +1,283 @@
+// Device attention (ops/cuda/attention.h) against cpu::attention on random inputs: causal with a prefix,
+// tree with random parents, full; GQA groups 1, 2, 4, 6; head_dim 64, 128, 256; n_q 1, 5, 16, 100 (the
+// decode and the prefill kernel); key counts that are not a multiple of the 64-token chunk; long contexts
+// (split-K and its merge), with and without workspace. Outputs are poisoned with NaN first.
+// Tolerance: both sides are float32 with a running max but sum in different orders, so each element must
+// satisfy |gpu - cpu| <= 2e-5 * max(1, scale_mul) * max(1, |cpu|) (values are weighted means of N(0, 1)
+// values; a score's rounding error, hence each weight's relative error, grows with the scores' size).
+#include "ops/cuda/attention.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "ops/cpu/ops.h"
+#include "ops/cuda/attention_host.h"
+#include "ops/cuda/fill.h"
+#include "support/test_paths.h"
+
+namespace dflash {
+namespace {
+
+constexpr uint32_t kNaN = 0x7fc00000u;
+constexpr int64_t kChunk = 64;
+
+bool have_cuda_device() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+#define ASSERT_CUDA_OK(expr)                                                              \
+  do {                                                                                    \
+    const cudaError_t cuda_err_ = (expr);                                                 \
+    ASSERT_EQ(cuda_err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(cuda_err_); \
+  } while (0)
+
+// Device allocations freed on scope exit.
+class Arena {
+ public:
+  ~Arena() {
+    for (void* p : ptrs_) cudaFree(p);
+  }
+  template <typename T>
+  T* alloc(size_t n) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, sizeof(T) * (n == 0 ? 1 : n)) != cudaSuccess) return nullptr;
+    ptrs_.push_back(p);
+    return static_cast<T*>(p);
+  }
+  template <typename T>
+  T* upload(const std::vector<T>& v) {
+    T* p = alloc<T>(v.size());
+    if (p && !v.empty() && cudaMemcpy(p, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice) != cudaSuccess)
+      return nullptr;
+    return p;
+  }
+
+ private:
+  std::vector<void*> ptrs_;
+};
+
+struct Case {
+  int64_t hd, nh, nkv, n_q, n_prefix;
+  cpu::MaskKind kind;
+  float scale_mul = 1.0f;   // scale = scale_mul / sqrt(hd)
+  bool workspace = true;    // give attention() its preferred workspace
+  int64_t extra_keys = 0;   // kFull: keys stored past n_prefix + n_q
+  std::string name() const {
+    const char* k = kind == cpu::MaskKind::kCausal ? "causal" : (kind == cpu::MaskKind::kTree ? "tree" : "full");
+    return std::string(k) + " hd=" + std::to_string(hd) + " nh=" + std::to_string(nh) + " nkv=" +
+           std::to_string(nkv) + " n_q=" + std::to_string(n_q) + " n_prefix=" + std::to_string(n_prefix) +
+           " scale_mul=" + std::to_string(scale_mul) + (workspace ? "" : " no-workspace") +
+           (extra_keys ? " extra=" + std::to_string(extra_keys) : "");
+  }
+};
+
+class AttentionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_cuda_device()) DF_SKIP_LOUDLY("no CUDA device");
+    const char* s = std::getenv("DFLASH_TEST_SEED");
+    seed_ = s ? static_cast<uint32_t>(std::strtoul(s, nullptr, 10)) : std::random_device{}();
+    rng_.seed(seed_);
+  }
+  std::string seed_note() const {
+    return "seed " + std::to_string(seed_) + " (rerun with DFLASH_TEST_SEED=" + std::to_string(seed_) + ")";
+  }
+  std::vector<float> normal(size_t n) {
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng_);
+    return v;
+  }
+
+  // Runs one case on both sides and compares; returns the largest scaled error.
+  void run_case(const Case& c) {
+    SCOPED_TRACE(c.name());
+    const int64_t n_tokens = c.n_prefix + c.n_q + c.extra_keys;
+    const int64_t n_chunks = (n_tokens + kChunk - 1) / kChunk;
+    const size_t chunk_elems = static_cast<size_t>(kChunk * c.nkv * c.hd);
+    std::vector<std::vector<float>> kc, vc;
+    for (int64_t ch = 0; ch < n_chunks; ++ch) {
+      kc.push_back(normal(chunk_elems));
+      vc.push_back(normal(chunk_elems));
+    }
+    const auto q = normal(static_cast<size_t>(c.n_q * c.nh * c.hd));
+    std::vector<int32_t> parents;
+    if (c.kind == cpu::MaskKind::kTree) {
+      parents.resize(static_cast<size_t>(c.n_q));
+      for (int64_t i = 0; i < c.n_q; ++i) {
+        // Mostly chains with branches; some extra roots.
+        std::uniform_int_distribution<int32_t> d(-1, static_cast<int32_t>(i) - 1);
+        parents[i] = i == 0 ? -1 : (rng_() % 3 == 0 ? d(rng_) : static_cast<int32_t>(i - 1));
+      }
+    }
+    const float scale = c.scale_mul / std::sqrt(static_cast<float>(c.hd));
+
+    // CPU reference.
+    std::vector<const float*> kp, vp;
+    for (int64_t ch = 0; ch < n_chunks; ++ch) {
+      kp.push_back(kc[ch].data());
+      vp.push_back(vc[ch].data());
+    }
+    cpu::KvView kv{kp, vp, kChunk, n_tokens, c.nkv, c.hd};
+    cpu::AttentionMask mask{c.kind, c.n_prefix, parents};
+    std::vector<float> want(q.size());
+    ThreadPool pool(4);
+    cpu::attention(q.data(), c.n_q, c.nh, kv, mask, scale, want.data(), pool);
+
+    // Device: each chunk its own allocation, tables of chunk pointers.
+    Arena arena;
+    std::vector<const float*> dk, dv;
+    for (int64_t ch = 0; ch < n_chunks; ++ch) {
+      dk.push_back(arena.upload(kc[ch]));
+      dv.push_back(arena.upload(vc[ch]));
+      ASSERT_NE(dk.back(), nullptr);
+      ASSERT_NE(dv.back(), nullptr);
+    }
+    cuda::DeviceKvView dkv;
+    dkv.k_chunks = arena.upload(dk);
+    dkv.v_chunks = arena.upload(dv);
+    dkv.chunk_tokens = kChunk;
+    dkv.n_tokens = n_tokens;
+    dkv.n_kv_heads = c.nkv;
+    dkv.head_dim = c.hd;
+    cuda::DeviceAttnMask dmask;
+    dmask.kind = cuda::to_device(c.kind);
+    dmask.n_prefix = c.n_prefix;
+    if (c.kind == cpu::MaskKind::kTree) dmask.parents = arena.upload(parents);
+    const float* dq = arena.upload(q);
+    float* dout = arena.alloc<float>(q.size());
+    ASSERT_NE(dq, nullptr);
+    ASSERT_NE(dout, nullptr);
+    ASSERT_CUDA_OK(cuda::fill_u32(reinterpret_cast<uint32_t*>(dout), q.size(), kNaN));
+    const size_t ws_bytes = c.workspace ? cuda::attention_workspace_bytes(c.n_q, c.nh, dkv, dmask) : 0;
+    void* ws = ws_bytes ? arena.alloc<uint8_t>(ws_bytes) : nullptr;
+    if (ws_bytes) ASSERT_CUDA_OK(cuda::fill_u32(static_cast<uint32_t*>(ws), ws_bytes / 4, kNaN));
+    const Status st = cuda::attention_checked(dq, c.n_q, c.nh, dkv, dmask, scale, dout, ws, ws_bytes);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> got(q.size());
+    ASSERT_CUDA_OK(cudaMemcpy(got.data(), dout, sizeof(float) * got.size(), cudaMemcpyDeviceToHost));
+
+    int bad = 0;
+    double worst = 0.0;
+    for (size_t e = 0; e < got.size(); ++e) {
+      const double g = got[e], w = want[e];
+      const double err = std::fabs(g - w) / std::max(1.0, std::fabs(w)) / std::max(1.0f, c.scale_mul);
+      if (!(err <= 2e-5)) {
+        if (bad++ < 5) {
+          const int64_t d = e % c.hd, h = (e / c.hd) % c.nh, i = e / (c.hd * c.nh);
+          ADD_FAILURE() << "MISMATCH " << c.name() << " query " << i << " head " << h << " dim " << d << ": got "
+                        << g << ", want " << w << "; " << seed_note();
+        }
+      } else {
+        worst = std::max(worst, err);
+      }
+    }
+    EXPECT_EQ(bad, 0) << c.name() << ": " << bad << " of " << got.size() << " differ; " << seed_note();
+    worst_ = std::max(worst_, worst);
+  }
+
+  uint32_t seed_ = 0;
+  std::mt19937 rng_;
+  double worst_ = 0.0;
+};
+
+TEST_F(AttentionTest, MatchesCpuAcrossShapesAndMasks) {
+  SCOPED_TRACE(seed_note());
+  const int64_t gqa[][2] = {{4, 4}, {4, 2}, {8, 2}, {12, 2}};  // groups 1, 2, 4, 6
+  std::uniform_int_distribution<int64_t> prefix(0, 300);
+  for (int64_t hd : {64, 128, 256})
+    for (const auto& g : gqa)
+      for (int64_t n_q : {1, 5, 16, 100})
+        for (cpu::MaskKind kind : {cpu::MaskKind::kCausal, cpu::MaskKind::kTree, cpu::MaskKind::kFull}) {
+          Case c{hd, g[0], g[1], n_q, prefix(rng_), kind};
+          if (kind == cpu::MaskKind::kFull && n_q == 5) c.extra_keys = 37;
+          run_case(c);
+          if (HasFatalFailure()) return;
+        }
+  std::printf("attention: worst scaled error %.3g (of 2e-5)\n", worst_);
+}
+
+TEST_F(AttentionTest, NoPrefixAndSharpScores) {
+  SCOPED_TRACE(seed_note());
+  for (int64_t hd : {64, 128, 256})
+    for (cpu::MaskKind kind : {cpu::MaskKind::kCausal, cpu::MaskKind::kTree, cpu::MaskKind::kFull}) {
+      run_case({hd, 8, 4, 100, 0, kind});
+      run_case({hd, 6, 1, 16, 0, kind, 8.0f});   // scores ~ N(0, 64): the running max matters
+      run_case({hd, 6, 1, 130, 64, kind, 8.0f});
+    }
+  std::printf("attention (sharp): worst scaled error %.3g (of 2e-5)\n", worst_);
+}
+
+// Long contexts: the decode kernel splits the keys across blocks and merges; prefill splits when its
+// grid is small. Also without workspace (no split) and with the prefix at a chunk boundary.
+TEST_F(AttentionTest, LongContextSplitK) {
+  SCOPED_TRACE(seed_note());
+  for (int64_t hd : {64, 128, 256}) {
+    run_case({hd, 8, 2, 1, 5000, cpu::MaskKind::kCausal});
+    run_case({hd, 24, 4, 1, 4099, cpu::MaskKind::kCausal});
+    run_case({hd, 24, 4, 1, 4099, cpu::MaskKind::kCausal, 1.0f, false});
+    run_case({hd, 16, 2, 16, 3000, cpu::MaskKind::kTree});
+    run_case({hd, 16, 2, 5, 2048, cpu::MaskKind::kCausal});
+    run_case({hd, 16, 2, 16, 2047, cpu::MaskKind::kFull});
+    run_case({hd, 4, 1, 100, 2500, cpu::MaskKind::kCausal});
+    run_case({hd, 4, 1, 33, 3333, cpu::MaskKind::kTree, 4.0f});
+  }
+  std::printf("attention (long): worst scaled error %.3g (of 2e-5)\n", worst_);
+}
+
+// No stored key: every query sees nothing and gets zeros (not NaN).
+TEST_F(AttentionTest, NoKeysGivesZeros) {
+  SCOPED_TRACE(seed_note());
+  Arena arena;
+  const int64_t n_q = 3, nh = 4, hd = 128;
+  const auto q = normal(static_cast<size_t>(n_q * nh * hd));
+  const float* dq = arena.upload(q);
+  float* dout = arena.alloc<float>(q.size());
+  ASSERT_CUDA_OK(cuda::fill_u32(reinterpret_cast<uint32_t*>(dout), q.size(), kNaN));
+  cuda::DeviceKvView kv;
+  kv.n_tokens = 0;
+  kv.n_kv_heads = 2;
+  kv.head_dim = hd;
+  cuda::DeviceAttnMask mask;
+  ASSERT_TRUE(cuda::attention_checked(dq, n_q, nh, kv, mask, 0.1f, dout).ok());
+  std::vector<float> got(q.size());
+  ASSERT_CUDA_OK(cudaMemcpy(got.data(), dout, sizeof(float) * got.size(), cudaMemcpyDeviceToHost));
+  for (float v : got) ASSERT_EQ(v, 0.0f);
+}
+
+TEST_F(AttentionTest, RejectsBadArguments) {
+  Arena arena;
+  float* buf = arena.alloc<float>(1024);
+  const float* const* table = reinterpret_cast<const float* const*>(arena.alloc<uint64_t>(4));
+  cuda::DeviceKvView kv{table, table, 64, 10, 2, 128};
+  cuda::DeviceAttnMask mask;
+  EXPECT_FALSE(cuda::attention_checked(buf, 1, 3, kv, mask, 1.0f, buf + 512).ok());  // 3 % 2 != 0
+  kv.head_dim = 96;
+  EXPECT_FALSE(cuda::attention_checked(buf, 1, 4, kv, mask, 1.0f, buf + 512).ok());
+  kv.head_dim = 128;
+  mask.n_prefix = 11;
+  EXPECT_FALSE(cuda::attention_checked(buf, 1, 4, kv, mask, 1.0f, buf + 512).ok());
+  mask.n_prefix = 0;
+  mask.kind = cuda::AttnMaskKind::kTree;
+  EXPECT_FALSE(cuda::attention_checked(buf, 1, 4, kv, mask, 1.0f, buf + 512).ok());
+  EXPECT_EQ(cuda::attention(buf, 1, 4, kv, mask, 1.0f, buf + 512, nullptr, 0), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace dflash
