@@ -23,6 +23,7 @@
 #include "ops/cpu/ops.h"
 #include "ops/cuda/attention_host.h"
 #include "ops/cuda/fill.h"
+#include "support/cuda_test_util.h"
 #include "support/test_paths.h"
 
 namespace dflash {
@@ -31,14 +32,6 @@ namespace {
 constexpr uint32_t kNaN = 0x7fc00000u;
 constexpr int64_t kChunk = 64;
 
-bool have_cuda_device() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
 
 #define ASSERT_CUDA_OK(expr)                                                              \
   do {                                                                                    \
@@ -89,7 +82,7 @@ struct Case {
 class AttentionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!have_cuda_device()) DF_SKIP_LOUDLY("no CUDA device");
+    if (!test::cuda_device_present()) DF_SKIP_LOUDLY("no CUDA device");
     const char* s = std::getenv("DFLASH_TEST_SEED");
     seed_ = s ? static_cast<uint32_t>(std::strtoul(s, nullptr, 10)) : std::random_device{}();
     rng_.seed(seed_);

@@ -23,6 +23,7 @@
 #include "ops/cuda/dequantize_host.h"
 #include "ops/cuda/fill.h"
 #include "support/random_blocks.h"
+#include "support/cuda_test_util.h"
 #include "support/test_paths.h"
 #include "tensor/dtype.h"
 #include "tensor/half.h"
@@ -50,14 +51,6 @@ uint32_t poison_word(Out o) { return o == Out::kF32 ? kPoison32 : (uint32_t{kPoi
 // Elements after the output that must stay poisoned.
 constexpr int64_t kGuard = 37;
 
-bool have_cuda_device() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clear the error so later calls start clean
-    return false;
-  }
-  return n > 0;
-}
 
 uint32_t test_seed() {
   if (const char* s = std::getenv("DFLASH_TEST_SEED")) return static_cast<uint32_t>(std::strtoul(s, nullptr, 10));
@@ -254,7 +247,7 @@ void check_random(const Case& c, std::mt19937& rng) {
 class CudaDequantize : public testing::Test {
  protected:
   void SetUp() override {
-    if (!have_cuda_device()) DF_SKIP_LOUDLY("no CUDA device");
+    if (!test::cuda_device_present()) DF_SKIP_LOUDLY("no CUDA device");
     seed_ = test_seed();
     rng_.seed(seed_);
   }

@@ -10,19 +10,12 @@
 #include "ops/backend.h"
 #include "ops/cuda/fill.h"
 #include "ops/cuda/glue.h"
+#include "support/cuda_test_util.h"
 #include "support/test_paths.h"
 
 namespace dflash {
 namespace {
 
-bool have_device() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
 
 template <typename T>
 struct Dev {
@@ -42,7 +35,7 @@ struct Dev {
 class CudaGlue : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!have_device()) DF_SKIP_LOUDLY("no CUDA device");
+    if (!test::cuda_device_present()) DF_SKIP_LOUDLY("no CUDA device");
     seed_ = std::random_device{}();
     rng_.seed(seed_);
   }

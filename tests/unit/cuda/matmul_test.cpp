@@ -24,6 +24,7 @@
 #include "ops/cuda/fill.h"
 #include "ops/cuda/matmul.h"
 #include "support/random_blocks.h"
+#include "support/cuda_test_util.h"
 #include "support/test_paths.h"
 #include "tensor/dtype.h"
 #include "tensor/half.h"
@@ -42,14 +43,6 @@ constexpr double kGemvTol = 1e-5;          // of sum_k |x_k w_k|
 constexpr double kGemmTol = 2e-5;          // vs the CPU on bf16-rounded inputs
 constexpr double kBf16Tol = 1.0 / 128;     // vs the CPU on f32 inputs
 
-bool have_cuda_device() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
 
 uint32_t test_seed() {
   if (const char* s = std::getenv("DFLASH_TEST_SEED")) return static_cast<uint32_t>(std::strtoul(s, nullptr, 10));
@@ -129,7 +122,7 @@ std::string describe(const Case& c) {
 class CudaMatmul : public testing::Test {
  protected:
   void SetUp() override {
-    if (!have_cuda_device()) DF_SKIP_LOUDLY("no CUDA device");
+    if (!test::cuda_device_present()) DF_SKIP_LOUDLY("no CUDA device");
     seed_ = test_seed();
     rng_.seed(seed_);
   }

@@ -20,6 +20,7 @@
 
 #include "ops/cpu/ops.h"
 #include "ops/cuda/fill.h"
+#include "support/cuda_test_util.h"
 #include "support/test_paths.h"
 
 namespace dflash {
@@ -27,14 +28,6 @@ namespace {
 
 constexpr uint32_t kNaN = 0x7fc00000u;
 
-bool have_cuda_device() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
 
 #define ASSERT_CUDA_OK(expr)                                                              \
   do {                                                                                    \
@@ -77,7 +70,7 @@ class Dev {
 class NormRopeTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!have_cuda_device()) DF_SKIP_LOUDLY("no CUDA device");
+    if (!test::cuda_device_present()) DF_SKIP_LOUDLY("no CUDA device");
     const char* s = std::getenv("DFLASH_TEST_SEED");
     seed_ = s ? static_cast<uint32_t>(std::strtoul(s, nullptr, 10)) : std::random_device{}();
     rng_.seed(seed_);
