@@ -98,7 +98,8 @@ Status run_bench(const BenchOptions& opt) {
   if (s.max_context > 0 && opt.prompt_len + opt.gen_len > s.max_context)
     return invalid_argument("{} + {} tokens exceed the model's context of {}", opt.prompt_len, opt.gen_len, s.max_context);
   Runner runner(weights, opt.threads);
-  const double bandwidth = measure_host_bandwidth(runner.pool());
+  ThreadPool copy_pool(opt.threads);
+  const double bandwidth = measure_host_bandwidth(copy_pool);
 
   // Prompt ids: a fixed pseudo-random sequence (speed does not depend on the text).
   std::vector<int32_t> prompt(static_cast<size_t>(opt.prompt_len));
@@ -107,7 +108,7 @@ Status run_bench(const BenchOptions& opt) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     t = static_cast<int32_t>(x % static_cast<uint64_t>(s.vocab));
   }
-  SequenceState state(s);
+  SequenceState state(s, runner.backend());
   const double t0 = now_s();
   DF_ASSIGN_OR_RETURN(std::vector<float> logits, runner.prefill(state, prompt));
   const double prefill_s = now_s() - t0;
@@ -128,7 +129,7 @@ Status run_bench(const BenchOptions& opt) {
   const double bytes = decode_bytes(weights, opt.prompt_len + opt.gen_len / 2.0);
   const double decode_ceiling = bandwidth / bytes;
   nlohmann::json j = {{"backend", "cpu"},
-                      {"threads", runner.pool().size()},
+                      {"threads", copy_pool.size()},
                       {"model", s.summary()},
                       {"weights_mib", weights.bytes() / 1048576.0},
                       {"prompt_len", opt.prompt_len},
@@ -145,7 +146,7 @@ Status run_bench(const BenchOptions& opt) {
     std::printf("%s\n", j.dump(2).c_str());
     return Status();
   }
-  std::printf("dflash bench (cpu, %d threads): %s, %.1f MiB of weights\n", runner.pool().size(), s.summary().c_str(),
+  std::printf("dflash bench (cpu, %d threads): %s, %.1f MiB of weights\n", copy_pool.size(), s.summary().c_str(),
               weights.bytes() / 1048576.0);
   std::printf("  %-8s %12s %22s %8s\n", "", "measured", "ceiling", "ratio");
   std::printf("  %-8s %8.1f tok/s %14s %8s   (%lld tokens, TTFT %.1f ms)\n", "prefill", prefill_tps, "n/a on cpu", "",

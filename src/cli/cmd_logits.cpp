@@ -47,7 +47,7 @@ Status run_logits(const LogitsOptions& opt) {
   DF_ASSIGN_OR_RETURN(std::vector<int32_t> ids, parse_ids(opt.tokens));
   DF_ASSIGN_OR_RETURN(Weights weights, Weights::load(opt.model, opt.threads));
   Runner runner(weights, opt.threads);
-  SequenceState state(weights.spec());
+  SequenceState state(weights.spec(), runner.backend());
   Step step;
   step.tokens = ids;
   step.all_logits = opt.all;

@@ -65,7 +65,7 @@ Status run_generate(RunOptions opt) {
   std::fprintf(stderr, "model: %s (%.1f MiB) loaded in %.2f s\n", weights.spec().summary().c_str(),
                weights.bytes() / 1048576.0, seconds_since(t_load));
   Runner runner(weights, opt.threads);
-  SequenceState state(weights.spec());
+  SequenceState state(weights.spec(), runner.backend());
   DF_ASSIGN_OR_RETURN(Sampler sampler, Sampler::create(opt.sampling));
   const std::vector<int32_t> stop = tok.vocab().end_of_generation_ids();
 

@@ -22,19 +22,21 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
   if (s.max_context > 0 && state.n_past() + n > s.max_context)
     return invalid_argument("{} tokens after {} exceed the model's context of {}", n, state.n_past(), s.max_context);
 
-  std::vector<float> x(static_cast<size_t>(n * s.hidden));
-  DF_RETURN_IF_ERROR(embed_tokens(w_, step.tokens, x.data(), backend_));
-  StepOutput out;
-  out.features.resize(step.capture_layers.size());
+  DF_RETURN_IF_ERROR(state.status());
+  Backend& be = *be_;
+  DF_ASSIGN_OR_RETURN(Buffer x, be.alloc(n * s.hidden));
+  DF_RETURN_IF_ERROR(embed_tokens(w_, step.tokens, x.data(), be));
+  std::vector<Buffer> feature_bufs;
   std::vector<float*> captured;
-  for (auto& f : out.features) {
-    f.resize(x.size());
+  for (size_t c = 0; c < step.capture_layers.size(); ++c) {
+    DF_ASSIGN_OR_RETURN(Buffer f, be.alloc(n * s.hidden));
     captured.push_back(f.data());
+    feature_bufs.push_back(std::move(f));
   }
   StepShape shape{n, state.n_past(), positions, step.mask, step.parents, step.capture_recurrent};
   if (step.capture_recurrent && step.mask == cpu::MaskKind::kCausal) state.begin_captured_step(n);
-  DF_RETURN_IF_ERROR(
-      forward_layers(w_, 0, s.n_layers, shape, x.data(), state, step.capture_layers, captured, backend_));
+  DF_RETURN_IF_ERROR(forward_layers(w_, 0, s.n_layers, shape, x.data(), state, step.capture_layers, captured, be));
+  DF_RETURN_IF_ERROR(state.status());
 
   std::vector<int64_t> rows;
   if (step.all_logits) {
@@ -43,9 +45,16 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
   } else {
     rows.push_back(n - 1);
   }
+  StepOutput out;
   out.rows = static_cast<int64_t>(rows.size());
-  out.logits.resize(rows.size() * static_cast<size_t>(s.vocab));
-  DF_RETURN_IF_ERROR(lm_head(w_, x.data(), rows, out.logits.data(), backend_));
+  DF_ASSIGN_OR_RETURN(Buffer logits, be.alloc(out.rows * s.vocab));
+  DF_RETURN_IF_ERROR(lm_head(w_, x.data(), rows, logits.data(), be));
+  out.logits.resize(static_cast<size_t>(out.rows * s.vocab));
+  DF_RETURN_IF_ERROR(be.download(out.logits.data(), logits.data(), out.rows * s.vocab));
+  for (auto& f : feature_bufs) {
+    out.features.emplace_back(static_cast<size_t>(n * s.hidden));
+    DF_RETURN_IF_ERROR(be.download(out.features.back().data(), f.data(), n * s.hidden));
+  }
   if (step.mask != cpu::MaskKind::kTree) state.set_n_past(state.n_past() + n);
   return out;
 }

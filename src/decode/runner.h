@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -33,12 +34,15 @@ struct StepOutput {
 
 class Runner {
  public:
-  Runner(const Weights& weights, int threads = 0) : w_(weights), backend_(threads) {}
+  // On the CPU, with `threads` threads (<= 0: all cores).
+  Runner(const Weights& weights, int threads = 0)
+      : w_(weights), owned_(std::make_unique<CpuBackend>(threads)), be_(owned_.get()) {}
+  // On `backend`; the weights' data must live in its memory (Weights::to_backend).
+  Runner(const Weights& weights, Backend& backend) : w_(weights), be_(&backend) {}
 
   const ModelSpec& spec() const { return w_.spec(); }
   const Weights& weights() const { return w_; }
-  ThreadPool& pool() { return backend_.pool(); }
-  Backend& backend() { return backend_; }
+  Backend& backend() { return *be_; }
 
   // Runs the step and advances state.n_past by the number of tokens (causal steps). Tree steps leave
   // n_past unchanged: the caller commits accepted nodes.
@@ -50,7 +54,8 @@ class Runner {
 
  private:
   const Weights& w_;
-  CpuBackend backend_;
+  std::unique_ptr<CpuBackend> owned_;
+  Backend* be_;
 };
 
 }  // namespace dflash

@@ -2,6 +2,8 @@
 
 #include <fmt/ranges.h>
 
+#include <cstring>
+
 #include "base/file_io.h"
 #include "model/hf_to_gguf.h"
 #include "model/tensor_shapes.h"
@@ -77,6 +79,27 @@ Result<Weights> Weights::load(const std::string& path, int threads) {
                            .with_context(path));
   }
   return w;
+}
+
+Result<Weights> Weights::to_backend(Backend& be) const {
+  Weights out;
+  out.spec_ = spec_;
+  out.path_ = path_;
+  out.bytes_ = bytes_;
+  std::vector<float> staging;
+  for (const auto& [name, view] : tensors_) {
+    const uint64_t bytes = *row_bytes(view.type, static_cast<uint64_t>(view.cols)) * static_cast<uint64_t>(view.rows);
+    const int64_t floats = static_cast<int64_t>((bytes + 3) / 4);
+    staging.assign(static_cast<size_t>(floats), 0.0f);  // padded to whole floats
+    std::memcpy(staging.data(), view.data, bytes);
+    DF_ASSIGN_OR_RETURN(Buffer buf, be.alloc(floats));
+    DF_RETURN_IF_ERROR(be.upload(buf.data(), staging.data(), floats).with_context(name));
+    cpu::WeightView v = view;
+    v.data = buf.data();
+    out.tensors_[name] = v;
+    out.on_backend_.push_back(std::move(buf));
+  }
+  return out;
 }
 
 const cpu::WeightView* Weights::find(std::string_view canonical) const {

@@ -12,6 +12,7 @@
 #include "formats/gguf.h"
 #include "formats/safetensors.h"
 #include "model/model_spec.h"
+#include "ops/backend.h"
 #include "ops/cpu/ops.h"
 
 namespace dflash {
@@ -34,6 +35,9 @@ class Weights {
   // Total bytes of all tensors as stored for compute.
   uint64_t bytes() const { return bytes_; }
 
+  // The same tensors copied into `be`'s memory (a device backend); the result does not refer to this one.
+  Result<Weights> to_backend(Backend& be) const;
+
  private:
   Status add(const std::string& canonical, cpu::WeightView view);
 
@@ -42,6 +46,7 @@ class Weights {
   std::shared_ptr<const GgufFile> gguf_;  // keeps the mapping the views point into
   std::map<std::string, cpu::WeightView, std::less<>> tensors_;
   std::vector<std::vector<uint8_t>> owned_;  // converted tensors
+  std::vector<Buffer> on_backend_;           // tensors copied to a backend (to_backend)
   uint64_t bytes_ = 0;
 };
 

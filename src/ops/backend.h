@@ -19,7 +19,7 @@ namespace dflash {
 
 class Backend;
 
-// Float32 scratch memory owned by a backend; moves, never copies.
+// Float32 memory owned by a backend; moves, never copies. A Buffer must not outlive its backend.
 class Buffer {
  public:
   Buffer() = default;

@@ -5,21 +5,23 @@
 
 namespace dflash {
 
-void KvStore::reserve(int64_t n_tokens) {
+Status KvStore::reserve(int64_t n_tokens) {
   const size_t chunks = static_cast<size_t>((n_tokens + kKvChunkTokens - 1) / kKvChunkTokens);
-  const size_t floats = static_cast<size_t>(kKvChunkTokens * row_floats());
   while (k_.size() < chunks) {
-    k_.push_back(std::make_unique<float[]>(floats));
-    v_.push_back(std::make_unique<float[]>(floats));
+    DF_ASSIGN_OR_RETURN(Buffer k, be_->alloc(kKvChunkTokens * row_floats()));
+    DF_ASSIGN_OR_RETURN(Buffer v, be_->alloc(kKvChunkTokens * row_floats()));
+    k_.push_back(std::move(k));
+    v_.push_back(std::move(v));
   }
+  return Status();
 }
 
 cpu::KvView KvStore::view(int64_t n_tokens) {
   k_ptrs_.clear();
   v_ptrs_.clear();
   for (size_t c = 0; c < k_.size(); ++c) {
-    k_ptrs_.push_back(k_[c].get());
-    v_ptrs_.push_back(v_[c].get());
+    k_ptrs_.push_back(k_[c].data());
+    v_ptrs_.push_back(v_[c].data());
   }
   return cpu::KvView{k_ptrs_, v_ptrs_, kKvChunkTokens, n_tokens, n_kv_heads_, head_dim_};
 }
@@ -38,15 +40,37 @@ const SnapshotTensor* Snapshot::find(const std::string& name) const {
   return nullptr;
 }
 
-SequenceState::SequenceState(const ModelSpec& spec, int64_t layer_begin, int64_t layer_end)
-    : spec_(spec), layer_begin_(layer_begin), layer_end_(layer_end < 0 ? spec.n_layers : layer_end) {
+namespace {
+
+// A zero-filled buffer of n floats in the backend's memory.
+Result<Buffer> zeros(Backend& be, int64_t n) {
+  DF_ASSIGN_OR_RETURN(Buffer b, be.alloc(n));
+  std::vector<float> z(static_cast<size_t>(n), 0.0f);
+  DF_RETURN_IF_ERROR(be.upload(b.data(), z.data(), n));
+  return b;
+}
+
+}  // namespace
+
+SequenceState::SequenceState(const ModelSpec& spec, Backend& be, int64_t layer_begin, int64_t layer_end)
+    : spec_(spec), be_(&be), layer_begin_(layer_begin), layer_end_(layer_end < 0 ? spec.n_layers : layer_end) {
+  const int64_t conv_floats = (spec_.gdn.conv_kernel - 1) * spec_.gdn.conv_dim();
+  const int64_t ssm_floats = spec_.gdn.n_v_heads * spec_.gdn.d_v * spec_.gdn.d_k;
   for (int64_t L = layer_begin_; L < layer_end_; ++L) {
     if (spec_.is_recurrent(L)) {
       kv_.push_back(nullptr);
-      conv_.emplace_back(static_cast<size_t>((spec_.gdn.conv_kernel - 1) * spec_.gdn.conv_dim()), 0.0f);
-      ssm_.emplace_back(static_cast<size_t>(spec_.gdn.n_v_heads * spec_.gdn.d_v * spec_.gdn.d_k), 0.0f);
+      auto c = zeros(be, conv_floats);
+      auto s = zeros(be, ssm_floats);
+      if (!c.ok() || !s.ok()) {
+        status_ = !c.ok() ? c.status() : s.status();
+        conv_.emplace_back();
+        ssm_.emplace_back();
+        continue;
+      }
+      conv_.push_back(std::move(c).value());
+      ssm_.push_back(std::move(s).value());
     } else {
-      kv_.push_back(std::make_unique<KvStore>(spec_.n_kv_heads, spec_.head_dim));
+      kv_.push_back(std::make_unique<KvStore>(be, spec_.n_kv_heads, spec_.head_dim));
       conv_.emplace_back();
       ssm_.emplace_back();
     }
@@ -57,39 +81,53 @@ void SequenceState::reset() {
   n_past_ = 0;
   for (auto& kv : kv_)
     if (kv) kv->shrink(0);
-  for (auto& c : conv_) std::fill(c.begin(), c.end(), 0.0f);
-  for (auto& s : ssm_) std::fill(s.begin(), s.end(), 0.0f);
+  for (auto* group : {&conv_, &ssm_})
+    for (auto& b : *group)
+      if (b.size() > 0) {
+        std::vector<float> z(static_cast<size_t>(b.size()), 0.0f);
+        Status st = be_->upload(b.data(), z.data(), b.size());
+        if (!st.ok() && status_.ok()) status_ = st;
+      }
 }
 
 uint64_t SequenceState::bytes() const {
   uint64_t b = 0;
   for (const auto& kv : kv_)
     if (kv) b += kv->bytes();
-  for (const auto& c : conv_) b += c.size() * sizeof(float);
-  for (const auto& s : ssm_) b += s.size() * sizeof(float);
+  for (const auto& c : conv_) b += static_cast<uint64_t>(c.size()) * sizeof(float);
+  for (const auto& s : ssm_) b += static_cast<uint64_t>(s.size()) * sizeof(float);
   return b;
 }
 
 Status SequenceState::reserve_kv(int64_t layer, int64_t n_total) {
+  DF_RETURN_IF_ERROR(status_);
   if (layer < layer_begin_ || layer >= layer_end_ || !kv_[slot(layer)])
     return internal_error("layer {} has no KV in this state", layer);
-  kv_[slot(layer)]->reserve(n_total);
-  return Status();
+  return kv_[slot(layer)]->reserve(n_total);
+}
+
+// Capture buffers grow to the step's size and are kept for the next step.
+static float* ensure_capture(Backend& be, Buffer& buf, int64_t n, Status& status) {
+  if (buf.size() < n) {
+    auto b = be.alloc(n);
+    if (!b.ok()) {
+      status = b.status();
+      return nullptr;
+    }
+    buf = std::move(b).value();
+  }
+  return buf.data();
 }
 
 float* SequenceState::ssm_capture(int64_t layer, int64_t n) {
   if (ssm_capture_.size() != ssm_.size()) ssm_capture_.resize(ssm_.size());
-  auto& buf = ssm_capture_[slot(layer)];
-  buf.resize(static_cast<size_t>(n) * ssm_[slot(layer)].size());
-  return buf.data();
+  return ensure_capture(*be_, ssm_capture_[slot(layer)], n * ssm_[slot(layer)].size(), status_);
 }
 
 float* SequenceState::conv_capture(int64_t layer, int64_t n) {
   if (conv_capture_.size() != conv_.size()) conv_capture_.resize(conv_.size());
-  auto& buf = conv_capture_[slot(layer)];
-  const size_t C = static_cast<size_t>(spec_.gdn.conv_dim());
-  buf.resize(conv_[slot(layer)].size() + static_cast<size_t>(n) * C);
-  return buf.data();
+  return ensure_capture(*be_, conv_capture_[slot(layer)], conv_[slot(layer)].size() + n * spec_.gdn.conv_dim(),
+                        status_);
 }
 
 void SequenceState::begin_captured_step(int64_t n) {
@@ -98,6 +136,7 @@ void SequenceState::begin_captured_step(int64_t n) {
 }
 
 Status SequenceState::rollback_captured(int64_t n_keep) {
+  DF_RETURN_IF_ERROR(status_);
   if (capture_base_ < 0) return internal_error("rollback without a captured step");
   // The step's first token is always kept (in speculative decoding it is the committed root).
   if (n_keep < 1 || n_keep > capture_n_)
@@ -105,21 +144,22 @@ Status SequenceState::rollback_captured(int64_t n_keep) {
   if (n_past_ != capture_base_ + capture_n_)
     return internal_error("the captured step is not the last one (n_past {}, step [{}, +{}))", n_past_, capture_base_,
                           capture_n_);
-  const size_t C = static_cast<size_t>(spec_.gdn.conv_dim());
+  const int64_t C = spec_.gdn.conv_dim();
   for (int64_t L = layer_begin_; L < layer_end_; ++L) {
     const size_t i = slot(L);
     if (kv_[i]) continue;
-    const size_t state_size = ssm_[i].size();
-    std::copy_n(ssm_capture_[i].data() + static_cast<size_t>(n_keep - 1) * state_size, state_size, ssm_[i].data());
+    const int64_t state_size = ssm_[i].size();
+    DF_RETURN_IF_ERROR(be_->copy(ssm_[i].data(), ssm_capture_[i].data() + (n_keep - 1) * state_size, state_size));
     // The window after n_keep tokens: rows [n_keep, n_keep + K - 1) of (old window ; step inputs).
-    std::copy_n(conv_capture_[i].data() + static_cast<size_t>(n_keep) * C, conv_[i].size(), conv_[i].data());
+    DF_RETURN_IF_ERROR(be_->copy(conv_[i].data(), conv_capture_[i].data() + n_keep * C, conv_[i].size()));
   }
   n_past_ = capture_base_ + n_keep;
   capture_base_ = -1;
   return Status();
 }
 
-Snapshot SequenceState::export_snapshot() const {
+Result<Snapshot> SequenceState::export_snapshot() const {
+  DF_RETURN_IF_ERROR(status_);
   Snapshot snap;
   snap.n_past = n_past_;
   for (int64_t L = layer_begin_; L < layer_end_; ++L) {
@@ -131,23 +171,31 @@ Snapshot SequenceState::export_snapshot() const {
         t.name = (which == 0 ? "kv_k." : "kv_v.") + std::to_string(L);
         t.shape = {n_past_, spec_.n_kv_heads, spec_.head_dim};
         t.data.resize(static_cast<size_t>(n_past_ * rf));
-        for (int64_t p = 0; p < n_past_; ++p) {
-          auto& kv = *kv_[i];
-          const float* row = which == 0 ? kv.k_row(p) : kv.v_row(p);
-          std::memcpy(t.data.data() + p * rf, row, sizeof(float) * rf);
+        auto& kv = *kv_[i];
+        // Whole chunks at a time (the last one partly).
+        for (int64_t p = 0; p < n_past_; p += kKvChunkTokens) {
+          const int64_t rows = std::min(kKvChunkTokens, n_past_ - p);
+          const float* src = which == 0 ? kv.k_row(p) : kv.v_row(p);
+          DF_RETURN_IF_ERROR(be_->download(t.data.data() + p * rf, src, rows * rf));
         }
         snap.tensors.push_back(std::move(t));
       }
     } else {
-      snap.tensors.push_back({"conv." + std::to_string(L), {spec_.gdn.conv_kernel - 1, spec_.gdn.conv_dim()}, conv_[i]});
-      snap.tensors.push_back(
-          {"ssm." + std::to_string(L), {spec_.gdn.n_v_heads, spec_.gdn.d_v, spec_.gdn.d_k}, ssm_[i]});
+      SnapshotTensor conv{"conv." + std::to_string(L), {spec_.gdn.conv_kernel - 1, spec_.gdn.conv_dim()}, {}};
+      conv.data.resize(static_cast<size_t>(conv_[i].size()));
+      DF_RETURN_IF_ERROR(be_->download(conv.data.data(), conv_[i].data(), conv_[i].size()));
+      SnapshotTensor ssm{"ssm." + std::to_string(L), {spec_.gdn.n_v_heads, spec_.gdn.d_v, spec_.gdn.d_k}, {}};
+      ssm.data.resize(static_cast<size_t>(ssm_[i].size()));
+      DF_RETURN_IF_ERROR(be_->download(ssm.data.data(), ssm_[i].data(), ssm_[i].size()));
+      snap.tensors.push_back(std::move(conv));
+      snap.tensors.push_back(std::move(ssm));
     }
   }
   return snap;
 }
 
 Status SequenceState::import_snapshot(const Snapshot& snap) {
+  DF_RETURN_IF_ERROR(status_);
   // Check everything before changing anything: a bad snapshot leaves the state as it was.
   for (int64_t L = layer_begin_; L < layer_end_; ++L) {
     const size_t i = slot(L);
@@ -168,24 +216,25 @@ Status SequenceState::import_snapshot(const Snapshot& snap) {
         return corrupt("snapshot tensor '{}' does not have this model's shape", name);
     }
   }
-  n_past_ = snap.n_past;
   for (int64_t L = layer_begin_; L < layer_end_; ++L) {
     const size_t i = slot(L);
     if (kv_[i]) {
       kv_[i]->shrink(0);
-      kv_[i]->reserve(n_past_);
+      DF_RETURN_IF_ERROR(kv_[i]->reserve(snap.n_past));
       const int64_t rf = kv_[i]->row_floats();
       const SnapshotTensor* k = snap.find("kv_k." + std::to_string(L));
       const SnapshotTensor* v = snap.find("kv_v." + std::to_string(L));
-      for (int64_t p = 0; p < n_past_; ++p) {
-        std::memcpy(kv_[i]->k_row(p), k->data.data() + p * rf, sizeof(float) * rf);
-        std::memcpy(kv_[i]->v_row(p), v->data.data() + p * rf, sizeof(float) * rf);
+      for (int64_t p = 0; p < snap.n_past; p += kKvChunkTokens) {
+        const int64_t rows = std::min(kKvChunkTokens, snap.n_past - p);
+        DF_RETURN_IF_ERROR(be_->upload(kv_[i]->k_row(p), k->data.data() + p * rf, rows * rf));
+        DF_RETURN_IF_ERROR(be_->upload(kv_[i]->v_row(p), v->data.data() + p * rf, rows * rf));
       }
     } else {
-      conv_[i] = snap.find("conv." + std::to_string(L))->data;
-      ssm_[i] = snap.find("ssm." + std::to_string(L))->data;
+      DF_RETURN_IF_ERROR(be_->upload(conv_[i].data(), snap.find("conv." + std::to_string(L))->data.data(), conv_[i].size()));
+      DF_RETURN_IF_ERROR(be_->upload(ssm_[i].data(), snap.find("ssm." + std::to_string(L))->data.data(), ssm_[i].size()));
     }
   }
+  n_past_ = snap.n_past;
   return Status();
 }
 

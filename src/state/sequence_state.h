@@ -10,6 +10,7 @@
 #include "base/status.h"
 #include "model/forward.h"
 #include "model/model_spec.h"
+#include "ops/backend.h"
 
 namespace dflash {
 
@@ -18,10 +19,10 @@ inline constexpr int64_t kKvChunkTokens = 64;
 // Attention K and V of one layer: chunk c holds positions [64c, 64c + 64) as [64, nkv, hd] float32.
 class KvStore {
  public:
-  KvStore(int64_t n_kv_heads, int64_t head_dim) : n_kv_heads_(n_kv_heads), head_dim_(head_dim) {}
-  void reserve(int64_t n_tokens);
-  float* k_row(int64_t pos) { return k_[pos / kKvChunkTokens].get() + (pos % kKvChunkTokens) * row_floats(); }
-  float* v_row(int64_t pos) { return v_[pos / kKvChunkTokens].get() + (pos % kKvChunkTokens) * row_floats(); }
+  KvStore(Backend& be, int64_t n_kv_heads, int64_t head_dim) : be_(&be), n_kv_heads_(n_kv_heads), head_dim_(head_dim) {}
+  Status reserve(int64_t n_tokens);
+  float* k_row(int64_t pos) { return k_[pos / kKvChunkTokens].data() + (pos % kKvChunkTokens) * row_floats(); }
+  float* v_row(int64_t pos) { return v_[pos / kKvChunkTokens].data() + (pos % kKvChunkTokens) * row_floats(); }
   cpu::KvView view(int64_t n_tokens);
   // Frees chunks past what n_tokens needs.
   void shrink(int64_t n_tokens);
@@ -29,8 +30,9 @@ class KvStore {
   uint64_t bytes() const { return 2 * k_.size() * kKvChunkTokens * row_floats() * sizeof(float); }
 
  private:
+  Backend* be_;
   int64_t n_kv_heads_, head_dim_;
-  std::vector<std::unique_ptr<float[]>> k_, v_;
+  std::vector<Buffer> k_, v_;  // chunks, in the backend's memory
   std::vector<const float*> k_ptrs_, v_ptrs_;
 };
 
@@ -54,8 +56,9 @@ struct Snapshot {
 
 class SequenceState : public LayerStateAccess {
  public:
-  // State for layers [layer_begin, layer_end) of `spec` (a shard's range; the whole model by default).
-  explicit SequenceState(const ModelSpec& spec, int64_t layer_begin = 0, int64_t layer_end = -1);
+  // State for layers [layer_begin, layer_end) of `spec` (a shard's range; the whole model by default), in
+  // the memory of backend `be` (which must outlive the state).
+  SequenceState(const ModelSpec& spec, Backend& be, int64_t layer_begin = 0, int64_t layer_end = -1);
 
   int64_t n_past() const { return n_past_; }
   // Attention rollback is a crop: positions >= n are forgotten. (Recurrent state is not rolled back here.)
@@ -70,7 +73,7 @@ class SequenceState : public LayerStateAccess {
   // Called before a step run with capture_recurrent (the Runner does): remembers where it starts.
   void begin_captured_step(int64_t n);
 
-  Snapshot export_snapshot() const;
+  Result<Snapshot> export_snapshot() const;
   // Replaces the state with the snapshot's; every tensor must be present with this model's shapes.
   Status import_snapshot(const Snapshot& snap);
 
@@ -81,6 +84,8 @@ class SequenceState : public LayerStateAccess {
   cpu::KvView kv_view(int64_t layer, int64_t n_total) override { return kv(layer).view(n_total); }
   float* conv_state(int64_t layer) override { return conv_[slot(layer)].data(); }
   float* ssm_state(int64_t layer) override { return ssm_[slot(layer)].data(); }
+  // Allocation failures in the constructor or the capture buffers (checked before a step).
+  const Status& status() const { return status_; }
   float* ssm_capture(int64_t layer, int64_t n) override;
   float* conv_capture(int64_t layer, int64_t n) override;
 
@@ -89,13 +94,15 @@ class SequenceState : public LayerStateAccess {
   size_t slot(int64_t layer) const { return static_cast<size_t>(layer - layer_begin_); }
 
   ModelSpec spec_;
+  Backend* be_;
+  Status status_;
   int64_t layer_begin_, layer_end_;
   int64_t n_past_ = 0;
   std::vector<std::unique_ptr<KvStore>> kv_;  // per layer in range; null for recurrent layers
-  std::vector<std::vector<float>> conv_;      // per layer; empty for attention layers
-  std::vector<std::vector<float>> ssm_;
-  std::vector<std::vector<float>> ssm_capture_;   // per layer: [n, Hv, dv, dk] of the last captured step
-  std::vector<std::vector<float>> conv_capture_;  // per layer: [(K-1) + n, conv_dim]
+  std::vector<Buffer> conv_;          // per layer [K-1, conv_dim]; empty for attention layers
+  std::vector<Buffer> ssm_;           // per layer [Hv, dv, dk]
+  std::vector<Buffer> ssm_capture_;   // per layer: [n, Hv, dv, dk] of the last captured step
+  std::vector<Buffer> conv_capture_;  // per layer: [(K-1) + n, conv_dim]
   int64_t capture_base_ = -1, capture_n_ = 0;     // the captured step: first position and token count
 };
 

@@ -75,6 +75,9 @@ cmd_run() {
     nvidia-smi >"$logs/nvidia-smi.txt" 2>&1 || true
   fi
   [[ -f "$bundle/BUILD_INFO" ]] && cp "$bundle/BUILD_INFO" "$logs/"
+  # Tests find fixtures relative to the tree they run in, and scratch space under the bundle.
+  export DFLASH_SOURCE_DIR="$root" DFLASH_BINARY_DIR="$bundle/scratch"
+  mkdir -p "$DFLASH_BINARY_DIR"
   local passed=0 failed=0 skipped=0 broken=()
   for exe in "$bundle"/bin/test_*; do
     local name libpath

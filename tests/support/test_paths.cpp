@@ -2,12 +2,21 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 
 namespace dflash::test {
 
-std::string source_dir() { return DFLASH_SOURCE_DIR; }
-std::string binary_dir() { return DFLASH_BINARY_DIR; }
+// The compiled-in paths, unless the environment moves them (tests built here and run on the GPU machine,
+// where the tree lives elsewhere: tests/gpu/run_gpu_tests.sh sets both).
+std::string source_dir() {
+  const char* e = std::getenv("DFLASH_SOURCE_DIR");
+  return e && *e ? e : DFLASH_SOURCE_DIR;
+}
+std::string binary_dir() {
+  const char* e = std::getenv("DFLASH_BINARY_DIR");
+  return e && *e ? e : DFLASH_BINARY_DIR;
+}
 
 std::string fixture_path(const std::string& rel) { return source_dir() + "/tests/fixtures/" + rel; }
 

@@ -55,11 +55,6 @@ __global__ void gather_rows_kernel(const float* x, int64_t dim, const int64_t* r
     out[i] = x[rows[i / dim] * dim + i % dim];
 }
 
-__global__ void mul_inplace_kernel(float* y, const float* x, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = __fmul_rn(y[i], x[i]);
-}
-
 }  // namespace
 
 cudaError_t slice_columns(const float* src, int64_t rows, int64_t src_width, int64_t offset, int64_t width, float* dst,
@@ -91,13 +86,6 @@ cudaError_t gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_
   if (m < 0 || dim < 0) return cudaErrorInvalidValue;
   if (m * dim == 0) return cudaSuccess;
   gather_rows_kernel<<<grid_for(m * dim), kThreads, 0, stream>>>(x, dim, rows, m, out);
-  return cudaGetLastError();
-}
-
-cudaError_t mul_inplace(float* y, const float* x, int64_t n, cudaStream_t stream) {
-  if (n < 0) return cudaErrorInvalidValue;
-  if (n == 0) return cudaSuccess;
-  mul_inplace_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, x, n);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,5 @@
 // Device kernels for the elementwise glue of the layer kinds (the CUDA side of Backend's slice_columns,
-// l2_norm_rows, deltanet_gates, gather_rows, mul_inplace); semantics as CpuBackend's in ops/cpu/cpu_backend.cpp.
+// l2_norm_rows, deltanet_gates, gather_rows); semantics as CpuBackend's in ops/cpu/cpu_backend.cpp.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,7 +19,5 @@ cudaError_t deltanet_gates(float* alpha_to_decay, float* beta, const float* dt_b
 // out[r, :] = x[rows[r], :]; `rows` is a device array of m indices.
 cudaError_t gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t m, float* out,
                         cudaStream_t stream = nullptr);
-// y[i] *= x[i]
-cudaError_t mul_inplace(float* y, const float* x, int64_t n, cudaStream_t stream = nullptr);
 
 }  // namespace dflash::cuda

@@ -59,7 +59,7 @@ TEST(RandomModel, WritesLlamaCppsTypeMixAndRunsInTheEngine) {
   ASSERT_TRUE(weights.ok()) << weights.status().to_string();
   EXPECT_EQ(weights->spec().n_layers, 8);
   Runner runner(*weights, 2);
-  SequenceState state(weights->spec());
+  SequenceState state(weights->spec(), runner.backend());
   std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7};
   auto logits = runner.prefill(state, prompt);
   ASSERT_TRUE(logits.ok()) << logits.status().to_string();

@@ -85,7 +85,7 @@ TEST_P(LlamaAgreement, top5_ids_and_probabilities_agree) {
   size_t row = 0;
   for (const auto& prompt : prompts) {
     row += prompt.size();
-    SequenceState state(w->spec());
+    SequenceState state(w->spec(), runner.backend());
     auto ours = runner.prefill(state, prompt);
     ASSERT_TRUE(ours.ok()) << ours.status().to_string();
     auto p_ours = softmax(ours->data(), V);

@@ -89,7 +89,7 @@ class ModelReference : public ::testing::TestWithParam<std::tuple<std::string, b
 TEST_P(ModelReference, logits_of_every_position_match_transformers) {
   const int64_t V = weights_->spec().vocab;
   for (size_t k = 0; k < ref_.prompts.size(); ++k) {
-    SequenceState state(weights_->spec());
+    SequenceState state(weights_->spec(), runner_->backend());
     Step step;
     step.tokens = ref_.prompts[k];
     step.all_logits = true;
@@ -116,7 +116,7 @@ TEST_P(ModelReference, logits_of_every_position_match_transformers) {
 TEST_P(ModelReference, greedy_continuations_match_transformers) {
   const int64_t V = weights_->spec().vocab;
   for (size_t k = 0; k < ref_.prompts.size(); ++k) {
-    SequenceState state(weights_->spec());
+    SequenceState state(weights_->spec(), runner_->backend());
     auto logits = runner_->prefill(state, ref_.prompts[k]);
     ASSERT_TRUE(logits.ok()) << logits.status().to_string();
     std::vector<int32_t> got;
@@ -136,13 +136,13 @@ TEST_P(ModelReference, greedy_continuations_match_transformers) {
 TEST_P(ModelReference, incremental_decode_equals_full_recompute) {
   const int64_t V = weights_->spec().vocab;
   const auto& prompt = ref_.prompts[1];  // ~50 tokens
-  SequenceState full_state(weights_->spec());
+  SequenceState full_state(weights_->spec(), runner_->backend());
   Step full;
   full.tokens = prompt;
   full.all_logits = true;
   auto all = runner_->forward(full_state, full);
   ASSERT_TRUE(all.ok());
-  SequenceState inc(weights_->spec());
+  SequenceState inc(weights_->spec(), runner_->backend());
   const size_t split = prompt.size() - 10;
   ASSERT_TRUE(runner_->prefill(inc, std::span<const int32_t>(prompt).first(split)).ok());
   for (size_t i = split; i < prompt.size(); ++i) {
@@ -157,10 +157,12 @@ TEST_P(ModelReference, incremental_decode_equals_full_recompute) {
 TEST_P(ModelReference, exported_then_imported_state_continues_exactly) {
   const int64_t V = weights_->spec().vocab;
   const auto& prompt = ref_.prompts[1];
-  SequenceState a(weights_->spec());
+  SequenceState a(weights_->spec(), runner_->backend());
   ASSERT_TRUE(runner_->prefill(a, prompt).ok());
-  Snapshot snap = a.export_snapshot();
-  SequenceState b(weights_->spec());
+  auto exported = a.export_snapshot();
+  ASSERT_TRUE(exported.ok());
+  Snapshot snap = *exported;
+  SequenceState b(weights_->spec(), runner_->backend());
   ASSERT_TRUE(b.import_snapshot(snap).ok());
   EXPECT_EQ(b.n_past(), a.n_past());
   std::vector<int32_t> next = {ref_.greedy[1][0], ref_.greedy[1][1], ref_.greedy[1][2]};
@@ -175,7 +177,7 @@ TEST_P(ModelReference, exported_then_imported_state_continues_exactly) {
   // A snapshot of another shape is refused and leaves the state untouched.
   Snapshot bad = snap;
   bad.tensors.front().shape.back() += 1;
-  SequenceState c(weights_->spec());
+  SequenceState c(weights_->spec(), runner_->backend());
   EXPECT_FALSE(c.import_snapshot(bad).ok());
   EXPECT_EQ(c.n_past(), 0);
 }
@@ -202,7 +204,7 @@ TEST_P(ModelReference, rollback_of_a_captured_step_equals_never_having_run_the_r
   const auto& prompt = ref_.prompts[1];
   const std::vector<int32_t> block = {ref_.greedy[1][0], 7, 8, 9, 10, 11};
   for (int64_t keep : {1, 3, 6}) {
-    SequenceState a(weights_->spec()), b(weights_->spec());
+    SequenceState a(weights_->spec(), runner_->backend()), b(weights_->spec(), runner_->backend());
     ASSERT_TRUE(runner_->prefill(a, prompt).ok());
     ASSERT_TRUE(runner_->prefill(b, prompt).ok());
     Step verify;
@@ -224,7 +226,7 @@ TEST_P(ModelReference, rollback_of_a_captured_step_equals_never_having_run_the_r
     ASSERT_TRUE(oa.ok() && ob.ok());
     EXPECT_EQ(std::memcmp(oa->logits.data(), ob->logits.data(), sizeof(float) * V), 0) << "keep " << keep;
   }
-  SequenceState c(weights_->spec());
+  SequenceState c(weights_->spec(), runner_->backend());
   EXPECT_FALSE(c.rollback_captured(1).ok());  // nothing captured
 }
 
@@ -243,7 +245,7 @@ TEST_P(ModelReference, captured_layer_outputs_match_transformers_hidden_states) 
   const int64_t L = weights_->spec().n_layers, H = weights_->spec().hidden;
   std::vector<int64_t> layers;
   for (int64_t l = 0; l + 1 < L; ++l) layers.push_back(l);
-  SequenceState state(weights_->spec());
+  SequenceState state(weights_->spec(), runner_->backend());
   Step step;
   step.tokens = ref_.prompts[1];
   step.capture_layers = layers;

@@ -73,7 +73,7 @@ TEST_F(CudaGlue, slice_columns_and_gather_rows_copy_exactly) {
   EXPECT_EQ(d_g.get(), gw);
 }
 
-TEST_F(CudaGlue, l2_norm_rows_is_bit_identical_and_mul_is_exact) {
+TEST_F(CudaGlue, l2_norm_rows_is_bit_identical) {
   for (int64_t dim : {16, 128, 129}) {
     const int64_t rows = 75;
     auto x = normal(rows * dim, 3.0f);
@@ -85,13 +85,6 @@ TEST_F(CudaGlue, l2_norm_rows_is_bit_identical_and_mul_is_exact) {
     auto got = d.get();
     ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << "dim " << dim << " seed " << seed_;
   }
-  auto y = normal(1000), x = normal(1000);
-  Dev<float> dy(y.size()), dx(x.size());
-  dy.put(y);
-  dx.put(x);
-  ASSERT_EQ(cuda::mul_inplace(dy.p, dx.p, 1000), cudaSuccess);
-  ASSERT_TRUE(cpu_.mul_inplace(y.data(), x.data(), 1000).ok());
-  EXPECT_EQ(dy.get(), y);
 }
 
 TEST_F(CudaGlue, deltanet_gates_match_within_libm_ulps) {

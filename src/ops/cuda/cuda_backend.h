@@ -1,0 +1,71 @@
+// CudaBackend: the Backend interface on one CUDA device, with the ops/cuda kernels. Buffers and weights
+// live in device memory; host-side index arrays (positions, parents, KV chunk tables) are staged into
+// device scratch on the backend's stream, in stream order.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "ops/backend.h"
+
+namespace dflash {
+
+class CudaBackend final : public Backend {
+ public:
+  // Uses device `device` (cudaSetDevice) and its default stream.
+  static Result<std::unique_ptr<CudaBackend>> create(int device = 0);
+  ~CudaBackend() override;
+
+  const char* name() const override { return "cuda"; }
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  // Waits for the stream; returns the first asynchronous error, if any.
+  Status synchronize();
+
+  Result<Buffer> alloc(int64_t n_floats) override;
+  void release(float* data) override;
+  Status upload(float* dst, const float* src, int64_t n) override;
+  Status download(float* dst, const float* src, int64_t n) override;
+  Status copy(float* dst, const float* src, int64_t n) override;
+
+  Status matmul(const cpu::WeightView& w, const float* x, int64_t n, float* y) override;
+  Status embedding(const cpu::WeightView& table, std::span<const int32_t> ids, float* out) override;
+  Status rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* y) override;
+  Status rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
+                   std::span<const int32_t> positions, double theta, double freq_scale) override;
+  Status attention(const float* q, int64_t n_q, int64_t n_heads, const cpu::KvView& kv, const cpu::AttentionMask& mask,
+                   float scale, float* out) override;
+  Status gated_delta_net(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t n,
+                         const cpu::DeltaNetShape& s, float* state, float* out, float* per_token_states,
+                         std::span<const int32_t> parents, bool chunked) override;
+  Status causal_conv1d_silu(const float* x, int64_t n, int64_t channels, const float* w, int64_t kernel,
+                            float* conv_state, float* out, std::span<const int32_t> parents) override;
+  Status add_inplace(float* y, const float* x, int64_t n) override;
+  Status mul_inplace(float* y, const float* x, int64_t n) override;
+  Status silu_inplace(float* x, int64_t n) override;
+  Status sigmoid_inplace(float* x, int64_t n) override;
+  Status swiglu(const float* gate, const float* up, float* out, int64_t n) override;
+  Status slice_columns(const float* src, int64_t rows, int64_t src_width, int64_t offset, int64_t width,
+                       float* dst) override;
+  Status l2_norm_rows(float* x, int64_t rows, int64_t dim, float eps, float scale) override;
+  Status deltanet_gates(float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a, int64_t n,
+                        int64_t n_heads) override;
+  Status gather_rows(const float* x, int64_t dim, std::span<const int64_t> rows, float* out) override;
+
+ private:
+  CudaBackend() = default;
+  // Device scratch that grows as needed; `stage` copies host bytes into a slot of it.
+  struct Scratch {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+  Result<void*> reserve(Scratch& s, size_t bytes);
+  Result<const void*> stage(Scratch& s, const void* host, size_t bytes);
+
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  Scratch positions_, parents_, chunk_table_, rows_, workspace_;
+};
+
+}  // namespace dflash
