@@ -14,6 +14,7 @@
 
 #include "base/log.h"
 #include "cli/commands.h"
+#include "cli/model_loader.h"
 #include "decode/runner.h"
 #include "model/random_model.h"
 #include "model/weights.h"
@@ -34,6 +35,7 @@ struct BenchOptions {
   int64_t prompt_len = 512;
   int64_t gen_len = 64;
   int threads = 0;
+  std::string device = "cpu";
   bool json = false;
 };
 
@@ -77,6 +79,22 @@ double measure_host_bandwidth(ThreadPool& pool) {
   return best;
 }
 
+// Device copy rate (bytes read + written per second) of a 1 GiB copy on the backend, best of 5.
+Result<double> measure_device_bandwidth(Backend& be) {
+  const int64_t n = int64_t{128} << 20;  // floats
+  DF_ASSIGN_OR_RETURN(Buffer a, be.alloc(n));
+  DF_ASSIGN_OR_RETURN(Buffer b, be.alloc(n));
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    DF_RETURN_IF_ERROR(be.synchronize());
+    const double t0 = now_s();
+    DF_RETURN_IF_ERROR(be.copy(b.data(), a.data(), n));
+    DF_RETURN_IF_ERROR(be.synchronize());
+    best = std::max(best, 2.0 * 4.0 * n / (now_s() - t0));
+  }
+  return best;
+}
+
 // Bytes a decode step must move: every weight once (the embedding table only one row unless it is also
 // the head), KV of the attention layers at context `ctx`, and the DeltaNet states read and written.
 double decode_bytes(const Weights& w, double ctx) {
@@ -93,13 +111,16 @@ double decode_bytes(const Weights& w, double ctx) {
 
 Status run_bench(const BenchOptions& opt) {
   if (opt.prompt_len < 1 || opt.gen_len < 1) return invalid_argument("--prompt-len and --gen-len must be >= 1");
-  DF_ASSIGN_OR_RETURN(Weights weights, Weights::load(opt.model, opt.threads));
+  DF_ASSIGN_OR_RETURN(LoadedModel model, load_model(opt.model, opt.device, opt.threads));
+  const Weights& weights = model.weights();
   const ModelSpec& s = weights.spec();
   if (s.max_context > 0 && opt.prompt_len + opt.gen_len > s.max_context)
     return invalid_argument("{} + {} tokens exceed the model's context of {}", opt.prompt_len, opt.gen_len, s.max_context);
-  Runner runner(weights, opt.threads);
+  Runner& runner = *model.runner;
   ThreadPool copy_pool(opt.threads);
-  const double bandwidth = measure_host_bandwidth(copy_pool);
+  const bool on_cpu = model.device_name == "cpu";
+  DF_ASSIGN_OR_RETURN(const double bandwidth,
+                      on_cpu ? Result<double>(measure_host_bandwidth(copy_pool)) : measure_device_bandwidth(runner.backend()));
 
   // Prompt ids: a fixed pseudo-random sequence (speed does not depend on the text).
   std::vector<int32_t> prompt(static_cast<size_t>(opt.prompt_len));
@@ -128,7 +149,7 @@ Status run_bench(const BenchOptions& opt) {
   const double prefill_tps = opt.prompt_len / prefill_s, decode_tps = opt.gen_len / decode_s;
   const double bytes = decode_bytes(weights, opt.prompt_len + opt.gen_len / 2.0);
   const double decode_ceiling = bandwidth / bytes;
-  nlohmann::json j = {{"backend", "cpu"},
+  nlohmann::json j = {{"backend", model.device_name},
                       {"threads", copy_pool.size()},
                       {"model", s.summary()},
                       {"weights_mib", weights.bytes() / 1048576.0},
@@ -146,12 +167,12 @@ Status run_bench(const BenchOptions& opt) {
     std::printf("%s\n", j.dump(2).c_str());
     return Status();
   }
-  std::printf("dflash bench (cpu, %d threads): %s, %.1f MiB of weights\n", copy_pool.size(), s.summary().c_str(),
-              weights.bytes() / 1048576.0);
+  std::printf("dflash bench (%s, %d cpu threads): %s, %.1f MiB of weights\n", model.device_name.c_str(),
+              copy_pool.size(), s.summary().c_str(), weights.bytes() / 1048576.0);
   std::printf("  %-8s %12s %22s %8s\n", "", "measured", "ceiling", "ratio");
   std::printf("  %-8s %8.1f tok/s %14s %8s   (%lld tokens, TTFT %.1f ms)\n", "prefill", prefill_tps, "n/a on cpu", "",
               static_cast<long long>(opt.prompt_len), ttft_s * 1e3);
-  std::printf("  %-8s %8.2f tok/s %8.2f tok/s      %6.2f   (%.1f MB/token at %.2f GB/s host copy rate)\n", "decode",
+  std::printf("  %-8s %8.2f tok/s %8.2f tok/s      %6.2f   (%.1f MB/token at %.2f GB/s copy rate)\n", "decode",
               decode_tps, decode_ceiling, decode_tps / decode_ceiling, bytes / 1e6, bandwidth / 1e9);
   std::printf("  peak RSS %.1f MiB\n", ru.ru_maxrss / 1024.0);
   return Status();
@@ -174,6 +195,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--prompt-len", opt->prompt_len, "Prompt tokens")->capture_default_str();
   cmd->add_option("--gen-len", opt->gen_len, "Generated tokens")->capture_default_str();
   cmd->add_option("--threads,-t", opt->threads, "CPU threads (default: all cores)");
+  cmd->add_option("--device", opt->device, "cpu or cuda:N")->capture_default_str();
   cmd->add_flag("--json", opt->json, "Machine-readable output");
   cmd->callback([opt, &exit_code] {
     Status st;

@@ -9,6 +9,7 @@
 
 #include "base/file_io.h"
 #include "cli/commands.h"
+#include "cli/model_loader.h"
 #include "decode/runner.h"
 #include "model/weights.h"
 #include "state/sequence_state.h"
@@ -22,6 +23,7 @@ struct LogitsOptions {
   std::string out;
   bool all = false;
   int threads = 0;
+  std::string device = "cpu";
 };
 
 Result<std::vector<int32_t>> parse_ids(const std::string& text) {
@@ -45,8 +47,9 @@ Result<std::vector<int32_t>> parse_ids(const std::string& text) {
 
 Status run_logits(const LogitsOptions& opt) {
   DF_ASSIGN_OR_RETURN(std::vector<int32_t> ids, parse_ids(opt.tokens));
-  DF_ASSIGN_OR_RETURN(Weights weights, Weights::load(opt.model, opt.threads));
-  Runner runner(weights, opt.threads);
+  DF_ASSIGN_OR_RETURN(LoadedModel model, load_model(opt.model, opt.device, opt.threads));
+  const Weights& weights = model.weights();
+  Runner& runner = *model.runner;
   SequenceState state(weights.spec(), runner.backend());
   Step step;
   step.tokens = ids;
@@ -90,6 +93,7 @@ void add_logits_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--out,-o", opt->out, "Output file (raw little-endian float32 [rows, vocab])")->required();
   cmd->add_flag("--all", opt->all, "Logits of every position (default: the last)");
   cmd->add_option("--threads,-t", opt->threads, "CPU threads (default: all cores)");
+  cmd->add_option("--device", opt->device, "cpu or cuda:N")->capture_default_str();
   cmd->callback([opt, &exit_code] {
     Status st = run_logits(*opt);
     exit_code = st.ok() ? 0 : report(st);

@@ -8,6 +8,7 @@
 
 #include "base/file_io.h"
 #include "cli/commands.h"
+#include "cli/model_loader.h"
 #include "decode/runner.h"
 #include "decode/sampler.h"
 #include "model/weights.h"
@@ -28,6 +29,7 @@ struct RunOptions {
   bool think = false;
   int64_t n_predict = 128;
   int threads = 0;
+  std::string device = "cpu";
   SamplingParams sampling;
   uint64_t seed = 0;
   bool seed_set = false;
@@ -59,12 +61,13 @@ Status run_generate(RunOptions opt) {
   if (ids.empty()) return invalid_argument("the prompt is empty");
 
   auto t_load = std::chrono::steady_clock::now();
-  DF_ASSIGN_OR_RETURN(Weights weights, Weights::load(opt.model, opt.threads));
+  DF_ASSIGN_OR_RETURN(LoadedModel model, load_model(opt.model, opt.device, opt.threads));
+  const Weights& weights = model.weights();
+  Runner& runner = *model.runner;
   if (tok.size() > weights.spec().vocab)
     return invalid_argument("the tokenizer has {} tokens but the model only {}", tok.size(), weights.spec().vocab);
-  std::fprintf(stderr, "model: %s (%.1f MiB) loaded in %.2f s\n", weights.spec().summary().c_str(),
-               weights.bytes() / 1048576.0, seconds_since(t_load));
-  Runner runner(weights, opt.threads);
+  std::fprintf(stderr, "model: %s (%.1f MiB) loaded on %s in %.2f s\n", weights.spec().summary().c_str(),
+               weights.bytes() / 1048576.0, model.device_name.c_str(), seconds_since(t_load));
   SequenceState state(weights.spec(), runner.backend());
   DF_ASSIGN_OR_RETURN(Sampler sampler, Sampler::create(opt.sampling));
   const std::vector<int32_t> stop = tok.vocab().end_of_generation_ids();
@@ -128,6 +131,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--repeat-last-n", opt->sampling.penalty_last_n, "Penalty window (-1 = all)")->capture_default_str();
   auto* seed = cmd->add_option("--seed", opt->seed, "RNG seed (default: random, printed on stderr)");
   cmd->add_option("--threads,-t", opt->threads, "CPU threads (default: all cores)");
+  cmd->add_option("--device", opt->device, "cpu or cuda:N")->capture_default_str();
   cmd->callback([opt, seed, &exit_code] {
     RunOptions o = *opt;
     o.seed_set = seed->count() > 0;

@@ -51,6 +51,8 @@ class Backend {
   virtual Status upload(float* dst, const float* host_src, int64_t n) = 0;
   virtual Status download(float* host_dst, const float* src, int64_t n) = 0;
   virtual Status copy(float* dst, const float* src, int64_t n) = 0;
+  // Waits until all work queued on the backend is done (a no-op on the CPU).
+  virtual Status synchronize() { return Status(); }
 
   // ---- the ops of ops/cpu/ops.h, same semantics
   virtual Status matmul(const cpu::WeightView& w, const float* x, int64_t n, float* y) = 0;

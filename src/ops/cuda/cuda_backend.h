@@ -21,7 +21,7 @@ class CudaBackend final : public Backend {
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
   // Waits for the stream; returns the first asynchronous error, if any.
-  Status synchronize();
+  Status synchronize() override;
 
   Result<Buffer> alloc(int64_t n_floats) override;
   void release(float* data) override;

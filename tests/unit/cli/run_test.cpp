@@ -91,3 +91,24 @@ TEST(Run, ImpossibleParametersAreClearErrors) {
 
 }  // namespace
 }  // namespace dflash
+
+namespace dflash {
+namespace {
+
+TEST(Run, DeviceFlagIsValidated) {
+  const std::string model = test::fixture_path("models/tiny-qwen3");
+  auto r = test::run_command(test::shell_quote(DFLASH_BIN) + " run -m " + test::shell_quote(model) +
+                             " -p hi -n 2 --device tpu:0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--device"), std::string::npos) << r.err;
+  r = test::run_command(test::shell_quote(DFLASH_BIN) + " run -m " + test::shell_quote(model) +
+                        " -p hi -n 2 --device cuda:x");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("device index"), std::string::npos) << r.err;
+  r = test::run_command(test::shell_quote(DFLASH_BIN) + " run -m " + test::shell_quote(model) +
+                        " -p hi -n 2 --device cpu");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+}  // namespace
+}  // namespace dflash

@@ -1,0 +1,28 @@
+// Loads a model for a subcommand onto the device the user named (--device cpu | cuda:N): the weights,
+// the backend they live in, and a Runner over them. One place, used by run, logits and bench.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "base/status.h"
+#include "decode/runner.h"
+#include "model/weights.h"
+#include "ops/backend.h"
+
+namespace dflash::cli {
+
+struct LoadedModel {
+  std::unique_ptr<Backend> backend;  // declared first: weights and runner release memory through it
+  std::unique_ptr<Weights> host;     // as read from the file
+  std::unique_ptr<Weights> device;   // copied to the device backend (null on the CPU)
+  std::unique_ptr<Runner> runner;
+  const Weights& weights() const { return device ? *device : *host; }
+  std::string device_name;
+};
+
+// `device`: "cpu" (default) or "cuda:N" (when this build has CUDA).
+Result<LoadedModel> load_model(const std::string& path, const std::string& device, int threads);
+
+}  // namespace dflash::cli
