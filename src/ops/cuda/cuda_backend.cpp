@@ -35,8 +35,20 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device) {
 }
 
 CudaBackend::~CudaBackend() {
+  trim();
   for (Scratch* s : {&positions_, &parents_, &chunk_table_, &rows_, &workspace_})
     if (s->ptr) cudaFree(s->ptr);
+}
+
+void CudaBackend::trim() {
+  cudaStreamSynchronize(stream_);
+  for (auto& [n, list] : free_)
+    for (float* p : list) {
+      sizes_.erase(p);
+      cudaFree(p);
+    }
+  free_.clear();
+  cached_bytes_ = 0;
 }
 
 Status CudaBackend::synchronize() { return check(cudaStreamSynchronize(stream_), "CUDA stream"); }
@@ -65,20 +77,39 @@ Result<const void*> CudaBackend::stage(Scratch& s, const void* host, size_t byte
 
 Result<Buffer> CudaBackend::alloc(int64_t n_floats) {
   if (n_floats < 0) return invalid_argument("negative buffer size {}", n_floats);
+  const int64_t n = std::max<int64_t>(n_floats, 1);
+  if (auto it = free_.find(n); it != free_.end() && !it->second.empty()) {
+    float* p = it->second.back();
+    it->second.pop_back();
+    cached_bytes_ -= static_cast<uint64_t>(n) * sizeof(float);
+    return Buffer(this, p, n_floats);
+  }
   float* p = nullptr;
-  cudaError_t err = cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(n_floats, 1)) * sizeof(float));
+  cudaError_t err = cudaMalloc(&p, static_cast<size_t>(n) * sizeof(float));
+  if (err != cudaSuccess && !free_.empty()) {  // out of memory: give the cache back and try once more
+    cudaGetLastError();
+    trim();
+    err = cudaMalloc(&p, static_cast<size_t>(n) * sizeof(float));
+  }
   if (err != cudaSuccess) {
     cudaGetLastError();
     return Status(ErrorCode::kOutOfMemory,
                   fmt::format("cannot allocate {} MiB on cuda:{}: {}", n_floats * 4.0 / 1048576.0, device_,
                               cudaGetErrorString(err)));
   }
+  sizes_[p] = n;
   return Buffer(this, p, n_floats);
 }
 
 void CudaBackend::release(float* data) {
-  cudaStreamSynchronize(stream_);
-  cudaFree(data);
+  auto it = sizes_.find(data);
+  if (it == sizes_.end()) {  // not ours: should not happen; free it the safe way
+    cudaStreamSynchronize(stream_);
+    cudaFree(data);
+    return;
+  }
+  free_[it->second].push_back(data);
+  cached_bytes_ += static_cast<uint64_t>(it->second) * sizeof(float);
 }
 
 Status CudaBackend::upload(float* dst, const float* src, int64_t n) {

@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <unordered_map>
+#include <vector>
 
 #include "ops/backend.h"
 
@@ -20,6 +22,8 @@ class CudaBackend final : public Backend {
   const char* name() const override { return "cuda"; }
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
+  // Returns cached free buffers to the device (after waiting for the stream).
+  void trim();
   // Waits for the stream; returns the first asynchronous error, if any.
   Status synchronize() override;
 
@@ -65,6 +69,12 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
+  // Freed buffers by size, reused by later allocations of the same size. All work runs on one stream, so
+  // a buffer freed after queued kernels and handed to a later op is only touched in stream order; no
+  // synchronization (cudaFree would synchronize the device on every op of every step).
+  std::unordered_map<int64_t, std::vector<float*>> free_;
+  std::unordered_map<float*, int64_t> sizes_;
+  uint64_t cached_bytes_ = 0;
   Scratch positions_, parents_, chunk_table_, rows_, workspace_;
 };
 
