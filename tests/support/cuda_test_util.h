@@ -66,4 +66,21 @@ class DevArray {
   cudaError_t err_ = cudaSuccess;
 };
 
+// Untyped device memory freed on scope exit; error() says whether cudaMalloc succeeded.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) { err_ = cudaMalloc(&ptr_, bytes == 0 ? 1 : bytes); }
+  ~DeviceBuffer() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  uint8_t* get() const { return static_cast<uint8_t*>(ptr_); }
+  cudaError_t error() const { return err_; }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaError_t err_ = cudaSuccess;
+};
+
 }  // namespace dflash::test

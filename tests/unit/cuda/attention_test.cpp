@@ -33,12 +33,6 @@ constexpr uint32_t kNaN = 0x7fc00000u;
 constexpr int64_t kChunk = 64;
 
 
-#define ASSERT_CUDA_OK(expr)                                                              \
-  do {                                                                                    \
-    const cudaError_t cuda_err_ = (expr);                                                 \
-    ASSERT_EQ(cuda_err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(cuda_err_); \
-  } while (0)
-
 // Device allocations freed on scope exit.
 class Arena {
  public:
@@ -156,15 +150,15 @@ class AttentionTest : public ::testing::Test {
     float* dout = arena.alloc<float>(q.size());
     ASSERT_NE(dq, nullptr);
     ASSERT_NE(dout, nullptr);
-    ASSERT_CUDA_OK(cuda::fill_u32(reinterpret_cast<uint32_t*>(dout), q.size(), kNaN));
+    DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dout), q.size(), kNaN));
     const size_t ws_bytes = c.workspace ? cuda::attention_workspace_bytes(c.n_q, c.nh, dkv, dmask) : 0;
     void* ws = ws_bytes ? arena.alloc<uint8_t>(ws_bytes) : nullptr;
-    if (ws_bytes) ASSERT_CUDA_OK(cuda::fill_u32(static_cast<uint32_t*>(ws), ws_bytes / 4, kNaN));
+    if (ws_bytes) DF_ASSERT_CUDA(cuda::fill_u32(static_cast<uint32_t*>(ws), ws_bytes / 4, kNaN));
     const Status st = cuda::attention_checked(dq, c.n_q, c.nh, dkv, dmask, scale, dout, ws, ws_bytes);
     ASSERT_TRUE(st.ok()) << st.message();
-    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    DF_ASSERT_CUDA(cudaDeviceSynchronize());
     std::vector<float> got(q.size());
-    ASSERT_CUDA_OK(cudaMemcpy(got.data(), dout, sizeof(float) * got.size(), cudaMemcpyDeviceToHost));
+    DF_ASSERT_CUDA(cudaMemcpy(got.data(), dout, sizeof(float) * got.size(), cudaMemcpyDeviceToHost));
 
     int bad = 0;
     double worst = 0.0;
@@ -242,7 +236,7 @@ TEST_F(AttentionTest, NoKeysGivesZeros) {
   const auto q = normal(static_cast<size_t>(n_q * nh * hd));
   const float* dq = arena.upload(q);
   float* dout = arena.alloc<float>(q.size());
-  ASSERT_CUDA_OK(cuda::fill_u32(reinterpret_cast<uint32_t*>(dout), q.size(), kNaN));
+  DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dout), q.size(), kNaN));
   cuda::DeviceKvView kv;
   kv.n_tokens = 0;
   kv.n_kv_heads = 2;
@@ -250,7 +244,7 @@ TEST_F(AttentionTest, NoKeysGivesZeros) {
   cuda::DeviceAttnMask mask;
   ASSERT_TRUE(cuda::attention_checked(dq, n_q, nh, kv, mask, 0.1f, dout).ok());
   std::vector<float> got(q.size());
-  ASSERT_CUDA_OK(cudaMemcpy(got.data(), dout, sizeof(float) * got.size(), cudaMemcpyDeviceToHost));
+  DF_ASSERT_CUDA(cudaMemcpy(got.data(), dout, sizeof(float) * got.size(), cudaMemcpyDeviceToHost));
   for (float v : got) ASSERT_EQ(v, 0.0f);
 }
 

@@ -25,6 +25,7 @@
 #include "support/random_blocks.h"
 #include "support/cuda_test_util.h"
 #include "support/test_paths.h"
+#include "unit/ops/ops_test_util.h"
 #include "tensor/dtype.h"
 #include "tensor/half.h"
 #include "tensor/quant.h"
@@ -52,11 +53,6 @@ uint32_t poison_word(Out o) { return o == Out::kF32 ? kPoison32 : (uint32_t{kPoi
 constexpr int64_t kGuard = 37;
 
 
-uint32_t test_seed() {
-  if (const char* s = std::getenv("DFLASH_TEST_SEED")) return static_cast<uint32_t>(std::strtoul(s, nullptr, 10));
-  return std::random_device{}();
-}
-
 uint32_t elems_per_block(DType t) { return dtype_info(t)->block_elems; }
 uint64_t bytes_for(DType t, int64_t n) { return row_bytes(t, static_cast<uint64_t>(n)).value(); }
 
@@ -78,29 +74,6 @@ std::vector<uint8_t> random_source(DType t, uint64_t bytes, std::mt19937& rng, b
   test::randomize_block_scales(t, out.data(), out.size(), rng, nonfinite_scales);
   return out;
 }
-
-// Device memory freed on scope exit.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) { err_ = cudaMalloc(&ptr_, bytes == 0 ? 1 : bytes); }
-  ~DeviceBuffer() {
-    if (ptr_) cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  uint8_t* get() const { return static_cast<uint8_t*>(ptr_); }
-  cudaError_t error() const { return err_; }
-
- private:
-  void* ptr_ = nullptr;
-  cudaError_t err_ = cudaSuccess;
-};
-
-#define ASSERT_CUDA_OK(expr)                                                   \
-  do {                                                                         \
-    const cudaError_t cuda_err_ = (expr);                                      \
-    ASSERT_EQ(cuda_err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(cuda_err_); \
-  } while (0)
 
 // Runs the Status API on device pointers.
 Status dequantize_on_device(DType t, const void* src, void* dst, Out out, int64_t rows, int64_t cols) {
@@ -168,7 +141,7 @@ struct PoisonedOutput {
   Out out;
   int64_t offset, total;
   uint64_t words;
-  DeviceBuffer buffer;
+  test::DeviceBuffer buffer;
 };
 
 struct Case {
@@ -198,16 +171,16 @@ void check_against_cpu(const Case& c, const std::vector<uint8_t>& source) {
   for (int64_t r = 0; r < c.rows; ++r)
     ASSERT_TRUE(dequantize_row(c.type, source.data() + r * row_size, cpu.data() + r * c.cols, c.cols).ok());
 
-  DeviceBuffer src(source.size() + static_cast<size_t>(c.src_offset));
-  ASSERT_CUDA_OK(src.error());
-  ASSERT_CUDA_OK(cudaMemcpy(src.get() + c.src_offset, source.data(), source.size(), cudaMemcpyHostToDevice));
+  test::DeviceBuffer src(source.size() + static_cast<size_t>(c.src_offset));
+  DF_ASSERT_CUDA(src.error());
+  DF_ASSERT_CUDA(cudaMemcpy(src.get() + c.src_offset, source.data(), source.size(), cudaMemcpyHostToDevice));
   PoisonedOutput dst(c.out, n, c.dst_offset);
-  ASSERT_CUDA_OK(dst.buffer.error());
-  ASSERT_CUDA_OK(cuda::fill_u32(reinterpret_cast<uint32_t*>(dst.buffer.get()), dst.words, poison_word(c.out)));
+  DF_ASSERT_CUDA(dst.buffer.error());
+  DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dst.buffer.get()), dst.words, poison_word(c.out)));
 
   const Status st = dequantize_on_device(c.type, src.get() + c.src_offset, dst.dst(), c.out, c.rows, c.cols);
   ASSERT_TRUE(st.ok()) << st.to_string();
-  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  DF_ASSERT_CUDA(cudaDeviceSynchronize());
   const std::vector<uint32_t> got = dst.read();
   ASSERT_EQ(got.size(), static_cast<size_t>(dst.total));
 
@@ -248,7 +221,7 @@ class CudaDequantize : public testing::Test {
  protected:
   void SetUp() override {
     if (!test::cuda_device_present()) DF_SKIP_LOUDLY("no CUDA device");
-    seed_ = test_seed();
+    seed_ = test::fresh_seed();
     rng_.seed(seed_);
   }
   // For SCOPED_TRACE: how to reproduce a failure.
@@ -353,22 +326,22 @@ TEST_F(CudaDequantize, inf_and_nan_scales_give_nan_exactly_where_the_cpu_does) {
 
 // Runs a call that must fail on a poisoned buffer and checks nothing was written.
 void expect_nothing_written(const PoisonedOutput& dst) {
-  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  DF_ASSERT_CUDA(cudaDeviceSynchronize());
   const auto got = dst.read();
   ASSERT_EQ(got.size(), static_cast<size_t>(dst.total));
   for (int64_t i = 0; i < dst.total; ++i) ASSERT_EQ(got[i], dst.poison()) << "element " << i << " was written";
 }
 
 TEST_F(CudaDequantize, unsupported_type_is_an_error_and_writes_nothing) {
-  DeviceBuffer src(4096);
-  ASSERT_CUDA_OK(src.error());
-  ASSERT_CUDA_OK(cudaMemset(src.get(), 0x11, 4096));
+  test::DeviceBuffer src(4096);
+  DF_ASSERT_CUDA(src.error());
+  DF_ASSERT_CUDA(cudaMemset(src.get(), 0x11, 4096));
   for (DType t : {DType::kQ8_1, DType::kI8, DType::kI32, DType::kF64, static_cast<DType>(99u)})
     for (Out out : kOuts) {
       SCOPED_TRACE(std::string(dtype_name(t)) + " -> " + out_name(out));
       PoisonedOutput dst(out, 256, 0);
-      ASSERT_CUDA_OK(dst.buffer.error());
-      ASSERT_CUDA_OK(cuda::fill_u32(reinterpret_cast<uint32_t*>(dst.buffer.get()), dst.words, poison_word(out)));
+      DF_ASSERT_CUDA(dst.buffer.error());
+      DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dst.buffer.get()), dst.words, poison_word(out)));
       EXPECT_FALSE(cuda::dequantize_supported(t));
       EXPECT_EQ(dequantize_raw(t, src.get(), dst.dst(), out, 1, 256), cudaErrorInvalidValue);
       const Status st = dequantize_on_device(t, src.get(), dst.dst(), out, 1, 256);
@@ -379,9 +352,9 @@ TEST_F(CudaDequantize, unsupported_type_is_an_error_and_writes_nothing) {
 }
 
 TEST_F(CudaDequantize, bad_shapes_and_null_pointers_are_errors_and_write_nothing) {
-  DeviceBuffer src(1 << 16);
-  ASSERT_CUDA_OK(src.error());
-  ASSERT_CUDA_OK(cudaMemset(src.get(), 0, 1 << 16));
+  test::DeviceBuffer src(1 << 16);
+  DF_ASSERT_CUDA(src.error());
+  DF_ASSERT_CUDA(cudaMemset(src.get(), 0, 1 << 16));
   struct Bad {
     DType type;
     int64_t rows, cols;
@@ -404,8 +377,8 @@ TEST_F(CudaDequantize, bad_shapes_and_null_pointers_are_errors_and_write_nothing
       SCOPED_TRACE(std::string(dtype_name(b.type)) + " " + std::to_string(b.rows) + " x " + std::to_string(b.cols) +
                    " -> " + out_name(out));
       PoisonedOutput dst(out, 512, 0);
-      ASSERT_CUDA_OK(dst.buffer.error());
-      ASSERT_CUDA_OK(cuda::fill_u32(reinterpret_cast<uint32_t*>(dst.buffer.get()), dst.words, poison_word(out)));
+      DF_ASSERT_CUDA(dst.buffer.error());
+      DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dst.buffer.get()), dst.words, poison_word(out)));
       const void* s = b.null_src ? nullptr : src.get();
       EXPECT_EQ(dequantize_raw(b.type, s, dst.dst(), out, b.rows, b.cols), cudaErrorInvalidValue);
       const Status st = dequantize_on_device(b.type, s, dst.dst(), out, b.rows, b.cols);
@@ -421,12 +394,12 @@ TEST_F(CudaDequantize, bad_shapes_and_null_pointers_are_errors_and_write_nothing
 }
 
 TEST_F(CudaDequantize, empty_tensor_is_a_no_op) {
-  DeviceBuffer src(256);
-  ASSERT_CUDA_OK(src.error());
+  test::DeviceBuffer src(256);
+  DF_ASSERT_CUDA(src.error());
   for (Out out : kOuts) {
     PoisonedOutput dst(out, 64, 0);
-    ASSERT_CUDA_OK(dst.buffer.error());
-    ASSERT_CUDA_OK(cuda::fill_u32(reinterpret_cast<uint32_t*>(dst.buffer.get()), dst.words, poison_word(out)));
+    DF_ASSERT_CUDA(dst.buffer.error());
+    DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dst.buffer.get()), dst.words, poison_word(out)));
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{0, 256}, {5, 0}, {0, 0}}) {
       EXPECT_EQ(dequantize_raw(DType::kQ4_K, src.get(), dst.dst(), out, rows, cols), cudaSuccess);
       EXPECT_TRUE(dequantize_on_device(DType::kQ4_K, src.get(), dst.dst(), out, rows, cols).ok());

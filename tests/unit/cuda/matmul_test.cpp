@@ -26,6 +26,7 @@
 #include "support/random_blocks.h"
 #include "support/cuda_test_util.h"
 #include "support/test_paths.h"
+#include "unit/ops/ops_test_util.h"
 #include "tensor/dtype.h"
 #include "tensor/half.h"
 #include "tensor/quant.h"
@@ -43,33 +44,6 @@ constexpr double kGemvTol = 1e-5;          // of sum_k |x_k w_k|
 constexpr double kGemmTol = 2e-5;          // vs the CPU on bf16-rounded inputs
 constexpr double kBf16Tol = 1.0 / 128;     // vs the CPU on f32 inputs
 
-
-uint32_t test_seed() {
-  if (const char* s = std::getenv("DFLASH_TEST_SEED")) return static_cast<uint32_t>(std::strtoul(s, nullptr, 10));
-  return std::random_device{}();
-}
-
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) { err_ = cudaMalloc(&ptr_, bytes == 0 ? 1 : bytes); }
-  ~DeviceBuffer() {
-    if (ptr_) cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  uint8_t* get() const { return static_cast<uint8_t*>(ptr_); }
-  cudaError_t error() const { return err_; }
-
- private:
-  void* ptr_ = nullptr;
-  cudaError_t err_ = cudaSuccess;
-};
-
-#define ASSERT_CUDA_OK(expr)                                                               \
-  do {                                                                                     \
-    const cudaError_t cuda_err_ = (expr);                                                  \
-    ASSERT_EQ(cuda_err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(cuda_err_); \
-  } while (0)
 
 uint64_t bytes_for(DType t, int64_t cols) { return row_bytes(t, static_cast<uint64_t>(cols)).value(); }
 
@@ -123,7 +97,7 @@ class CudaMatmul : public testing::Test {
  protected:
   void SetUp() override {
     if (!test::cuda_device_present()) DF_SKIP_LOUDLY("no CUDA device");
-    seed_ = test_seed();
+    seed_ = test::fresh_seed();
     rng_.seed(seed_);
   }
   std::string seed_note() const {
@@ -132,7 +106,7 @@ class CudaMatmul : public testing::Test {
 
   // Runs the case on the device; returns y (n x rows) or an empty vector after a failure.
   std::vector<float> run_gpu(const Case& c, const std::vector<uint8_t>& w, const std::vector<float>& x) {
-    DeviceBuffer dw(w.size() + static_cast<size_t>(c.w_offset)), dx(x.size() * 4),
+    test::DeviceBuffer dw(w.size() + static_cast<size_t>(c.w_offset)), dx(x.size() * 4),
         dy(static_cast<size_t>(c.n * c.rows + kGuard) * 4);
     EXPECT_EQ(dw.error(), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(dw.get() + c.w_offset, w.data(), w.size(), cudaMemcpyHostToDevice), cudaSuccess);
@@ -287,8 +261,8 @@ TEST_F(CudaMatmul, gemv_token_alone_equals_token_in_a_batch_bit_for_bit) {
 }
 
 TEST_F(CudaMatmul, argument_errors_write_nothing) {
-  DeviceBuffer w(4096), x(4096), y(4096);
-  ASSERT_CUDA_OK(cuda::fill_u32(reinterpret_cast<uint32_t*>(y.get()), 1024, kPoison));
+  test::DeviceBuffer w(4096), x(4096), y(4096);
+  DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(y.get()), 1024, kPoison));
   const auto* xp = reinterpret_cast<const float*>(x.get());
   auto* yp = reinterpret_cast<float*>(y.get());
   EXPECT_FALSE(cuda::matmul(DType::kQ4_K, w.get(), 2, 100, xp, 1, yp).ok());  // not a block multiple
@@ -297,9 +271,9 @@ TEST_F(CudaMatmul, argument_errors_write_nothing) {
   EXPECT_FALSE(cuda::matmul(DType::kQ8_0, nullptr, 2, 32, xp, 1, yp).ok());
   EXPECT_EQ(cuda::gemv(DType::kQ8_0, w.get(), 2, 32, xp, 0, yp), cudaErrorInvalidValue);
   EXPECT_EQ(cuda::gemv(DType::kQ8_0, w.get(), 2, 32, xp, 1, yp, nullptr, 3), cudaErrorInvalidValue);
-  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  DF_ASSERT_CUDA(cudaDeviceSynchronize());
   std::vector<uint32_t> got(1024);
-  ASSERT_CUDA_OK(cudaMemcpy(got.data(), y.get(), 4096, cudaMemcpyDeviceToHost));
+  DF_ASSERT_CUDA(cudaMemcpy(got.data(), y.get(), 4096, cudaMemcpyDeviceToHost));
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], kPoison) << "element " << i << " was written";
 }
 

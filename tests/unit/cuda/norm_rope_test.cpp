@@ -29,12 +29,6 @@ namespace {
 constexpr uint32_t kNaN = 0x7fc00000u;
 
 
-#define ASSERT_CUDA_OK(expr)                                                              \
-  do {                                                                                    \
-    const cudaError_t cuda_err_ = (expr);                                                 \
-    ASSERT_EQ(cuda_err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(cuda_err_); \
-  } while (0)
-
 template <typename T>
 class Dev {
  public:
@@ -115,13 +109,13 @@ TEST_F(NormRopeTest, RmsNormMatchesCpu) {
         std::vector<float> want(x.size());
         cpu::rms_norm(x.data(), weighted ? w.data() : nullptr, 1e-6f, n, dim, want.data());
         Dev<float> dx(x.size()), dw(w.size()), dy(x.size());
-        ASSERT_CUDA_OK(dx.upload(x));
-        ASSERT_CUDA_OK(dw.upload(w));
-        ASSERT_CUDA_OK(dy.poison());
-        ASSERT_CUDA_OK(cuda::rms_norm(dx.get(), weighted ? dw.get() : nullptr, 1e-6f, n, dim, dy.get()));
+        DF_ASSERT_CUDA(dx.upload(x));
+        DF_ASSERT_CUDA(dw.upload(w));
+        DF_ASSERT_CUDA(dy.poison());
+        DF_ASSERT_CUDA(cuda::rms_norm(dx.get(), weighted ? dw.get() : nullptr, 1e-6f, n, dim, dy.get()));
         expect_close(dy.download(), want, 2e-6, 0.0, what);
         // In place.
-        ASSERT_CUDA_OK(cuda::rms_norm(dx.get(), weighted ? dw.get() : nullptr, 1e-6f, n, dim, dx.get()));
+        DF_ASSERT_CUDA(cuda::rms_norm(dx.get(), weighted ? dw.get() : nullptr, 1e-6f, n, dim, dx.get()));
         expect_close(dx.download(), want, 2e-6, 0.0, what + " in place");
       }
     }
@@ -139,10 +133,10 @@ TEST_F(NormRopeTest, RmsNormStridedPerHead) {
     std::copy_n(qg.begin() + r * 2 * hd, hd, q.begin() + r * hd);
   cpu::rms_norm(q.data(), w.data(), 1e-6f, n * nh, hd, want.data());
   Dev<float> dqg(qg.size()), dw(w.size()), dy(q.size());
-  ASSERT_CUDA_OK(dqg.upload(qg));
-  ASSERT_CUDA_OK(dw.upload(w));
-  ASSERT_CUDA_OK(dy.poison());
-  ASSERT_CUDA_OK(cuda::rms_norm_strided(dqg.get(), 2 * hd, dw.get(), 1e-6f, n * nh, hd, dy.get(), hd));
+  DF_ASSERT_CUDA(dqg.upload(qg));
+  DF_ASSERT_CUDA(dw.upload(w));
+  DF_ASSERT_CUDA(dy.poison());
+  DF_ASSERT_CUDA(cuda::rms_norm_strided(dqg.get(), 2 * hd, dw.get(), 1e-6f, n * nh, hd, dy.get(), hd));
   expect_close(dy.download(), want, 2e-6, 0.0, "strided rms_norm");
   EXPECT_EQ(cuda::rms_norm_strided(dqg.get(), hd - 1, dw.get(), 1e-6f, 1, hd, dy.get(), hd), cudaErrorInvalidValue);
 }
@@ -171,9 +165,9 @@ TEST_F(NormRopeTest, RopeNeoxMatchesCpu) {
     cpu::rope_neox(want.data(), c.n, c.heads, c.hd, c.rot, pos, c.theta, c.freq_scale);
     Dev<float> dx(x.size());
     Dev<int32_t> dp(pos.size());
-    ASSERT_CUDA_OK(dx.upload(x));
-    ASSERT_CUDA_OK(dp.upload(pos));
-    ASSERT_CUDA_OK(cuda::rope_neox(dx.get(), c.n, c.heads, c.hd, c.rot, dp.get(), c.theta, c.freq_scale));
+    DF_ASSERT_CUDA(dx.upload(x));
+    DF_ASSERT_CUDA(dp.upload(pos));
+    DF_ASSERT_CUDA(cuda::rope_neox(dx.get(), c.n, c.heads, c.hd, c.rot, dp.get(), c.theta, c.freq_scale));
     expect_close(dx.download(), want, 2e-6, 1e-6, what);
   }
   Dev<float> dx(64);
@@ -188,30 +182,30 @@ TEST_F(NormRopeTest, ActivationsMatchCpu) {
     auto a = random(static_cast<size_t>(n), -30.0f, 30.0f);
     auto b = random(static_cast<size_t>(n), -5.0f, 5.0f);
     Dev<float> da(a.size()), db(b.size()), dout(a.size());
-    ASSERT_CUDA_OK(db.upload(b));
+    DF_ASSERT_CUDA(db.upload(b));
     const std::string sn = " n=" + std::to_string(n);
     {
       auto want = a;
       cpu::silu_inplace(want.data(), n);
-      ASSERT_CUDA_OK(da.upload(a));
-      ASSERT_CUDA_OK(cuda::silu_inplace(da.get(), n));
+      DF_ASSERT_CUDA(da.upload(a));
+      DF_ASSERT_CUDA(cuda::silu_inplace(da.get(), n));
       expect_close(da.download(), want, 2e-6, 1e-37, "silu" + sn);
     }
     {
       auto want = a;
       cpu::sigmoid_inplace(want.data(), n);
-      ASSERT_CUDA_OK(da.upload(a));
-      ASSERT_CUDA_OK(cuda::sigmoid_inplace(da.get(), n));
+      DF_ASSERT_CUDA(da.upload(a));
+      DF_ASSERT_CUDA(cuda::sigmoid_inplace(da.get(), n));
       expect_close(da.download(), want, 2e-6, 1e-37, "sigmoid" + sn);
     }
     {
       std::vector<float> want(a.size());
       cpu::swiglu(a.data(), b.data(), want.data(), n);
-      ASSERT_CUDA_OK(da.upload(a));
-      ASSERT_CUDA_OK(dout.poison());
-      ASSERT_CUDA_OK(cuda::swiglu(da.get(), db.get(), dout.get(), n));
+      DF_ASSERT_CUDA(da.upload(a));
+      DF_ASSERT_CUDA(dout.poison());
+      DF_ASSERT_CUDA(cuda::swiglu(da.get(), db.get(), dout.get(), n));
       expect_close(dout.download(), want, 2e-6, 1e-37, "swiglu" + sn);
-      ASSERT_CUDA_OK(cuda::swiglu(da.get(), db.get(), da.get(), n));  // in place over gate
+      DF_ASSERT_CUDA(cuda::swiglu(da.get(), db.get(), da.get(), n));  // in place over gate
       expect_close(da.download(), want, 2e-6, 1e-37, "swiglu in place" + sn);
     }
     {
@@ -220,13 +214,13 @@ TEST_F(NormRopeTest, ActivationsMatchCpu) {
         sum[i] = a[i] + b[i];
         prod[i] = a[i] * b[i];
       }
-      ASSERT_CUDA_OK(da.upload(a));
-      ASSERT_CUDA_OK(dout.poison());
-      ASSERT_CUDA_OK(cuda::add(da.get(), db.get(), dout.get(), n));
+      DF_ASSERT_CUDA(da.upload(a));
+      DF_ASSERT_CUDA(dout.poison());
+      DF_ASSERT_CUDA(cuda::add(da.get(), db.get(), dout.get(), n));
       expect_close(dout.download(), sum, 0.0, 0.0, "add" + sn);
-      ASSERT_CUDA_OK(cuda::mul(da.get(), db.get(), dout.get(), n));
+      DF_ASSERT_CUDA(cuda::mul(da.get(), db.get(), dout.get(), n));
       expect_close(dout.download(), prod, 0.0, 0.0, "mul" + sn);
-      ASSERT_CUDA_OK(cuda::add(da.get(), db.get(), da.get(), n));  // the residual add, in place
+      DF_ASSERT_CUDA(cuda::add(da.get(), db.get(), da.get(), n));  // the residual add, in place
       expect_close(da.download(), sum, 0.0, 0.0, "add in place" + sn);
     }
   }
@@ -245,8 +239,8 @@ TEST_F(NormRopeTest, SoftmaxRowsMatchesCpu) {
     auto want = x;
     cpu::softmax_rows(want.data(), n, dim);
     Dev<float> dx(x.size());
-    ASSERT_CUDA_OK(dx.upload(x));
-    ASSERT_CUDA_OK(cuda::softmax_rows(dx.get(), n, dim));
+    DF_ASSERT_CUDA(dx.upload(x));
+    DF_ASSERT_CUDA(cuda::softmax_rows(dx.get(), n, dim));
     expect_close(dx.download(), want, 2e-6, 1e-12, "softmax dim=" + std::to_string(dim));
   }
 }
