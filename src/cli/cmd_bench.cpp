@@ -15,6 +15,7 @@
 #include "base/log.h"
 #include "cli/commands.h"
 #include "cli/model_loader.h"
+#include "decode/profiling_backend.h"
 #include "decode/runner.h"
 #include "model/random_model.h"
 #include "model/weights.h"
@@ -36,6 +37,7 @@ struct BenchOptions {
   int64_t gen_len = 64;
   int threads = 0;
   std::string device = "cpu";
+  int64_t profile = 0;  // decode steps to profile per op (0: none)
   bool json = false;
 };
 
@@ -109,12 +111,60 @@ double decode_bytes(const Weights& w, double ctx) {
   return bytes;
 }
 
+// Runs `steps` more decode steps through a ProfilingBackend: every op's share of a step beside the time
+// its bytes would take at the measured copy rate ("lost" = the difference, what a faster op could save).
+Result<nlohmann::json> profile_decode(const Weights& weights, Backend& be, SequenceState& state, int32_t token,
+                                      int64_t steps, double bandwidth, bool print) {
+  ProfilingBackend prof(be);
+  Runner runner(weights, prof);
+  double wall = 0;
+  for (int64_t i = 0; i < steps; ++i) {
+    Step step;
+    step.tokens = std::span<const int32_t>(&token, 1);
+    const double t0 = now_s();
+    DF_ASSIGN_OR_RETURN(StepOutput o, runner.forward(state, step));
+    DF_RETURN_IF_ERROR(prof.collect());
+    wall += now_s() - t0;
+    token = static_cast<int32_t>(std::max_element(o.logits.begin(), o.logits.end()) - o.logits.begin());
+  }
+  const double per = 1.0 / static_cast<double>(steps);
+  double busy_us = 0, bytes = 0;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const OpProfileRow& r : prof.report()) {
+    const double us = r.ms * 1e3 * per, mb = r.bytes * per / 1e6, ideal_us = r.bytes * per / bandwidth * 1e6;
+    busy_us += us;
+    bytes += r.bytes * per;
+    rows.push_back({{"op", r.op}, {"calls_per_step", r.calls * per}, {"us_per_step", us},
+                    {"host_us_per_step", r.host_ms * 1e3 * per}, {"mb_per_step", mb},
+                    {"gb_s", us > 0 ? mb * 1e6 / (us * 1e-6) / 1e9 : 0.0}, {"ideal_us", ideal_us},
+                    {"lost_us", us - ideal_us}});
+  }
+  const double wall_us = wall * 1e6 * per;
+  if (print) {
+    std::printf("\n  decode step profile (%lld steps; each op timed on the backend's timeline, marks add a little;\n"
+                "  where the host enqueues slower than the device runs, an op's time is the host's):\n",
+                static_cast<long long>(steps));
+    std::printf("  %-18s %7s %9s %6s %9s %9s %8s %9s %9s\n", "op", "calls", "us/step", "share", "host us",
+                "MB/step", "GB/s", "ideal us", "lost us");
+    for (const auto& r : rows)
+      std::printf("  %-18s %7.1f %9.1f %5.1f%% %9.1f %9.2f %8.0f %9.1f %9.1f\n", r["op"].get<std::string>().c_str(),
+                  r["calls_per_step"].get<double>(), r["us_per_step"].get<double>(),
+                  100.0 * r["us_per_step"].get<double>() / wall_us, r["host_us_per_step"].get<double>(),
+                  r["mb_per_step"].get<double>(),
+                  r["gb_s"].get<double>(), r["ideal_us"].get<double>(), r["lost_us"].get<double>());
+    std::printf("  step wall %.1f us, ops %.1f us (%.0f%% of the step), bytes at the copy rate %.1f us\n", wall_us,
+                busy_us, 100.0 * busy_us / wall_us, bytes / bandwidth * 1e6);
+  }
+  return nlohmann::json{{"steps", steps}, {"step_wall_us", wall_us}, {"ops_us", busy_us}, {"ops", rows}};
+}
+
 Status run_bench(const BenchOptions& opt) {
   if (opt.prompt_len < 1 || opt.gen_len < 1) return invalid_argument("--prompt-len and --gen-len must be >= 1");
+  if (opt.profile < 0) return invalid_argument("--profile takes a number of decode steps >= 0");
   DF_ASSIGN_OR_RETURN(LoadedModel model, load_model(opt.model, opt.device, opt.threads));
   const Weights& weights = model.weights();
   const ModelSpec& s = weights.spec();
-  if (s.max_context > 0 && opt.prompt_len + opt.gen_len > s.max_context)
+  if (s.max_context > 0 && opt.prompt_len + opt.gen_len + opt.profile > s.max_context)
     return invalid_argument("{} + {} tokens exceed the model's context of {}", opt.prompt_len, opt.gen_len, s.max_context);
   Runner& runner = *model.runner;
   ThreadPool copy_pool(opt.threads);
@@ -162,8 +212,13 @@ Status run_bench(const BenchOptions& opt) {
                       {"host_bandwidth_gb_s", bandwidth / 1e9},
                       {"decode_ceiling_tok_s", decode_ceiling},
                       {"decode_ratio", decode_tps / decode_ceiling},
+                      {"decode_steps_replayed", runner.replayed_steps()},
                       {"peak_rss_mib", ru.ru_maxrss / 1024.0}};
   if (opt.json) {
+    if (opt.profile > 0) {
+      DF_ASSIGN_OR_RETURN(j["profile"], profile_decode(weights, runner.backend(), state, tokens.back(), opt.profile,
+                                                       bandwidth, false));
+    }
     std::printf("%s\n", j.dump(2).c_str());
     return Status();
   }
@@ -174,7 +229,12 @@ Status run_bench(const BenchOptions& opt) {
               static_cast<long long>(opt.prompt_len), ttft_s * 1e3);
   std::printf("  %-8s %8.2f tok/s %8.2f tok/s      %6.2f   (%.1f MB/token at %.2f GB/s copy rate)\n", "decode",
               decode_tps, decode_ceiling, decode_tps / decode_ceiling, bytes / 1e6, bandwidth / 1e9);
-  std::printf("  peak RSS %.1f MiB\n", ru.ru_maxrss / 1024.0);
+  std::printf("  peak RSS %.1f MiB; %lld of %lld decode steps replayed from a recorded graph\n", ru.ru_maxrss / 1024.0,
+              static_cast<long long>(runner.replayed_steps()), static_cast<long long>(opt.gen_len));
+  if (opt.profile > 0) {
+    DF_RETURN_IF_ERROR(
+        profile_decode(weights, runner.backend(), state, tokens.back(), opt.profile, bandwidth, true).status());
+  }
   return Status();
 }
 
@@ -196,6 +256,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--gen-len", opt->gen_len, "Generated tokens")->capture_default_str();
   cmd->add_option("--threads,-t", opt->threads, "CPU threads (default: all cores)");
   cmd->add_option("--device", opt->device, "cpu or cuda:N")->capture_default_str();
+  cmd->add_option("--profile", opt->profile, "Then profile this many decode steps per op (time, bytes, GB/s)")
+      ->capture_default_str();
   cmd->add_flag("--json", opt->json, "Machine-readable output");
   cmd->callback([opt, &exit_code] {
     Status st;

@@ -23,21 +23,15 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
     return invalid_argument("{} tokens after {} exceed the model's context of {}", n, state.n_past(), s.max_context);
 
   DF_RETURN_IF_ERROR(state.status());
-  Backend& be = *be_;
-  DF_ASSIGN_OR_RETURN(Buffer x, be.alloc(n * s.hidden));
-  DF_RETURN_IF_ERROR(embed_tokens(w_, step.tokens, x.data(), be));
-  std::vector<Buffer> feature_bufs;
-  std::vector<float*> captured;
-  for (size_t c = 0; c < step.capture_layers.size(); ++c) {
-    DF_ASSIGN_OR_RETURN(Buffer f, be.alloc(n * s.hidden));
-    captured.push_back(f.data());
-    feature_bufs.push_back(std::move(f));
+  const bool plain_decode = n == 1 && step.positions.empty() && step.mask == cpu::MaskKind::kCausal &&
+                            !step.capture_recurrent && step.capture_layers.empty();
+  if (plain_decode && graphs_on_ && be_->step_graphs_supported()) {
+    bool used = false;
+    auto out = decode_recorded(state, step, &used);
+    if (used || !out.ok()) return out;
   }
-  StepShape shape{n, state.n_past(), positions, step.mask, step.parents, step.capture_recurrent};
-  if (step.capture_recurrent && step.mask == cpu::MaskKind::kCausal) state.begin_captured_step(n);
-  DF_RETURN_IF_ERROR(forward_layers(w_, 0, s.n_layers, shape, x.data(), state, step.capture_layers, captured, be));
-  DF_RETURN_IF_ERROR(state.status());
 
+  Backend& be = *be_;
   std::vector<int64_t> rows;
   if (step.all_logits) {
     rows.resize(static_cast<size_t>(n));
@@ -48,7 +42,9 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
   StepOutput out;
   out.rows = static_cast<int64_t>(rows.size());
   DF_ASSIGN_OR_RETURN(Buffer logits, be.alloc(out.rows * s.vocab));
-  DF_RETURN_IF_ERROR(lm_head(w_, x.data(), rows, logits.data(), be));
+  std::vector<Buffer> feature_bufs;
+  if (step.capture_recurrent && step.mask == cpu::MaskKind::kCausal) state.begin_captured_step(n);
+  DF_RETURN_IF_ERROR(run_layers(state, step, positions, rows, logits.data(), feature_bufs));
   out.logits.resize(static_cast<size_t>(out.rows * s.vocab));
   DF_RETURN_IF_ERROR(be.download(out.logits.data(), logits.data(), out.rows * s.vocab));
   for (auto& f : feature_bufs) {
@@ -56,6 +52,100 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
     DF_RETURN_IF_ERROR(be.download(out.features.back().data(), f.data(), n * s.hidden));
   }
   if (step.mask != cpu::MaskKind::kTree) state.set_n_past(state.n_past() + n);
+  return out;
+}
+
+Runner::~Runner() {
+  for (auto& [key, r] : recorded_)
+    if (r.id >= 0) be_->drop_step(r.id);
+}
+
+Status Runner::run_layers(SequenceState& state, const Step& step, std::span<const int32_t> positions,
+                          std::span<const int64_t> rows, float* logits, std::vector<Buffer>& feature_bufs) {
+  const ModelSpec& s = w_.spec();
+  const int64_t n = static_cast<int64_t>(step.tokens.size());
+  Backend& be = *be_;
+  DF_ASSIGN_OR_RETURN(Buffer x, be.alloc(n * s.hidden));
+  DF_RETURN_IF_ERROR(embed_tokens(w_, step.tokens, x.data(), be));
+  std::vector<float*> captured;
+  for (size_t c = 0; c < step.capture_layers.size(); ++c) {
+    DF_ASSIGN_OR_RETURN(Buffer f, be.alloc(n * s.hidden));
+    captured.push_back(f.data());
+    feature_bufs.push_back(std::move(f));
+  }
+  StepShape shape{n, state.n_past(), positions, step.mask, step.parents, step.capture_recurrent};
+  DF_RETURN_IF_ERROR(forward_layers(w_, 0, s.n_layers, shape, x.data(), state, step.capture_layers, captured, be));
+  DF_RETURN_IF_ERROR(state.status());
+  return lm_head(w_, x.data(), rows, logits, be);
+}
+
+Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& step, bool* used) {
+  constexpr int kMaxFailures = 3;
+  constexpr size_t kMaxRecorded = 8;  // sequences with a recording; the least recently used goes first
+  *used = false;
+  const ModelSpec& s = w_.spec();
+  const int64_t pos = state.n_past();
+  // The recording does not run the host side of the layers: reserve this position's KV chunks first.
+  for (int64_t L = 0; L < s.n_layers; ++L)
+    if (!s.is_recurrent(L)) DF_RETURN_IF_ERROR(state.reserve_kv(L, pos + 1));
+  Recorded& r = recorded_[state.id()];
+  r.last_use = ++uses_;
+  if (r.id >= 0 && r.layout != state.layout_version()) {
+    be_->drop_step(r.id);
+    r.id = -1;
+  }
+  if (r.id < 0) {
+    if (r.failures >= kMaxFailures) return StepOutput{};
+    if (recorded_.size() > kMaxRecorded) {  // forget the least recently used other sequence
+      auto victim = recorded_.end();
+      for (auto it = recorded_.begin(); it != recorded_.end(); ++it)
+        if (it->first != state.id() && (victim == recorded_.end() || it->second.last_use < victim->second.last_use))
+          victim = it;
+      if (victim != recorded_.end()) {
+        if (victim->second.id >= 0) be_->drop_step(victim->second.id);
+        recorded_.erase(victim);
+      }
+    }
+    Recorded& rec = recorded_[state.id()];
+    auto logits = be_->alloc(s.vocab);
+    if (!logits.ok()) return logits.status();
+    if (!be_->begin_step_capture().ok()) {
+      ++rec.failures;
+      return StepOutput{};
+    }
+    const int32_t position = static_cast<int32_t>(pos);
+    const int64_t last = 0;
+    std::vector<Buffer> no_features;
+    Status st = run_layers(state, step, std::span<const int32_t>(&position, 1), std::span<const int64_t>(&last, 1),
+                           logits->data(), no_features);
+    if (!st.ok()) {
+      be_->abort_step_capture();
+      ++rec.failures;
+      return StepOutput{};  // run it eagerly: an error there is a real one
+    }
+    auto id = be_->end_step_capture();
+    if (!id.ok()) {
+      ++rec.failures;
+      return StepOutput{};
+    }
+    rec.id = *id;
+    rec.layout = state.layout_version();
+    rec.logits = std::move(logits).value();
+  }
+  Recorded& rec = recorded_[state.id()];
+  const Status st = be_->replay_step(rec.id, step.tokens[0], pos);
+  if (st.code() == ErrorCode::kNotFound) {  // invalidated: record again next step, run this one eagerly
+    rec.id = -1;
+    return StepOutput{};
+  }
+  DF_RETURN_IF_ERROR(st);
+  StepOutput out;
+  out.rows = 1;
+  out.logits.resize(static_cast<size_t>(s.vocab));
+  DF_RETURN_IF_ERROR(be_->download(out.logits.data(), rec.logits.data(), s.vocab));
+  state.set_n_past(pos + 1);
+  *used = true;
+  ++replayed_;
   return out;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -39,23 +40,50 @@ class Runner {
       : w_(weights), owned_(std::make_unique<CpuBackend>(threads)), be_(owned_.get()) {}
   // On `backend`; the weights' data must live in its memory (Weights::to_backend).
   Runner(const Weights& weights, Backend& backend) : w_(weights), be_(&backend) {}
+  ~Runner();
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
 
   const ModelSpec& spec() const { return w_.spec(); }
   const Weights& weights() const { return w_; }
   Backend& backend() { return *be_; }
 
   // Runs the step and advances state.n_past by the number of tokens (causal steps). Tree steps leave
-  // n_past unchanged: the caller commits accepted nodes.
+  // n_past unchanged: the caller commits accepted nodes. On a backend that records steps, a plain
+  // one-token decode step (causal, default position, no captures) is recorded once per sequence and
+  // replayed afterwards (one launch instead of one per op); outputs are those of the eager step.
   Result<StepOutput> forward(SequenceState& state, const Step& step);
+  // Turns recorded decode steps off (or back on); on by default where the backend supports them.
+  void set_step_graphs(bool on) { graphs_on_ = on; }
+  // Decode steps that ran as a replay of a recording (for tests and benchmarks).
+  int64_t replayed_steps() const { return replayed_; }
 
   // Prefills `tokens` after the state's committed prefix in chunks of `chunk` tokens; returns the logits
   // of the last token ([V]).
   Result<std::vector<float>> prefill(SequenceState& state, std::span<const int32_t> tokens, int64_t chunk = 256);
 
  private:
+  // A recorded decode step of one sequence.
+  struct Recorded {
+    int64_t id = -1;
+    uint64_t layout = 0;  // SequenceState::layout_version() when recorded
+    Buffer logits;        // where the recording leaves the logits ([V]); reserved for it
+    int failures = 0;     // recordings that failed (scratch growing mid-capture); gives up after a few
+    uint64_t last_use = 0;
+  };
+  // Embedding, layers and head of a step into `logits` (rows x V).
+  Status run_layers(SequenceState& state, const Step& step, std::span<const int32_t> positions,
+                    std::span<const int64_t> rows, float* logits, std::vector<Buffer>& feature_bufs);
+  // The recorded path of a plain decode step; *used = false when it fell back to the caller.
+  Result<StepOutput> decode_recorded(SequenceState& state, const Step& step, bool* used);
+
   const Weights& w_;
   std::unique_ptr<CpuBackend> owned_;
   Backend* be_;
+  bool graphs_on_ = true;
+  std::map<uint64_t, Recorded> recorded_;  // by SequenceState::id()
+  uint64_t uses_ = 0;
+  int64_t replayed_ = 0;
 };
 
 }  // namespace dflash

@@ -38,7 +38,13 @@ Status attention_mixer(const Weights& w, int64_t L, const StepShape& st, const f
   DF_ASSIGN_OR_RETURN(const float* k_norm, need_f32(w, layer_name(L, "attn.k_norm")));
 
   DF_ASSIGN_OR_RETURN(Buffer qg, be.alloc(n * wq->rows));
-  DF_RETURN_IF_ERROR(be.matmul(*wq, xn, n, qg.data()));
+  DF_ASSIGN_OR_RETURN(Buffer k, be.alloc(n * nkv * hd));
+  DF_ASSIGN_OR_RETURN(Buffer v, be.alloc(n * nkv * hd));
+  {
+    const cpu::WeightView* ws[] = {wq, wk, wv};
+    float* ys[] = {qg.data(), k.data(), v.data()};
+    DF_RETURN_IF_ERROR(be.matmul_group(ws, xn, n, ys));
+  }
   DF_ASSIGN_OR_RETURN(Buffer q, be.alloc(n * nh * hd));
   DF_ASSIGN_OR_RETURN(Buffer gate, be.alloc(gated ? n * nh * hd : 0));
   if (gated) {
@@ -48,10 +54,6 @@ Status attention_mixer(const Weights& w, int64_t L, const StepShape& st, const f
   } else {
     DF_RETURN_IF_ERROR(be.copy(q.data(), qg.data(), n * nh * hd));
   }
-  DF_ASSIGN_OR_RETURN(Buffer k, be.alloc(n * nkv * hd));
-  DF_ASSIGN_OR_RETURN(Buffer v, be.alloc(n * nkv * hd));
-  DF_RETURN_IF_ERROR(be.matmul(*wk, xn, n, k.data()));
-  DF_RETURN_IF_ERROR(be.matmul(*wv, xn, n, v.data()));
   const float eps = static_cast<float>(s.rms_eps);
   DF_RETURN_IF_ERROR(be.rms_norm(q.data(), q_norm, eps, n * nh, hd, q.data()));
   DF_RETURN_IF_ERROR(be.rms_norm(k.data(), k_norm, eps, n * nkv, hd, k.data()));
@@ -61,14 +63,11 @@ Status attention_mixer(const Weights& w, int64_t L, const StepShape& st, const f
 
   // New tokens take KV slots n_past .. n_past + n - 1 (tree nodes too: slot = node index).
   DF_RETURN_IF_ERROR(state.reserve_kv(L, st.n_past + n));
-  for (int64_t t = 0; t < n; ++t) {
-    DF_RETURN_IF_ERROR(be.copy(state.k_row(L, st.n_past + t), k.data() + t * nkv * hd, nkv * hd));
-    DF_RETURN_IF_ERROR(be.copy(state.v_row(L, st.n_past + t), v.data() + t * nkv * hd, nkv * hd));
-  }
+  const cpu::KvView kv = state.kv_view(L, st.n_past + n);
+  DF_RETURN_IF_ERROR(be.kv_write(kv, st.n_past, k.data(), v.data(), n));
   DF_ASSIGN_OR_RETURN(Buffer o, be.alloc(n * nh * hd));
   cpu::AttentionMask mask{st.mask, st.n_past, st.parents};
-  DF_RETURN_IF_ERROR(be.attention(q.data(), n, nh, state.kv_view(L, st.n_past + n), mask,
-                                  1.0f / std::sqrt(static_cast<float>(hd)), o.data()));
+  DF_RETURN_IF_ERROR(be.attention(q.data(), n, nh, kv, mask, 1.0f / std::sqrt(static_cast<float>(hd)), o.data()));
   if (gated) {
     DF_RETURN_IF_ERROR(be.sigmoid_inplace(gate.data(), n * nh * hd));
     DF_RETURN_IF_ERROR(be.mul_inplace(o.data(), gate.data(), n * nh * hd));
@@ -96,10 +95,11 @@ Status deltanet_mixer(const Weights& w, int64_t L, const StepShape& st, const fl
   DF_ASSIGN_OR_RETURN(Buffer z, be.alloc(n * Hv * dv));
   DF_ASSIGN_OR_RETURN(Buffer b, be.alloc(n * Hv));
   DF_ASSIGN_OR_RETURN(Buffer a, be.alloc(n * Hv));
-  DF_RETURN_IF_ERROR(be.matmul(*wqkv, xn, n, mixed.data()));
-  DF_RETURN_IF_ERROR(be.matmul(*wz, xn, n, z.data()));
-  DF_RETURN_IF_ERROR(be.matmul(*wb, xn, n, b.data()));
-  DF_RETURN_IF_ERROR(be.matmul(*wa, xn, n, a.data()));
+  {
+    const cpu::WeightView* ws[] = {wqkv, wz, wb, wa};
+    float* ys[] = {mixed.data(), z.data(), b.data(), a.data()};
+    DF_RETURN_IF_ERROR(be.matmul_group(ws, xn, n, ys));
+  }
 
   const bool capture = st.capture_recurrent || st.mask == cpu::MaskKind::kTree;
   if (capture) {
@@ -146,8 +146,11 @@ Status mlp(const Weights& w, int64_t L, int64_t n, const float* hn, float* out, 
   DF_ASSIGN_OR_RETURN(const cpu::WeightView* wd, need(w, layer_name(L, "ffn.down")));
   DF_ASSIGN_OR_RETURN(Buffer gate, be.alloc(n * wg->rows));
   DF_ASSIGN_OR_RETURN(Buffer up, be.alloc(n * wu->rows));
-  DF_RETURN_IF_ERROR(be.matmul(*wg, hn, n, gate.data()));
-  DF_RETURN_IF_ERROR(be.matmul(*wu, hn, n, up.data()));
+  {
+    const cpu::WeightView* ws[] = {wg, wu};
+    float* ys[] = {gate.data(), up.data()};
+    DF_RETURN_IF_ERROR(be.matmul_group(ws, hn, n, ys));
+  }
   DF_RETURN_IF_ERROR(be.swiglu(gate.data(), up.data(), gate.data(), n * wg->rows));
   return be.matmul(*wd, gate.data(), n, out);
 }

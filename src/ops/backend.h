@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "base/status.h"
 #include "base/thread_pool.h"
@@ -51,11 +52,49 @@ class Backend {
   virtual Status upload(float* dst, const float* host_src, int64_t n) = 0;
   virtual Status download(float* host_dst, const float* src, int64_t n) = 0;
   virtual Status copy(float* dst, const float* src, int64_t n) = 0;
+  // True when buffers live in device memory (not addressable by the host).
+  virtual bool device_memory() const { return false; }
   // Waits until all work queued on the backend is done (a no-op on the CPU).
   virtual Status synchronize() { return Status(); }
 
+  // ---- timeline marks, for profiles (decode/profiling_backend.h)
+  // mark() records a point on the backend's timeline after the work queued so far and returns its id;
+  // elapsed_ms(a, b) is the time between two marks, valid after synchronize(); clear_marks() forgets
+  // them. A device backend records events without waiting; the default waits for the backend and reads
+  // the host clock (exact for the CPU, whose ops run synchronously).
+  virtual int64_t mark();
+  virtual double elapsed_ms(int64_t a, int64_t b) const;
+  virtual void clear_marks() { host_marks_.clear(); }
+
+  // ---- replayable decode steps
+  // A device backend can record the work of one decode step (one token, causal mask) once and replay it
+  // at later positions with a single launch: between begin_step_capture() and end_step_capture() ops are
+  // recorded, not run, and the per-step values (the token id of embedding(), the position of rope_neox()
+  // and kv_write(), the KV lengths of attention()) are bound to parameters that replay_step() sets. Every
+  // buffer the recorded ops touch must stay where it is while the recording lives (temporaries allocated
+  // during the capture stay reserved for it). A failed capture leaves nothing recorded: abort, run eagerly.
+  virtual bool step_graphs_supported() const { return false; }
+  virtual Status begin_step_capture() { return unsupported("{} backend does not record steps", name()); }
+  virtual Result<int64_t> end_step_capture() { return unsupported("{} backend does not record steps", name()); }
+  virtual void abort_step_capture() {}
+  // Runs recording `id` for `token` at position `pos` (KV length pos + 1). kNotFound when the recording
+  // is gone (dropped, or invalidated because scratch it used moved): record again.
+  virtual Status replay_step(int64_t id, int32_t token, int64_t pos) {
+    (void)id, (void)token, (void)pos;
+    return unsupported("{} backend does not record steps", name());
+  }
+  virtual void drop_step(int64_t id) { (void)id; }
+
   // ---- the ops of ops/cpu/ops.h, same semantics
   virtual Status matmul(const cpu::WeightView& w, const float* x, int64_t n, float* y) = 0;
+  // Products that share their input: ys[i] [n, ws[i]->rows] = x ws[i]^T (a layer's q/k/v, gate/up). A
+  // device backend may quantize x once and run them in one launch; the default runs matmul for each.
+  virtual Status matmul_group(std::span<const cpu::WeightView* const> ws, const float* x, int64_t n,
+                              std::span<float* const> ys) {
+    if (ws.size() != ys.size()) return invalid_argument("matmul_group: {} weights, {} outputs", ws.size(), ys.size());
+    for (size_t i = 0; i < ws.size(); ++i) DF_RETURN_IF_ERROR(matmul(*ws[i], x, n, ys[i]));
+    return Status();
+  }
   virtual Status embedding(const cpu::WeightView& table, std::span<const int32_t> ids, float* out) = 0;
   virtual Status rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* y) = 0;
   virtual Status rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
@@ -67,6 +106,9 @@ class Backend {
                                  float* per_token_states, std::span<const int32_t> parents, bool chunked) = 0;
   virtual Status causal_conv1d_silu(const float* x, int64_t n, int64_t channels, const float* w, int64_t kernel,
                                     float* conv_state, float* out, std::span<const int32_t> parents) = 0;
+  // Stores n rows of K and V ([n, n_kv_heads * head_dim] each) at positions first_pos .. first_pos + n - 1
+  // of the KV store `kv` describes (its chunks must exist). The default copies row by row.
+  virtual Status kv_write(const cpu::KvView& kv, int64_t first_pos, const float* k, const float* v, int64_t n);
 
   // ---- elementwise glue of the layer kinds (each a kernel on a device backend)
   virtual Status add_inplace(float* y, const float* x, int64_t n) = 0;          // y += x
@@ -84,6 +126,9 @@ class Backend {
                                 int64_t n, int64_t n_heads) = 0;
   // Rows `rows` of x [*, dim] gathered into out [rows.size(), dim].
   virtual Status gather_rows(const float* x, int64_t dim, std::span<const int64_t> rows, float* out) = 0;
+
+ private:
+  std::vector<double> host_marks_;  // seconds on the steady clock
 };
 
 inline Buffer::~Buffer() {

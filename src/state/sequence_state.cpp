@@ -1,19 +1,44 @@
 #include "state/sequence_state.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 namespace dflash {
 
 Status KvStore::reserve(int64_t n_tokens) {
   const size_t chunks = static_cast<size_t>((n_tokens + kKvChunkTokens - 1) / kKvChunkTokens);
+  const size_t first_new = k_.size();
   while (k_.size() < chunks) {
     DF_ASSIGN_OR_RETURN(Buffer k, be_->alloc(kKvChunkTokens * row_floats()));
     DF_ASSIGN_OR_RETURN(Buffer v, be_->alloc(kKvChunkTokens * row_floats()));
     k_.push_back(std::move(k));
     v_.push_back(std::move(v));
   }
+  if (k_.size() > first_new && be_->device_memory()) return sync_device_table(first_new);
   return Status();
+}
+
+// Pointers are 8 bytes: two floats of the table buffer each.
+Status KvStore::sync_device_table(size_t first_chunk) {
+  static_assert(sizeof(const float*) == 2 * sizeof(float));
+  if (k_.size() > table_cap_) {  // grow (doubling): the whole table moves
+    const size_t cap = std::max<size_t>({k_.size(), 2 * table_cap_, 64});
+    DF_ASSIGN_OR_RETURN(Buffer t, be_->alloc(static_cast<int64_t>(4 * cap)));
+    table_ = std::move(t);
+    table_cap_ = cap;
+    ++table_version_;
+    first_chunk = 0;
+  }
+  std::vector<const float*> ptrs;
+  for (size_t c = first_chunk; c < k_.size(); ++c) ptrs.push_back(k_[c].data());
+  for (size_t c = first_chunk; c < v_.size(); ++c) ptrs.push_back(v_[c].data());
+  const int64_t n = static_cast<int64_t>(k_.size() - first_chunk);
+  auto* base = reinterpret_cast<const float**>(table_.data());
+  DF_RETURN_IF_ERROR(be_->upload(reinterpret_cast<float*>(base + first_chunk),
+                                 reinterpret_cast<const float*>(ptrs.data()), 2 * n));
+  return be_->upload(reinterpret_cast<float*>(base + table_cap_ + first_chunk),
+                     reinterpret_cast<const float*>(ptrs.data() + n), 2 * n);
 }
 
 cpu::KvView KvStore::view(int64_t n_tokens) {
@@ -23,7 +48,13 @@ cpu::KvView KvStore::view(int64_t n_tokens) {
     k_ptrs_.push_back(k_[c].data());
     v_ptrs_.push_back(v_[c].data());
   }
-  return cpu::KvView{k_ptrs_, v_ptrs_, kKvChunkTokens, n_tokens, n_kv_heads_, head_dim_};
+  cpu::KvView view{k_ptrs_, v_ptrs_, kKvChunkTokens, n_tokens, n_kv_heads_, head_dim_};
+  if (table_cap_ > 0) {
+    const auto* base = reinterpret_cast<const float* const*>(table_.data());
+    view.device_k_table = base;
+    view.device_v_table = base + table_cap_;
+  }
+  return view;
 }
 
 void KvStore::shrink(int64_t n_tokens) {
@@ -52,8 +83,23 @@ Result<Buffer> zeros(Backend& be, int64_t n) {
 
 }  // namespace
 
+uint64_t SequenceState::layout_version() const {
+  uint64_t v = 0;
+  for (const auto& kv : kv_)
+    if (kv) v += kv->table_version();
+  return v;
+}
+
+namespace {
+std::atomic<uint64_t> g_next_state_id{1};
+}  // namespace
+
 SequenceState::SequenceState(const ModelSpec& spec, Backend& be, int64_t layer_begin, int64_t layer_end)
-    : spec_(spec), be_(&be), layer_begin_(layer_begin), layer_end_(layer_end < 0 ? spec.n_layers : layer_end) {
+    : spec_(spec),
+      be_(&be),
+      id_(g_next_state_id.fetch_add(1)),
+      layer_begin_(layer_begin),
+      layer_end_(layer_end < 0 ? spec.n_layers : layer_end) {
   const int64_t conv_floats = (spec_.gdn.conv_kernel - 1) * spec_.gdn.conv_dim();
   const int64_t ssm_floats = spec_.gdn.n_v_heads * spec_.gdn.d_v * spec_.gdn.d_k;
   for (int64_t L = layer_begin_; L < layer_end_; ++L) {

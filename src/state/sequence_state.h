@@ -28,12 +28,21 @@ class KvStore {
   void shrink(int64_t n_tokens);
   int64_t row_floats() const { return n_kv_heads_ * head_dim_; }
   uint64_t bytes() const { return 2 * k_.size() * kKvChunkTokens * row_floats() * sizeof(float); }
+  // Bumped whenever the device copy of the chunk tables moves (a recorded step that read it is stale).
+  uint64_t table_version() const { return table_version_; }
 
  private:
   Backend* be_;
   int64_t n_kv_heads_, head_dim_;
+  Status sync_device_table(size_t first_chunk);
+
   std::vector<Buffer> k_, v_;  // chunks, in the backend's memory
   std::vector<const float*> k_ptrs_, v_ptrs_;
+  // On a device backend: [k pointers (table_cap_)][v pointers (table_cap_)], 8-byte pointers stored in
+  // a float buffer (2 floats each), kept equal to k_/v_ for the chunks that exist.
+  Buffer table_;
+  size_t table_cap_ = 0;
+  uint64_t table_version_ = 0;
 };
 
 // A named host tensor of a snapshot (float32 unless said otherwise), shape outermost first.
@@ -61,6 +70,10 @@ class SequenceState : public LayerStateAccess {
   SequenceState(const ModelSpec& spec, Backend& be, int64_t layer_begin = 0, int64_t layer_end = -1);
 
   int64_t n_past() const { return n_past_; }
+  // Unique among the states of this process (keys of per-sequence caches such as recorded steps).
+  uint64_t id() const { return id_; }
+  // Changes whenever a device-side table of the state moves (recorded steps that used it are stale).
+  uint64_t layout_version() const;
   // Attention rollback is a crop: positions >= n are forgotten. (Recurrent state is not rolled back here.)
   void set_n_past(int64_t n) { n_past_ = n; }
   void reset();
@@ -95,6 +108,7 @@ class SequenceState : public LayerStateAccess {
 
   ModelSpec spec_;
   Backend* be_;
+  uint64_t id_;
   Status status_;
   int64_t layer_begin_, layer_end_;
   int64_t n_past_ = 0;

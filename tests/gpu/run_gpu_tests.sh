@@ -8,7 +8,9 @@
 # 1. Dev machine (nvcc 13, the Debian deps; no GPU needed), from the repository root:
 #        tests/gpu/run_gpu_tests.sh bundle
 #    configures and builds build-gpu/ (CMAKE_CUDA_ARCHITECTURES=90, Release) and writes
-#    build-gpu/bundle/{bin,lib,lib-cxx} (a few MiB). Override the build dir with DFLASH_GPU_BUILD=dir.
+#    build-gpu/bundle/{bin,lib,lib-cxx} (a few MiB): the tests plus `dflash` and bench_cuda_matmul for
+#    benchmarks (run them as LD_LIBRARY_PATH=bundle/lib:/usr/local/cuda/lib64 bundle/bin/dflash ...).
+#    Override the build dir with DFLASH_GPU_BUILD=dir.
 # 2. Carry build-gpu/bundle with the working tree (the device `run` tool: carry ["build-gpu/bundle"]).
 # 3. GPU machine, from the repository root:
 #        tests/gpu/run_gpu_tests.sh run
@@ -24,6 +26,7 @@ build="${DFLASH_GPU_BUILD:-build-gpu}"
 [[ "$build" = /* ]] || build="$root/$build"
 bundle="$build/bundle"
 tests=(test_cuda)  # test executables that need a GPU
+tools=(src/dflash bench/bench_cuda_matmul)  # carried beside them for benchmarks (build-relative paths)
 
 usage() {
   sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
@@ -39,11 +42,15 @@ non_glibc_libs() {
 cmd_bundle() {
   command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] || { echo "bundle: no nvcc" >&2; exit 1; }
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
-  ninja -C "$build" -j"${JOBS:-2}" "${tests[@]}"
+  ninja -C "$build" -j"${JOBS:-2}" "${tests[@]}" dflash bench_cuda_matmul
   rm -rf "$bundle"
   mkdir -p "$bundle/bin" "$bundle/lib" "$bundle/lib-cxx"
-  for t in "${tests[@]}"; do
-    cp "$build/tests/$t" "$bundle/bin/"
+  local bins=()
+  for t in "${tests[@]}"; do bins+=("tests/$t"); done
+  bins+=("${tools[@]}")
+  for rel in "${bins[@]}"; do
+    local t="$build/$rel"
+    cp "$t" "$bundle/bin/"
     while read -r soname path; do
       case "$soname" in
         # The CUDA toolkit's own libraries (cuBLAS alone is ~570 MB) are on the GPU machine already, in
@@ -53,7 +60,7 @@ cmd_bundle() {
         *) dest="$bundle/lib" ;;
       esac
       cp -L "$path" "$dest/$soname"
-    done < <(non_glibc_libs "$build/tests/$t")
+    done < <(non_glibc_libs "$t")
   done
   {
     echo "built $(date -u +%FT%TZ) on $(hostname) from $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')"

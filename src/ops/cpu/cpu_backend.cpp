@@ -1,3 +1,4 @@
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -5,6 +6,32 @@
 #include "ops/backend.h"
 
 namespace dflash {
+
+int64_t Backend::mark() {
+  (void)synchronize();
+  host_marks_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
+  return static_cast<int64_t>(host_marks_.size()) - 1;
+}
+
+double Backend::elapsed_ms(int64_t a, int64_t b) const {
+  const auto n = static_cast<int64_t>(host_marks_.size());
+  if (a < 0 || b < 0 || a >= n || b >= n) return 0.0;
+  return (host_marks_[static_cast<size_t>(b)] - host_marks_[static_cast<size_t>(a)]) * 1e3;
+}
+
+Status Backend::kv_write(const cpu::KvView& kv, int64_t first_pos, const float* k, const float* v, int64_t n) {
+  const int64_t row = kv.n_kv_heads * kv.head_dim;
+  if (first_pos < 0 || n < 0 || kv.chunk_tokens <= 0) return invalid_argument("kv_write: bad position or count");
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t pos = first_pos + t, c = pos / kv.chunk_tokens;
+    if (c >= static_cast<int64_t>(kv.k_chunks.size()))
+      return invalid_argument("kv_write: position {} is past the store's {} chunks", pos, kv.k_chunks.size());
+    const int64_t off = (pos % kv.chunk_tokens) * row;
+    DF_RETURN_IF_ERROR(copy(const_cast<float*>(kv.k_chunks[static_cast<size_t>(c)]) + off, k + t * row, row));
+    DF_RETURN_IF_ERROR(copy(const_cast<float*>(kv.v_chunks[static_cast<size_t>(c)]) + off, v + t * row, row));
+  }
+  return Status();
+}
 
 Result<Buffer> CpuBackend::alloc(int64_t n_floats) {
   if (n_floats < 0) return invalid_argument("negative buffer size {}", n_floats);

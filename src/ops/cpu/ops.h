@@ -69,6 +69,10 @@ struct KvView {
   int64_t n_tokens = 0;  // valid positions
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
+  // The same chunk pointer tables in the backend's memory, when the store keeps them there (a device
+  // backend then needs no per-call upload of the tables); null on the CPU.
+  const float* const* device_k_table = nullptr;
+  const float* const* device_v_table = nullptr;
 };
 
 // Which keys a query sees. Keys [0, n_prefix) are context every query sees; key n_prefix + s is "new

@@ -46,7 +46,15 @@ struct Params {
   int64_t keys_per_split;
   float* part_acc;  // [n_splits][n_q * n_heads][HD]
   float* part_ml;   // [n_splits][n_q * n_heads][2]
+  const int32_t* lengths;  // device {n_prefix, n_tokens} overriding the fields above, or null
 };
+
+// Keys per split of a fixed-split (decode) plan: the visible keys cut into n_splits ranges of whole tiles.
+__host__ __device__ inline int64_t decode_keys_per_split(int64_t max_keys, int n_splits, int tile) {
+  int64_t kps = (max_keys + n_splits - 1) / n_splits;
+  kps = (kps + tile - 1) / tile * tile;
+  return kps < tile ? tile : kps;
+}
 
 template <int HD, int R, int T>
 struct Shape {
@@ -99,14 +107,21 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(Params p) {
   const int group = p.group;
   const int64_t rows_total = p.n_q * group;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * R;
-  const int64_t n_prefix = p.n_prefix;
+  int64_t n_prefix = p.n_prefix, n_tokens = p.n_tokens, keys_per_split = p.keys_per_split;
+  if (p.lengths != nullptr) {
+    n_prefix = p.lengths[0];
+    n_tokens = p.lengths[1];
+    int64_t max_keys = n_tokens;
+    if (p.kind != static_cast<int32_t>(AttnMaskKind::kFull)) max_keys = std::min<int64_t>(max_keys, n_prefix + p.n_q);
+    keys_per_split = decode_keys_per_split(max_keys, p.n_splits, T);
+  }
 
   // Keys this block may see: every query of the block sees nothing past n_prefix + i_hi (causal, tree).
   const int64_t i_hi = (std::min<int64_t>(row0 + R, rows_total) - 1) / group;
-  int64_t kend = p.n_tokens;
+  int64_t kend = n_tokens;
   if (p.kind != static_cast<int32_t>(AttnMaskKind::kFull)) kend = std::min<int64_t>(kend, n_prefix + i_hi + 1);
-  const int64_t kb = split * p.keys_per_split;
-  const int64_t ke = std::min<int64_t>(kend, kb + p.keys_per_split);
+  const int64_t kb = split * keys_per_split;
+  const int64_t ke = std::min<int64_t>(kend, kb + keys_per_split);
 
   // Q rows of the block.
   for (int e = tid; e < R * S::kD4; e += kThreads) {
@@ -336,13 +351,21 @@ Plan make_plan(int64_t n_q, int64_t n_heads, const DeviceKvView& kv, const Devic
   if (mask.kind != AttnMaskKind::kFull) max_keys = std::min<int64_t>(max_keys, mask.n_prefix + n_q);
   const int64_t base = pl.row_blocks * kv.n_kv_heads;
   const int64_t target = 2 * static_cast<int64_t>(multiprocessors());
+  const size_t per_split = sizeof(float) * static_cast<size_t>(n_q * n_heads) * static_cast<size_t>(kv.head_dim + 2);
+  if (decode) {  // a fixed number of ranges, whatever the key count (see attention.h)
+    int64_t splits = base < target ? std::min<int64_t>((target + base - 1) / base, kMaxSplits) : 1;
+    if (splits > 1 && workspace_bytes != SIZE_MAX) splits = std::min<int64_t>(splits, workspace_bytes / per_split);
+    if (splits < 2) splits = 1;
+    pl.n_splits = static_cast<int>(splits);
+    pl.keys_per_split = decode_keys_per_split(std::max<int64_t>(max_keys, 1), pl.n_splits, pl.keys_per_tile);
+    return pl;
+  }
   int64_t splits = 1;
   if (base < target && max_keys > kMinKeysPerSplit) {
     splits = (target + base - 1) / base;
     splits = std::min<int64_t>(splits, (max_keys + kMinKeysPerSplit - 1) / kMinKeysPerSplit);
     splits = std::min<int64_t>(splits, kMaxSplits);
   }
-  const size_t per_split = sizeof(float) * static_cast<size_t>(n_q * n_heads) * static_cast<size_t>(kv.head_dim + 2);
   if (splits > 1 && workspace_bytes != SIZE_MAX) splits = std::min<int64_t>(splits, workspace_bytes / per_split);
   if (splits < 2) splits = 1;
   const int64_t T = pl.keys_per_tile;
@@ -402,6 +425,7 @@ cudaError_t attention(const float* q, int64_t n_q, int64_t n_heads, const Device
                       cudaStream_t stream) {
   if (!args_ok(q, n_q, n_heads, kv, mask, out)) return cudaErrorInvalidValue;
   if (n_q == 0) return cudaSuccess;
+  if (mask.lengths != nullptr && n_q > kDecodeMaxQueries) return cudaErrorInvalidValue;
   const Plan pl = make_plan(n_q, n_heads, kv, mask, workspace == nullptr ? 0 : workspace_bytes);
   if (pl.row_blocks > 2147483647) return cudaErrorInvalidValue;
   const int64_t n_rows = n_q * n_heads;
@@ -422,6 +446,7 @@ cudaError_t attention(const float* q, int64_t n_q, int64_t n_heads, const Device
   p.scale = scale;
   p.n_splits = pl.n_splits;
   p.keys_per_split = pl.keys_per_split;
+  p.lengths = n_q <= kDecodeMaxQueries ? mask.lengths : nullptr;
   if (pl.n_splits > 1) {
     p.part_acc = static_cast<float*>(workspace);
     p.part_ml = p.part_acc + static_cast<size_t>(pl.n_splits) * n_rows * kv.head_dim;

@@ -14,9 +14,10 @@
 //     scored against the rows in shared memory, then an online softmax per row and the P.V update of
 //     float32 accumulators in registers (f32 FMA, no tensor cores yet).
 //   decode (n_q <= 32: decode, chain verify, tree verify): 16 rows per block and split-K: the visible keys
-//     are cut into ranges handled by different blocks, each leaving a partial (max, sum, unnormalised
-//     output) in the workspace; a merge kernel combines them. Prefill splits too when its grid alone would
-//     not fill the GPU.
+//     are cut into a fixed number of equal ranges (set by the grid's size, not the key count, so the
+//     launch is the same at every length) handled by different blocks, each leaving a partial (max, sum,
+//     unnormalised output) in the workspace; a merge kernel combines them. Prefill splits too when its
+//     grid alone would not fill the GPU.
 // head_dim 64, 128 or 256.
 //
 // This header is included by nvcc-compiled code: no base/status.h (see attention_host.h for the Status API).
@@ -47,6 +48,10 @@ struct DeviceAttnMask {
   AttnMaskKind kind = AttnMaskKind::kCausal;
   int64_t n_prefix = 0;
   const int32_t* parents = nullptr;  // kTree only: device array of n_q
+  // When set (decode shape, n_q <= 32, only): device {n_prefix, n_tokens} read by the kernel when it runs,
+  // overriding n_prefix and kv.n_tokens (a replayed graph's lengths). The launch shape does not depend on
+  // them: decode-shaped calls always split the keys into the same number of ranges.
+  const int32_t* lengths = nullptr;
 };
 
 bool attention_head_dim_supported(int64_t head_dim);

@@ -1,6 +1,7 @@
 #include "ops/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "ops/cuda/attention_host.h"
@@ -8,11 +9,14 @@
 #include "ops/cuda/dequantize_host.h"
 #include "ops/cuda/gated_delta_net_host.h"
 #include "ops/cuda/glue.h"
+#include "ops/cuda/matmul.h"
 #include "ops/cuda/matmul_host.h"
 #include "ops/cuda/norm_rope.h"
 
 namespace dflash {
 namespace {
+
+constexpr size_t kPinnedBytes = size_t{4} << 20;
 
 Status check(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return Status();
@@ -31,13 +35,134 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device) {
   DF_RETURN_IF_ERROR(check(cudaSetDevice(device), "cudaSetDevice"));
   std::unique_ptr<CudaBackend> be(new CudaBackend());
   be->device_ = device;
+  DF_RETURN_IF_ERROR(check(cudaStreamCreate(&be->stream_), "cudaStreamCreate"));
+  DF_RETURN_IF_ERROR(check(cudaMallocHost(reinterpret_cast<void**>(&be->pinned_), kPinnedBytes), "cudaMallocHost"));
+  be->pinned_bytes_ = kPinnedBytes;
+  DF_RETURN_IF_ERROR(check(cudaMallocHost(reinterpret_cast<void**>(&be->step_params_host_), 4 * sizeof(int32_t)),
+                           "cudaMallocHost"));
+  DF_RETURN_IF_ERROR(check(cudaMalloc(reinterpret_cast<void**>(&be->step_params_), 4 * sizeof(int32_t)), "cudaMalloc"));
+  DF_RETURN_IF_ERROR(check(cudaMemset(be->step_params_, 0, 4 * sizeof(int32_t)), "cudaMemset"));
+  DF_RETURN_IF_ERROR(check(cudaEventCreateWithFlags(&be->params_copied_, cudaEventDisableTiming), "cudaEventCreate"));
   return be;
 }
 
 CudaBackend::~CudaBackend() {
+  if (capturing_) abort_step_capture();
+  std::vector<int64_t> ids;
+  for (const auto& [id, g] : graphs_) ids.push_back(id);
+  for (int64_t id : ids) drop_step(id);
   trim();
-  for (Scratch* s : {&positions_, &parents_, &chunk_table_, &rows_, &workspace_})
+  for (Scratch* s : {&positions_, &parents_, &chunk_table_, &rows_, &workspace_, &embed_rows_})
     if (s->ptr) cudaFree(s->ptr);
+  if (pinned_) cudaFreeHost(pinned_);
+  if (step_params_host_) cudaFreeHost(step_params_host_);
+  if (step_params_) cudaFree(step_params_);
+  if (params_copied_) cudaEventDestroy(params_copied_);
+  for (cudaEvent_t e : marks_) cudaEventDestroy(e);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+// ---- step recording
+
+Status CudaBackend::begin_step_capture() {
+  if (capturing_) return internal_error("a step is already being recorded");
+  DF_RETURN_IF_ERROR(check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture"));
+  capturing_ = true;
+  capture_owned_.clear();
+  return Status();
+}
+
+void CudaBackend::abort_step_capture() {
+  if (!capturing_) return;
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(stream_, &graph);
+  if (graph) cudaGraphDestroy(graph);
+  cudaGetLastError();
+  capturing_ = false;
+  for (float* p : capture_owned_) free_list_push(p);
+  capture_owned_.clear();
+}
+
+Result<int64_t> CudaBackend::end_step_capture() {
+  if (!capturing_) return internal_error("no step is being recorded");
+  cudaGraph_t graph = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+  capturing_ = false;
+  Graph g;
+  g.owned = std::move(capture_owned_);
+  capture_owned_.clear();
+  cudaError_t ei = e;
+  if (e == cudaSuccess) ei = cudaGraphInstantiate(&g.exec, graph, 0);
+  if (graph) cudaGraphDestroy(graph);
+  if (e != cudaSuccess || ei != cudaSuccess) {
+    cudaGetLastError();
+    for (float* p : g.owned) free_list_push(p);
+    return internal_error("recording a step failed: {}", cudaGetErrorString(e != cudaSuccess ? e : ei));
+  }
+  g.epoch = epoch_;
+  const int64_t id = next_graph_id_++;
+  for (float* p : g.owned) graph_owned_[p] = id;
+  graphs_.emplace(id, std::move(g));
+  return id;
+}
+
+void CudaBackend::drop_step(int64_t id) {
+  auto it = graphs_.find(id);
+  if (it == graphs_.end()) return;
+  cudaGraphExecDestroy(it->second.exec);
+  for (float* p : it->second.owned) {
+    graph_owned_.erase(p);
+    free_list_push(p);  // later users are stream-ordered after any replay already queued
+  }
+  graphs_.erase(it);
+}
+
+Status CudaBackend::replay_step(int64_t id, int32_t token, int64_t pos) {
+  auto it = graphs_.find(id);
+  if (it == graphs_.end()) return not_found("no recorded step {}", id);
+  if (it->second.epoch != epoch_) {
+    drop_step(id);
+    return not_found("recorded step {} used scratch that has moved", id);
+  }
+  if (pos < 0 || pos >= INT32_MAX) return invalid_argument("position {} is out of range", pos);
+  DF_RETURN_IF_ERROR(check(cudaEventSynchronize(params_copied_), "step parameters"));
+  const auto p = static_cast<int32_t>(pos);
+  step_params_host_[0] = token;
+  step_params_host_[1] = p;
+  step_params_host_[2] = p;      // KV prefix before this token
+  step_params_host_[3] = p + 1;  // KV length with it
+  DF_RETURN_IF_ERROR(check(cudaMemcpyAsync(step_params_, step_params_host_, 4 * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                           stream_),
+                           "step parameters"));
+  DF_RETURN_IF_ERROR(check(cudaEventRecord(params_copied_, stream_), "step parameters"));
+  return check(cudaGraphLaunch(it->second.exec, stream_), "cudaGraphLaunch");
+}
+
+int64_t CudaBackend::mark() {
+  if (marks_used_ == marks_.size()) {
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreate(&e) != cudaSuccess) {
+      cudaGetLastError();
+      return -1;
+    }
+    marks_.push_back(e);
+  }
+  cudaEvent_t e = marks_[marks_used_];
+  if (cudaEventRecord(e, stream_) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return static_cast<int64_t>(marks_used_++);
+}
+
+double CudaBackend::elapsed_ms(int64_t a, int64_t b) const {
+  if (a < 0 || b < 0 || static_cast<size_t>(a) >= marks_used_ || static_cast<size_t>(b) >= marks_used_) return 0.0;
+  float ms = 0.0f;
+  if (cudaEventElapsedTime(&ms, marks_[static_cast<size_t>(a)], marks_[static_cast<size_t>(b)]) != cudaSuccess) {
+    cudaGetLastError();
+    return 0.0;
+  }
+  return ms;
 }
 
 void CudaBackend::trim() {
@@ -55,6 +180,8 @@ Status CudaBackend::synchronize() { return check(cudaStreamSynchronize(stream_),
 
 Result<void*> CudaBackend::reserve(Scratch& s, size_t bytes) {
   if (bytes <= s.bytes) return s.ptr;
+  if (capturing_) return unsupported("scratch must grow while a step is recorded");
+  ++epoch_;  // recordings that used the old buffer are stale
   // Work already queued may still read the old buffer: wait before freeing it.
   DF_RETURN_IF_ERROR(synchronize());
   if (s.ptr) cudaFree(s.ptr);
@@ -68,17 +195,32 @@ Result<void*> CudaBackend::reserve(Scratch& s, size_t bytes) {
 
 Result<const void*> CudaBackend::stage(Scratch& s, const void* host, size_t bytes) {
   if (bytes == 0) return static_cast<const void*>(nullptr);
+  if (capturing_) return unsupported("host data cannot be staged while a step is recorded");
   DF_ASSIGN_OR_RETURN(void* p, reserve(s, bytes));
   // Stream-ordered: kernels queued earlier that read this slot run before the copy lands.
-  DF_RETURN_IF_ERROR(check(cudaMemcpyAsync(p, host, bytes, cudaMemcpyHostToDevice, stream_), "staging copy"));
-  DF_RETURN_IF_ERROR(synchronize());  // the host array may go away when the call returns
+  const size_t slot = (bytes + 255) & ~size_t{255};
+  if (slot > pinned_bytes_) {  // larger than the ring: copy from the caller's memory and wait for it
+    DF_RETURN_IF_ERROR(check(cudaMemcpyAsync(p, host, bytes, cudaMemcpyHostToDevice, stream_), "staging copy"));
+    DF_RETURN_IF_ERROR(synchronize());  // the host array may go away when the call returns
+    return static_cast<const void*>(p);
+  }
+  if (pinned_head_ + slot > pinned_bytes_) {  // wrap: copies queued from the ring's start must be done
+    DF_RETURN_IF_ERROR(synchronize());
+    pinned_head_ = 0;
+  }
+  uint8_t* src = pinned_ + pinned_head_;
+  pinned_head_ += slot;
+  std::memcpy(src, host, bytes);
+  DF_RETURN_IF_ERROR(check(cudaMemcpyAsync(p, src, bytes, cudaMemcpyHostToDevice, stream_), "staging copy"));
   return static_cast<const void*>(p);
 }
 
 Result<Buffer> CudaBackend::alloc(int64_t n_floats) {
   if (n_floats < 0) return invalid_argument("negative buffer size {}", n_floats);
   const int64_t n = std::max<int64_t>(n_floats, 1);
-  if (auto it = free_.find(n); it != free_.end() && !it->second.empty()) {
+  // While recording, temporaries are fresh memory the recording will own (never a free-list buffer that
+  // something else may hold later).
+  if (auto it = free_.find(n); !capturing_ && it != free_.end() && !it->second.empty()) {
     float* p = it->second.back();
     it->second.pop_back();
     cached_bytes_ -= static_cast<uint64_t>(n) * sizeof(float);
@@ -98,56 +240,101 @@ Result<Buffer> CudaBackend::alloc(int64_t n_floats) {
                               cudaGetErrorString(err)));
   }
   sizes_[p] = n;
+  if (capturing_) capture_owned_.push_back(p);
   return Buffer(this, p, n_floats);
 }
 
 void CudaBackend::release(float* data) {
-  auto it = sizes_.find(data);
-  if (it == sizes_.end()) {  // not ours: should not happen; free it the safe way
+  if (!sizes_.count(data)) {  // not ours: should not happen; free it the safe way
     cudaStreamSynchronize(stream_);
     cudaFree(data);
     return;
   }
-  free_[it->second].push_back(data);
+  if (graph_owned_.count(data)) return;  // a recording's temporary: it keeps it
+  if (capturing_ && std::find(capture_owned_.begin(), capture_owned_.end(), data) != capture_owned_.end()) return;
+  free_list_push(data);
+}
+
+void CudaBackend::free_list_push(float* p) {
+  auto it = sizes_.find(p);
+  if (it == sizes_.end()) return;
+  free_[it->second].push_back(p);
   cached_bytes_ += static_cast<uint64_t>(it->second) * sizeof(float);
 }
 
 Status CudaBackend::upload(float* dst, const float* src, int64_t n) {
-  return check(cudaMemcpy(dst, src, sizeof(float) * static_cast<size_t>(n), cudaMemcpyHostToDevice), "upload");
+  if (capturing_) return unsupported("upload while a step is recorded");
+  DF_RETURN_IF_ERROR(check(
+      cudaMemcpyAsync(dst, src, sizeof(float) * static_cast<size_t>(n), cudaMemcpyHostToDevice, stream_), "upload"));
+  return synchronize();  // the host buffer may go away when the call returns
 }
 Status CudaBackend::download(float* dst, const float* src, int64_t n) {
-  return check(cudaMemcpy(dst, src, sizeof(float) * static_cast<size_t>(n), cudaMemcpyDeviceToHost), "download");
+  if (capturing_) return unsupported("download while a step is recorded");
+  DF_RETURN_IF_ERROR(check(
+      cudaMemcpyAsync(dst, src, sizeof(float) * static_cast<size_t>(n), cudaMemcpyDeviceToHost, stream_), "download"));
+  return synchronize();
 }
 Status CudaBackend::copy(float* dst, const float* src, int64_t n) {
   return check(cudaMemcpyAsync(dst, src, sizeof(float) * static_cast<size_t>(n), cudaMemcpyDeviceToDevice, stream_),
                "device copy");
 }
 
-// Correctness first: every product runs the f32 GEMV kernels, in slices of 16 tokens (prefill re-streams
-// the weights once per slice). The bf16 cuBLAS GEMM is faster for prefill but rounds both inputs to bf16,
-// which the model tests measured at 1e-2 (qwen3) to 2e-1 (qwen35, compounding through DeltaNet) relative
-// error on random weights; it stays opt-in until a tensor-core path with f32-level accuracy replaces it.
+// Decode and verify steps (n <= 16) run the GEMV kernels: the integer-dot path for the common block
+// types, f32 for the rest. Longer steps (prefill) run the bf16 tensor-core GEMM (both inputs rounded to
+// bf16, f32 accumulation: the precision HF transformers runs bf16 checkpoints at), or, with
+// set_tensor_core_prefill(false), the GEMV kernels in slices of 16 tokens.
 Status CudaBackend::matmul(const cpu::WeightView& w, const float* x, int64_t n, float* y) {
-  constexpr int64_t kSlice = 16;
+  const cpu::WeightView* ws[] = {&w};
+  float* ys[] = {y};
+  return matmul_group(ws, x, n, ys);
+}
+
+Status CudaBackend::matmul_group(std::span<const cpu::WeightView* const> ws, const float* x, int64_t n,
+                                 std::span<float* const> ys) {
+  if (ws.size() != ys.size()) return invalid_argument("matmul_group: {} weights, {} outputs", ws.size(), ys.size());
+  if (ws.empty()) return Status();
+  const int64_t cols = ws[0]->cols;
+  std::vector<cuda::MatmulTarget> targets;
+  for (const cpu::WeightView* w : ws) {
+    if (w->cols != cols) return invalid_argument("matmul_group: weights of {} and {} columns", cols, w->cols);
+    targets.push_back({w->type, w->data, w->rows, nullptr});
+  }
+  constexpr int64_t kSlice = cuda::kGemvMaxTokens;
+  if (n > kSlice && tensor_core_prefill_) {
+    for (size_t i = 0; i < ws.size(); ++i)
+      DF_RETURN_IF_ERROR(cuda::matmul(ws[i]->type, ws[i]->data, ws[i]->rows, cols, x, n, ys[i], stream_,
+                                      cuda::MatmulPath::kGemmBf16));
+    return Status();
+  }
   for (int64_t t0 = 0; t0 < n; t0 += kSlice) {
     const int64_t m = std::min(kSlice, n - t0);
-    DF_RETURN_IF_ERROR(cuda::matmul(w.type, w.data, w.rows, w.cols, x + t0 * w.cols, m, y + t0 * w.rows, stream_,
-                                    cuda::MatmulPath::kGemv));
+    for (size_t i = 0; i < ws.size(); ++i) targets[i].y = ys[i] + t0 * ws[i]->rows;
+    DF_RETURN_IF_ERROR(cuda::matmul_group(targets, cols, x + t0 * cols, m, stream_));
   }
   return Status();
 }
 
+// Row bytes of the ids gathered on the device into scratch, then dequantized there (one launch each).
 Status CudaBackend::embedding(const cpu::WeightView& table, std::span<const int32_t> ids, float* out) {
-  auto rb = row_bytes(table.type, static_cast<uint64_t>(table.cols));
-  if (!rb.ok()) return rb.status();
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= table.rows)
-      return invalid_argument("token id {} is outside the embedding table of {} rows", ids[i], table.rows);
-    const auto* row = static_cast<const uint8_t*>(table.data) + static_cast<uint64_t>(ids[i]) * *rb;
-    DF_RETURN_IF_ERROR(cuda::dequantize_rows_to_f32(table.type, row, out + static_cast<int64_t>(i) * table.cols, 1,
-                                                    table.cols, stream_));
+  DF_ASSIGN_OR_RETURN(const uint64_t rb, row_bytes(table.type, static_cast<uint64_t>(table.cols)));
+  if (ids.empty()) return Status();
+  for (int32_t id : ids)
+    if (id < 0 || id >= table.rows)
+      return invalid_argument("token id {} is outside the embedding table of {} rows", id, table.rows);
+  const int32_t* dev_ids = nullptr;
+  if (capturing_) {
+    if (ids.size() != 1) return unsupported("a recorded step embeds one token");
+    dev_ids = step_params_;  // the replay's token
+  } else {
+    DF_ASSIGN_OR_RETURN(const void* d, stage(positions_, ids.data(), ids.size_bytes()));
+    dev_ids = static_cast<const int32_t*>(d);
   }
-  return Status();
+  const auto n = static_cast<int64_t>(ids.size());
+  DF_ASSIGN_OR_RETURN(void* rows, reserve(embed_rows_, static_cast<size_t>(rb) * static_cast<size_t>(n)));
+  DF_RETURN_IF_ERROR(check(cuda::gather_row_bytes(table.data, static_cast<int64_t>(rb), table.rows, dev_ids, n, rows,
+                                                  stream_),
+                           "embedding rows"));
+  return cuda::dequantize_rows_to_f32(table.type, rows, out, n, table.cols, stream_);
 }
 
 Status CudaBackend::rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* y) {
@@ -156,7 +343,12 @@ Status CudaBackend::rms_norm(const float* x, const float* w, float eps, int64_t 
 
 Status CudaBackend::rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
                               std::span<const int32_t> positions, double theta, double freq_scale) {
-  DF_ASSIGN_OR_RETURN(const void* pos, stage(positions_, positions.data(), positions.size_bytes()));
+  const void* pos = step_params_ + 1;  // a recorded step's position
+  if (capturing_) {
+    if (n != 1) return unsupported("a recorded step has one token");
+  } else {
+    DF_ASSIGN_OR_RETURN(pos, stage(positions_, positions.data(), positions.size_bytes()));
+  }
   return check(cuda::rope_neox(x, n, n_heads, head_dim, rot_dims, static_cast<const int32_t*>(pos), theta, freq_scale,
                                stream_),
                "rope_neox");
@@ -164,18 +356,45 @@ Status CudaBackend::rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head
 
 Status CudaBackend::attention(const float* q, int64_t n_q, int64_t n_heads, const cpu::KvView& kv,
                               const cpu::AttentionMask& mask, float scale, float* out) {
-  // The chunk tables (device pointers held on the host) go to the device side by side: [k..., v...].
-  std::vector<const float*> table(kv.k_chunks.begin(), kv.k_chunks.end());
-  table.insert(table.end(), kv.v_chunks.begin(), kv.v_chunks.end());
-  DF_ASSIGN_OR_RETURN(const void* t, stage(chunk_table_, table.data(), table.size() * sizeof(const float*)));
-  const auto* dev_table = static_cast<const float* const*>(t);
-  cuda::DeviceKvView dkv{dev_table, dev_table + kv.k_chunks.size(), kv.chunk_tokens, kv.n_tokens, kv.n_kv_heads,
-                         kv.head_dim};
+  const float* const* k_table = kv.device_k_table;
+  const float* const* v_table = kv.device_v_table;
+  if (k_table == nullptr || v_table == nullptr) {
+    // Tables held on the host: to the device side by side, [k..., v...].
+    std::vector<const float*> table(kv.k_chunks.begin(), kv.k_chunks.end());
+    table.insert(table.end(), kv.v_chunks.begin(), kv.v_chunks.end());
+    DF_ASSIGN_OR_RETURN(const void* t, stage(chunk_table_, table.data(), table.size() * sizeof(const float*)));
+    k_table = static_cast<const float* const*>(t);
+    v_table = k_table + kv.k_chunks.size();
+  }
+  cuda::DeviceKvView dkv{k_table, v_table, kv.chunk_tokens, kv.n_tokens, kv.n_kv_heads, kv.head_dim};
   DF_ASSIGN_OR_RETURN(const void* par, stage(parents_, mask.parents.data(), mask.parents.size_bytes()));
   cuda::DeviceAttnMask dmask{cuda::to_device(mask.kind), mask.n_prefix, static_cast<const int32_t*>(par)};
+  if (capturing_) {
+    if (n_q != 1 || mask.kind != cpu::MaskKind::kCausal) return unsupported("a recorded step is one causal token");
+    dmask.lengths = step_params_ + 2;  // the replay's {KV prefix, KV length}
+  }
   const size_t ws_bytes = cuda::attention_workspace_bytes(n_q, n_heads, dkv, dmask);
   DF_ASSIGN_OR_RETURN(void* ws, reserve(workspace_, ws_bytes));
   return cuda::attention_checked(q, n_q, n_heads, dkv, dmask, scale, out, ws, ws_bytes, stream_);
+}
+
+Status CudaBackend::kv_write(const cpu::KvView& kv, int64_t first_pos, const float* k, const float* v, int64_t n) {
+  if (kv.device_k_table == nullptr || kv.device_v_table == nullptr) {
+    if (capturing_) return unsupported("a recorded step needs the KV tables on the device");
+    return Backend::kv_write(kv, first_pos, k, v, n);
+  }
+  if (first_pos < 0 || n < 0 || (first_pos + n + kv.chunk_tokens - 1) / kv.chunk_tokens >
+                                   static_cast<int64_t>(kv.k_chunks.size()))
+    return invalid_argument("kv_write: positions {}..{} are past the store's {} chunks", first_pos, first_pos + n - 1,
+                            kv.k_chunks.size());
+  const int32_t* first_dev = nullptr;
+  if (capturing_) {
+    if (n != 1) return unsupported("a recorded step has one token");
+    first_dev = step_params_ + 1;
+  }
+  return check(cuda::kv_write(const_cast<float* const*>(kv.device_k_table), const_cast<float* const*>(kv.device_v_table),
+                              kv.chunk_tokens, kv.n_kv_heads * kv.head_dim, k, v, n, first_pos, first_dev, stream_),
+               "kv_write");
 }
 
 Status CudaBackend::gated_delta_net(const float* q, const float* k, const float* v, const float* g, const float* beta,
@@ -220,6 +439,10 @@ Status CudaBackend::deltanet_gates(float* alpha_to_decay, float* beta, const flo
   return check(cuda::deltanet_gates(alpha_to_decay, beta, dt_bias, ssm_a, n, n_heads, stream_), "deltanet_gates");
 }
 Status CudaBackend::gather_rows(const float* x, int64_t dim, std::span<const int64_t> rows, float* out) {
+  bool consecutive = !rows.empty();
+  for (size_t i = 1; i < rows.size() && consecutive; ++i) consecutive = rows[i] == rows[0] + static_cast<int64_t>(i);
+  if (consecutive)  // one copy, nothing to stage
+    return copy(out, x + rows[0] * dim, static_cast<int64_t>(rows.size()) * dim);
   DF_ASSIGN_OR_RETURN(const void* r, stage(rows_, rows.data(), rows.size_bytes()));
   return check(cuda::gather_rows(x, dim, static_cast<const int64_t*>(r), static_cast<int64_t>(rows.size()), out, stream_),
                "gather_rows");

@@ -1,10 +1,12 @@
 // CudaBackend: the Backend interface on one CUDA device, with the ops/cuda kernels. Buffers and weights
-// live in device memory; host-side index arrays (positions, parents, KV chunk tables) are staged into
-// device scratch on the backend's stream, in stream order.
+// live in device memory; host-side index arrays (positions, parents, KV chunk tables) are copied into a
+// pinned host ring and from there into device scratch on the backend's stream, in stream order, so an
+// op never waits for the device (the ring waits for the stream only when it wraps).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -15,7 +17,8 @@ namespace dflash {
 
 class CudaBackend final : public Backend {
  public:
-  // Uses device `device` (cudaSetDevice) and its default stream.
+  // Uses device `device` (cudaSetDevice) and a stream of its own (blocking: ordered with the legacy
+  // default stream, so synchronous copies elsewhere see its work).
   static Result<std::unique_ptr<CudaBackend>> create(int device = 0);
   ~CudaBackend() override;
 
@@ -24,8 +27,23 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_; }
   // Returns cached free buffers to the device (after waiting for the stream).
   void trim();
+  // Steps of more than 16 tokens (prefill): bf16 tensor-core GEMM (on, the default) or the GEMV kernels
+  // in 16-token slices (exactly the numerics of decode, re-streaming the weights per slice).
+  void set_tensor_core_prefill(bool on) { tensor_core_prefill_ = on; }
   // Waits for the stream; returns the first asynchronous error, if any.
   Status synchronize() override;
+
+  int64_t mark() override;
+  double elapsed_ms(int64_t a, int64_t b) const override;
+  void clear_marks() override { marks_used_ = 0; }
+
+  bool device_memory() const override { return true; }
+  bool step_graphs_supported() const override { return true; }
+  Status begin_step_capture() override;
+  Result<int64_t> end_step_capture() override;
+  void abort_step_capture() override;
+  Status replay_step(int64_t id, int32_t token, int64_t pos) override;
+  void drop_step(int64_t id) override;
 
   Result<Buffer> alloc(int64_t n_floats) override;
   void release(float* data) override;
@@ -34,6 +52,8 @@ class CudaBackend final : public Backend {
   Status copy(float* dst, const float* src, int64_t n) override;
 
   Status matmul(const cpu::WeightView& w, const float* x, int64_t n, float* y) override;
+  Status matmul_group(std::span<const cpu::WeightView* const> ws, const float* x, int64_t n,
+                      std::span<float* const> ys) override;
   Status embedding(const cpu::WeightView& table, std::span<const int32_t> ids, float* out) override;
   Status rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* y) override;
   Status rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
@@ -45,6 +65,7 @@ class CudaBackend final : public Backend {
                          std::span<const int32_t> parents, bool chunked) override;
   Status causal_conv1d_silu(const float* x, int64_t n, int64_t channels, const float* w, int64_t kernel,
                             float* conv_state, float* out, std::span<const int32_t> parents) override;
+  Status kv_write(const cpu::KvView& kv, int64_t first_pos, const float* k, const float* v, int64_t n) override;
   Status add_inplace(float* y, const float* x, int64_t n) override;
   Status mul_inplace(float* y, const float* x, int64_t n) override;
   Status silu_inplace(float* x, int64_t n) override;
@@ -67,15 +88,41 @@ class CudaBackend final : public Backend {
   Result<void*> reserve(Scratch& s, size_t bytes);
   Result<const void*> stage(Scratch& s, const void* host, size_t bytes);
 
+  // A recorded step: the executable graph, the scratch epoch it was recorded in, and the temporaries it
+  // owns (allocated during the capture, kept out of the free lists while it lives).
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t epoch = 0;
+    std::vector<float*> owned;
+  };
+  void free_list_push(float* p);
+
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
+  // Step recording: per-replay parameters {token, position, KV prefix, KV length} on the device, their
+  // pinned host source, and the event after which the host may rewrite it.
+  bool capturing_ = false;
+  int32_t* step_params_ = nullptr;
+  int32_t* step_params_host_ = nullptr;
+  cudaEvent_t params_copied_ = nullptr;
+  std::vector<float*> capture_owned_;
+  std::unordered_map<float*, int64_t> graph_owned_;  // temporary -> recording id
+  std::unordered_map<int64_t, Graph> graphs_;
+  int64_t next_graph_id_ = 1;
+  uint64_t epoch_ = 0;  // bumped when scratch a recording may use moves
+  bool tensor_core_prefill_ = true;
+  // Pinned staging ring: host arrays are copied here before their asynchronous upload.
+  uint8_t* pinned_ = nullptr;
+  std::vector<cudaEvent_t> marks_;  // events for mark(), reused after clear_marks()
+  size_t marks_used_ = 0;
+  size_t pinned_bytes_ = 0, pinned_head_ = 0;
   // Freed buffers by size, reused by later allocations of the same size. All work runs on one stream, so
   // a buffer freed after queued kernels and handed to a later op is only touched in stream order; no
   // synchronization (cudaFree would synchronize the device on every op of every step).
   std::unordered_map<int64_t, std::vector<float*>> free_;
   std::unordered_map<float*, int64_t> sizes_;
   uint64_t cached_bytes_ = 0;
-  Scratch positions_, parents_, chunk_table_, rows_, workspace_;
+  Scratch positions_, parents_, chunk_table_, rows_, workspace_, embed_rows_;
 };
 
 }  // namespace dflash

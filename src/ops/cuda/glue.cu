@@ -1,5 +1,7 @@
 #include "ops/cuda/glue.h"
 
+#include <cstdint>
+
 namespace dflash::cuda {
 namespace {
 
@@ -55,7 +57,53 @@ __global__ void gather_rows_kernel(const float* x, int64_t dim, const int64_t* r
     out[i] = x[rows[i / dim] * dim + i % dim];
 }
 
+__global__ void gather_row_bytes_kernel(const uint8_t* table, int64_t rb, int64_t n_rows, const int32_t* ids,
+                                        uint8_t* out) {
+  const int64_t i = blockIdx.x;
+  const int64_t id = ids[i];
+  uint8_t* dst = out + i * rb;
+  const bool ok = id >= 0 && id < n_rows;
+  const uint8_t* src = table + (ok ? id : 0) * rb;
+  for (int64_t b = threadIdx.x; b < rb; b += blockDim.x) dst[b] = ok ? src[b] : 0;
+}
+
+__global__ void kv_write_kernel(float* const* k_chunks, float* const* v_chunks, int64_t chunk_tokens,
+                                int64_t row_floats, const float* k, const float* v, int64_t n, int64_t first_pos,
+                                const int32_t* first_dev) {
+  const int64_t t = blockIdx.x;
+  const int64_t pos = (first_dev != nullptr ? int64_t{*first_dev} : first_pos) + t;
+  const int64_t c = pos / chunk_tokens, off = (pos - c * chunk_tokens) * row_floats;
+  float* kd = k_chunks[c] + off;
+  float* vd = v_chunks[c] + off;
+  for (int64_t e = threadIdx.x; e < row_floats; e += blockDim.x) {
+    kd[e] = k[t * row_floats + e];
+    vd[e] = v[t * row_floats + e];
+  }
+}
+
 }  // namespace
+
+cudaError_t gather_row_bytes(const void* table, int64_t row_bytes, int64_t n_rows, const int32_t* ids, int64_t n,
+                             void* out, cudaStream_t stream) {
+  if (row_bytes < 0 || n_rows < 0 || n < 0 || n > 2147483647) return cudaErrorInvalidValue;
+  if (n == 0 || row_bytes == 0) return cudaSuccess;
+  if (table == nullptr || ids == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  gather_row_bytes_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(static_cast<const uint8_t*>(table),
+                                                                             row_bytes, n_rows, ids,
+                                                                             static_cast<uint8_t*>(out));
+  return cudaGetLastError();
+}
+
+cudaError_t kv_write(float* const* k_chunks, float* const* v_chunks, int64_t chunk_tokens, int64_t row_floats,
+                     const float* k, const float* v, int64_t n, int64_t first_pos, const int32_t* first_dev,
+                     cudaStream_t stream) {
+  if (chunk_tokens <= 0 || row_floats < 0 || n < 0 || n > 2147483647 || first_pos < 0) return cudaErrorInvalidValue;
+  if (n == 0 || row_floats == 0) return cudaSuccess;
+  if (k_chunks == nullptr || v_chunks == nullptr || k == nullptr || v == nullptr) return cudaErrorInvalidValue;
+  kv_write_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(k_chunks, v_chunks, chunk_tokens, row_floats, k,
+                                                                     v, n, first_pos, first_dev);
+  return cudaGetLastError();
+}
 
 cudaError_t slice_columns(const float* src, int64_t rows, int64_t src_width, int64_t offset, int64_t width, float* dst,
                           cudaStream_t stream) {

@@ -1,4 +1,6 @@
-// GEMV kernels (matmul.h): y[n, rows] = x[n, cols] W^T for n <= 16 tokens, W in any stored type.
+// GEMV kernels (matmul.h): y[n, rows] = x[n, cols] W^T for n <= 16 tokens, W in any stored type, f32
+// activations. The engine's decode path for the common block types is the integer-dot GEMV (gemv_q8.cu);
+// this one serves every type and the exact-f32 path (MatmulPath::kGemv).
 //
 // Work split: a CTA of 4 warps; each weight row belongs to `split` consecutive warps (1, 2 or 4), which
 // take interleaved pieces of it, so a CTA covers 4 / split rows. A warp keeps one f32 accumulator per
@@ -6,8 +8,6 @@
 // Weight access by type:
 //   - f32/f16/bf16 with 16-byte aligned rows: 16-byte loads straight into registers, 4 in flight per lane;
 //     otherwise element loads.
-//   - q4_K (144-byte blocks, 16-byte aligned rows): 8 lanes per block, each loads the block header and 16
-//     bytes of nibbles (32 weights) with two 16-byte loads, 2 blocks in flight per lane.
 //   - every other block type: the warp copies a chunk of whole blocks (any alignment) to its own shared
 //     memory with 16-byte loads, then decodes from there: q8_0 one block per lane, the rest with the
 //     exact group codecs of quant_blocks.cuh.
@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "ops/cuda/matmul.h"
+#include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/quant_blocks.cuh"
 
 namespace dflash::cuda {
@@ -27,9 +28,8 @@ namespace {
 
 using namespace qblocks;  // NOLINT: the codecs and type ids
 
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
-constexpr unsigned kFull = 0xffffffffu;
+using gemv_common::kThreads;
+using gemv_common::kWarps;
 
 struct Args {
   const uint8_t* w;
@@ -150,73 +150,6 @@ struct Plain {
           if (t >= a.n) break;
           acc[t] = fmaf(w, a.x[t * a.cols + e], acc[t]);
         }
-      }
-    }
-  }
-};
-
-// ---- q4_K straight from global memory ----
-
-// 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes s0 (bytes 0-3), s1 (4-7), s2 (8-11).
-__device__ __forceinline__ void k4_scale_min(int j, uint32_t s0, uint32_t s1, uint32_t s2, int& sc, int& m) {
-  const int sh = 8 * (j & 3);
-  if (j < 4) {
-    sc = (s0 >> sh) & 63;
-    m = (s1 >> sh) & 63;
-  } else {
-    sc = ((s2 >> sh) & 0x0f) | (((s0 >> sh) >> 6 & 3) << 4);
-    m = ((s2 >> sh) >> 4 & 0x0f) | (((s1 >> sh) >> 6 & 3) << 4);
-  }
-}
-
-struct Q4KDirect {  // rows 16-byte aligned (144-byte blocks)
-  struct Smem {};
-  template <int NT>
-  __device__ static void row_dot(const Args& a, int64_t row, int part, int lane, Smem&, float (&acc)[NT]) {
-    constexpr int U = 2;  // blocks in flight per lane
-    const uint8_t* rowp = a.w + row * a.rb;
-    const int64_t blocks = a.cols / 256;
-    const int u = lane & 7;  // 16-byte word of the block's 128 nibble bytes
-    const int c = u >> 1, half = u & 1;
-    const int64_t step = int64_t{a.split} * 4;
-    for (int64_t b0 = int64_t{part} * 4 + (lane >> 3); b0 < blocks; b0 += U * step) {
-      uint4 hdr[U], qs[U];
-#pragma unroll
-      for (int k = 0; k < U; ++k) {
-        const int64_t b = b0 + k * step;
-        if (b < blocks) {
-          const uint4* blk = reinterpret_cast<const uint4*>(rowp + b * 144);
-          hdr[k] = __ldg(blk);
-          qs[k] = __ldg(blk + 1 + u);
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < U; ++k) {
-        const int64_t b = b0 + k * step;
-        if (b >= blocks) break;
-        const float d = fp16_to_f32(hdr[k].x & 0xffffu), dmin = fp16_to_f32(hdr[k].x >> 16);
-        int sc0, m0, sc1, m1;
-        k4_scale_min(2 * c, hdr[k].y, hdr[k].z, hdr[k].w, sc0, m0);
-        k4_scale_min(2 * c + 1, hdr[k].y, hdr[k].z, hdr[k].w, sc1, m1);
-        const float ds0 = __fmul_rn(d, static_cast<float>(sc0)), ms0 = __fmul_rn(dmin, static_cast<float>(m0));
-        const float ds1 = __fmul_rn(d, static_cast<float>(sc1)), ms1 = __fmul_rn(dmin, static_cast<float>(m1));
-        const uint32_t v[4] = {qs[k].x, qs[k].y, qs[k].z, qs[k].w};
-        float wl[kGroup], wh[kGroup];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const uint32_t lo = v[i] & 0x0f0f0f0fu, hi = (v[i] >> 4) & 0x0f0f0f0fu;
-          wl[4 * i + 0] = fmaf(ds0, byte_f<0>(lo), -ms0);
-          wl[4 * i + 1] = fmaf(ds0, byte_f<1>(lo), -ms0);
-          wl[4 * i + 2] = fmaf(ds0, byte_f<2>(lo), -ms0);
-          wl[4 * i + 3] = fmaf(ds0, byte_f<3>(lo), -ms0);
-          wh[4 * i + 0] = fmaf(ds1, byte_f<0>(hi), -ms1);
-          wh[4 * i + 1] = fmaf(ds1, byte_f<1>(hi), -ms1);
-          wh[4 * i + 2] = fmaf(ds1, byte_f<2>(hi), -ms1);
-          wh[4 * i + 3] = fmaf(ds1, byte_f<3>(hi), -ms1);
-        }
-        const int64_t col = b * 256 + 64 * c + 16 * half;
-        dot16<NT>(a, col, wl, acc);
-        dot16<NT>(a, col + 32, wh, acc);
       }
     }
   }
@@ -347,48 +280,16 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
   if (row < a.rows) Policy::template row_dot<NT>(a, row, part, lane, stage[warp], acc);
-#pragma unroll
-  for (int t = 0; t < NT; ++t)
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(kFull, acc[t], o);
-  if (a.split == 1) {
-    if (lane == 0 && row < a.rows)
-#pragma unroll
-      for (int t = 0; t < NT; ++t)
-        if (t < a.n) a.y[t * a.rows + row] = acc[t];
-    return;
-  }
-  if (lane == 0)
-#pragma unroll
-    for (int t = 0; t < NT; ++t) partial[warp][t] = acc[t];
-  __syncthreads();
-  if (lane == 0 && part == 0 && row < a.rows)
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      if (t >= a.n) break;
-      float s = partial[warp][t];
-      for (int p = 1; p < a.split; ++p) s += partial[warp + p][t];
-      a.y[t * a.rows + row] = s;
-    }
+  gemv_common::store_row<NT>(acc, partial, warp, lane, part, a.split, a.n, row < a.rows ? a.y : nullptr, a.rows, row);
 }
 
 template <typename Policy>
 cudaError_t launch(const Args& a, cudaStream_t stream) {
-  const int64_t per_cta = kWarps / a.split;
-  const int64_t grid = (a.rows + per_cta - 1) / per_cta;
-  if (grid > INT_MAX) return cudaErrorInvalidValue;
-  const auto g = static_cast<unsigned>(grid);
-  if (a.n <= 1)
-    gemv_kernel<Policy, 1><<<g, kThreads, 0, stream>>>(a);
-  else if (a.n <= 2)
-    gemv_kernel<Policy, 2><<<g, kThreads, 0, stream>>>(a);
-  else if (a.n <= 4)
-    gemv_kernel<Policy, 4><<<g, kThreads, 0, stream>>>(a);
-  else if (a.n <= 8)
-    gemv_kernel<Policy, 8><<<g, kThreads, 0, stream>>>(a);
-  else
-    gemv_kernel<Policy, 16><<<g, kThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  unsigned g = 0;
+  if (!gemv_common::grid_for_rows(a.rows, a.split, &g)) return cudaErrorInvalidValue;
+  return gemv_common::for_token_count(a.n, [&](auto nt) {
+    gemv_kernel<Policy, decltype(nt)::value><<<g, kThreads, 0, stream>>>(a);
+  });
 }
 
 struct Layout {
@@ -464,9 +365,7 @@ cudaError_t gemv(DType type, const void* w, int64_t rows, int64_t cols, const fl
       return launch<Staged<Generic<Q8_0>>>(a, stream);
     case kQ2_K: return launch<Staged<Generic<Q2_K>>>(a, stream);
     case kQ3_K: return launch<Staged<Generic<Q3_K>>>(a, stream);
-    case kQ4_K:
-      if (aligned16(w)) return launch<Q4KDirect>(a, stream);
-      return launch<Staged<Generic<Q4_K>>>(a, stream);
+    case kQ4_K: return launch<Staged<Generic<Q4_K>>>(a, stream);
     case kQ5_K: return launch<Staged<Generic<Q5_K>>>(a, stream);
     case kQ6_K: return launch<Staged<Generic<Q6_K>>>(a, stream);
     case kQ8_K: return launch<Staged<Generic<Q8_K>>>(a, stream);

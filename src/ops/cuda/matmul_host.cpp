@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <climits>
 #include <map>
+#include <vector>
 
 #include "base/checked_math.h"
 #include "ops/cuda/dequantize.h"
+#include "ops/cuda/gemv_q8.h"
 #include "ops/cuda/matmul.h"
 
 namespace dflash::cuda {
@@ -37,11 +39,28 @@ Status cuda_status(cudaError_t e, const char* what, std::string_view type, int64
   return io_error("matmul {} ({} x {}, n {}): {}: {}", type, rows, cols, n, what, cudaGetErrorString(e));
 }
 
+// The stream-ordered allocator's default pool returns freed memory to the driver at every
+// synchronization unless told otherwise, and a fresh cudaMallocAsync then costs tens of microseconds:
+// keep what the per-call scratch has used (at most a few MiB for the GEMV, one slab for the GEMM).
+void keep_pool_memory() {
+  thread_local std::map<int, bool> done;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || done[dev]) return;
+  done[dev] = true;
+  cudaMemPool_t pool = nullptr;
+  if (cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess) {
+    uint64_t keep = UINT64_MAX;
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  }
+  cudaGetLastError();
+}
+
 Status gemm_bf16(DType wtype, const uint8_t* w, uint64_t rb, int64_t rows, int64_t cols, const float* x, int64_t n,
                  float* y, cudaStream_t stream, std::string_view name) {
   if (rows > INT_MAX || cols > INT_MAX || n > INT_MAX)
     return invalid_argument("matmul {}: {} x {} with n {} exceeds cuBLAS's int dimensions", name, rows, cols, n);
   DF_ASSIGN_OR_RETURN(cublasHandle_t handle, thread_handle());
+  keep_pool_memory();
   const int64_t slab = std::clamp<int64_t>(kSlabElems / cols, 1, rows);
   __nv_bfloat16 *xb = nullptr, *wb = nullptr;
   DF_RETURN_IF_ERROR(cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&xb), sizeof(__nv_bfloat16) * n * cols, stream),
@@ -73,10 +92,11 @@ Status gemm_bf16(DType wtype, const uint8_t* w, uint64_t rb, int64_t rows, int64
   return st;
 }
 
-}  // namespace
 
-Status matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
-              cudaStream_t stream, MatmulPath path) {
+// Shape and pointer checks shared by matmul and matmul_group; `*empty` is set when there is nothing to do.
+Status check_args(DType wtype, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
+                  MatmulPath path, bool* empty) {
+  *empty = false;
   const auto info = dtype_info(wtype);
   if (!info || !gemv_supported(wtype) || !dequantize_supported(wtype))
     return unsupported("matmul on the GPU: weight type {} (id {}) is not supported", dtype_name(wtype),
@@ -87,25 +107,108 @@ Status matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const floa
   if (cols % info->block_elems != 0)
     return invalid_argument("matmul {}: a row of {} elements is not a multiple of the block size {}", name, cols,
                             info->block_elems);
-  if (path == MatmulPath::kGemv && n > kGemvMaxTokens)
+  if ((path == MatmulPath::kGemv || path == MatmulPath::kGemvQ8) && n > kGemvMaxTokens)
     return invalid_argument("matmul {}: the GEMV path takes at most {} tokens, not {}", name, kGemvMaxTokens, n);
+  if (path == MatmulPath::kGemvQ8 && !gemv_q8_supported(wtype))
+    return unsupported("matmul {}: no integer-dot GEMV for this type", name);
   DF_ASSIGN_OR_RETURN(const uint64_t rb, row_bytes(wtype, static_cast<uint64_t>(cols)));
   const auto wbytes = checked_mul(rb, static_cast<uint64_t>(rows));
   const auto xelems = checked_mul(static_cast<uint64_t>(n), static_cast<uint64_t>(cols));
   const auto yelems = checked_mul(static_cast<uint64_t>(n), static_cast<uint64_t>(rows));
   if (!wbytes || !xelems || !yelems || *wbytes > INT64_MAX || *xelems > INT64_MAX / 4 || *yelems > INT64_MAX / 4)
     return invalid_argument("matmul {}: {} x {} with n {} overflows the address space", name, rows, cols, n);
-  if (n == 0 || rows == 0) return Status();
+  if (n == 0 || rows == 0) {
+    *empty = true;
+    return Status();
+  }
   if (y == nullptr || reinterpret_cast<uintptr_t>(y) % 4 != 0)
     return invalid_argument("matmul {}: output pointer is null or not 4-byte aligned", name);
-  if (cols == 0)
-    return cuda_status(cudaMemsetAsync(y, 0, sizeof(float) * *yelems, stream), "zeroing y", name, rows, cols, n);
+  if (cols == 0) return Status();
   if (w == nullptr || x == nullptr || reinterpret_cast<uintptr_t>(x) % 4 != 0)
     return invalid_argument("matmul {}: {} pointer is null{}", name, w == nullptr ? "weight" : "input",
                             w == nullptr ? "" : " or not 4-byte aligned");
+  return Status();
+}
+
+bool q8_applies(DType wtype, const void* w, int64_t cols, int64_t n, MatmulPath path) {
+  if (path != MatmulPath::kAuto && path != MatmulPath::kGemvQ8) return false;
+  if (n > kGemvMaxTokens || cols == 0 || !gemv_q8_supported(wtype)) return false;
+  const bool k4 = wtype == DType::kQ4_K || wtype == DType::kQ5_K;
+  return reinterpret_cast<uintptr_t>(w) % (k4 ? 16 : 2) == 0;
+}
+
+// The integer-dot path for targets that all qualify: x quantized once, launches of up to 4 weights.
+Status run_q8(std::span<const MatmulTarget> targets, int64_t cols, const float* x, int64_t n, cudaStream_t stream) {
+  const std::string_view name = dtype_name(targets[0].type);
+  const int64_t rows0 = targets[0].rows;
+  keep_pool_memory();
+  // One scratch: xq (n cols bytes, a multiple of 32), then xd (n cols / 32 floats), then xs (n cols / 16 ints).
+  const size_t q_bytes = static_cast<size_t>(n * cols), d_bytes = q_bytes / 8, s_bytes = q_bytes / 4;
+  uint8_t* scratch = nullptr;
+  DF_RETURN_IF_ERROR(cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&scratch), q_bytes + d_bytes + s_bytes, stream),
+                                 "scratch for int8 x", name, rows0, cols, n));
+  auto* xq = reinterpret_cast<int8_t*>(scratch);
+  auto* xd = reinterpret_cast<float*>(scratch + q_bytes);
+  auto* xs = reinterpret_cast<int*>(scratch + q_bytes + d_bytes);
+  Status st = cuda_status(quantize_q8_rows(x, n, cols, xq, xd, xs, stream), "x to int8", name, rows0, cols, n);
+  for (size_t i = 0; st.ok() && i < targets.size();) {
+    Q8Part parts[kQ8MaxParts];
+    int np = 0;
+    const DType type = targets[i].type;
+    for (; i < targets.size() && np < kQ8MaxParts && targets[i].type == type; ++i)
+      parts[np++] = Q8Part{targets[i].w, targets[i].rows, targets[i].y};
+    st = cuda_status(gemv_q8(type, parts, np, cols, xq, xd, xs, n, stream), "integer-dot gemv launch",
+                     dtype_name(type), parts[0].rows, cols, n);
+  }
+  cudaFreeAsync(scratch, stream);
+  return st;
+}
+
+Status run_one(DType wtype, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
+               cudaStream_t stream, MatmulPath path) {
+  const std::string_view name = dtype_name(wtype);
+  if (cols == 0)
+    return cuda_status(cudaMemsetAsync(y, 0, sizeof(float) * static_cast<size_t>(n * rows), stream), "zeroing y", name,
+                       rows, cols, n);
+  if (q8_applies(wtype, w, cols, n, path)) {
+    const MatmulTarget t{wtype, w, rows, y};
+    return run_q8(std::span<const MatmulTarget>(&t, 1), cols, x, n, stream);
+  }
+  if (path == MatmulPath::kGemvQ8)
+    return invalid_argument("matmul {}: the integer-dot GEMV needs {}-byte aligned weights", name,
+                            wtype == DType::kQ4_K || wtype == DType::kQ5_K ? 16 : 2);
   const bool use_gemv = path == MatmulPath::kGemv || (path == MatmulPath::kAuto && n <= kGemvMaxTokens);
   if (use_gemv) return cuda_status(gemv(wtype, w, rows, cols, x, n, y, stream), "gemv launch", name, rows, cols, n);
+  DF_ASSIGN_OR_RETURN(const uint64_t rb, row_bytes(wtype, static_cast<uint64_t>(cols)));
   return gemm_bf16(wtype, static_cast<const uint8_t*>(w), rb, rows, cols, x, n, y, stream, name);
+}
+
+}  // namespace
+
+Status matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
+              cudaStream_t stream, MatmulPath path) {
+  bool empty = false;
+  DF_RETURN_IF_ERROR(check_args(wtype, w, rows, cols, x, n, y, path, &empty));
+  if (empty) return Status();
+  return run_one(wtype, w, rows, cols, x, n, y, stream, path);
+}
+
+Status matmul_group(std::span<const MatmulTarget> targets, int64_t cols, const float* x, int64_t n,
+                    cudaStream_t stream, MatmulPath path) {
+  std::vector<MatmulTarget> q8, other;
+  for (const MatmulTarget& t : targets) {
+    bool empty = false;
+    DF_RETURN_IF_ERROR(check_args(t.type, t.w, t.rows, cols, x, n, t.y, path, &empty));
+    if (empty) continue;
+    (q8_applies(t.type, t.w, cols, n, path) ? q8 : other).push_back(t);
+  }
+  if (!q8.empty()) {
+    std::stable_sort(q8.begin(), q8.end(),
+                     [](const MatmulTarget& a, const MatmulTarget& b) { return a.type < b.type; });
+    DF_RETURN_IF_ERROR(run_q8(q8, cols, x, n, stream));
+  }
+  for (const MatmulTarget& t : other) DF_RETURN_IF_ERROR(run_one(t.type, t.w, t.rows, cols, x, n, t.y, stream, path));
+  return Status();
 }
 
 }  // namespace dflash::cuda

@@ -1,9 +1,12 @@
 // y[n, rows] = x[n, cols] W^T on the GPU, W [rows, cols] device-resident in its stored type (rows
 // contiguous, ggml block layouts), x and y device f32. Status API with argument messages.
 //
-// Two paths:
-//   - GEMV (n <= kGemvMaxTokens = 16: decode, speculative verify): matmul.h. f32 accumulation of the
-//     CPU codecs' weights; matches ops/cpu matmul to float rounding (summation order differs).
+// Three paths:
+//   - integer-dot GEMV (n <= 16, q4_0, q8_0, q4_K, q5_K, q6_K: decode, speculative verify): gemv_q8.h.
+//     The activations are quantized to int8 per 32-element block first (scratch from the stream-ordered
+//     allocator); the result matches the CPU matmul of those dequantized activations to float rounding.
+//   - f32 GEMV (n <= kGemvMaxTokens = 16, every type): matmul.h. f32 accumulation of the CPU codecs'
+//     weights; matches ops/cpu matmul to float rounding (summation order differs).
 //   - GEMM (larger n: prefill): W is dequantized to bf16 in slabs of rows (dequantize.h, bit-identical
 //     with fp32_to_bf16 of the CPU value), x is rounded to bf16, and cuBLAS multiplies them with f32
 //     accumulation and f32 output. This differs from the CPU's f32 math by the bf16 rounding of both
@@ -16,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 
 #include "base/status.h"
 #include "tensor/dtype.h"
@@ -23,8 +27,9 @@
 namespace dflash::cuda {
 
 enum class MatmulPath {
-  kAuto,      // GEMV for n <= 16, GEMM above
-  kGemv,      // n must be <= 16
+  kAuto,      // n <= 16: integer-dot GEMV where the type has one, else f32 GEMV; GEMM above
+  kGemv,      // f32 GEMV; n must be <= 16
+  kGemvQ8,    // integer-dot GEMV; n <= 16 and a type gemv_q8_supported
   kGemmBf16,  // any n >= 1
 };
 
@@ -34,5 +39,19 @@ enum class MatmulPath {
 // zeroes y. Kernel faults surface at the next synchronization of `stream`.
 Status matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
               cudaStream_t stream = nullptr, MatmulPath path = MatmulPath::kAuto);
+
+// One weight of a product that shares its input with others.
+struct MatmulTarget {
+  DType type;
+  const void* w;
+  int64_t rows;
+  float* y;  // n x rows
+};
+
+// y_i = x W_i^T for every target (all cols wide), as matmul(..., path) each; where the integer-dot path
+// applies to all of them, x is quantized once and the targets run in grouped launches (up to 4 weights
+// a launch), so a layer's q/k/v or gate/up cost one launch.
+Status matmul_group(std::span<const MatmulTarget> targets, int64_t cols, const float* x, int64_t n,
+                    cudaStream_t stream = nullptr, MatmulPath path = MatmulPath::kAuto);
 
 }  // namespace dflash::cuda

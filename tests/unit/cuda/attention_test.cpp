@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -159,6 +160,24 @@ class AttentionTest : public ::testing::Test {
     DF_ASSERT_CUDA(cudaDeviceSynchronize());
     std::vector<float> got(q.size());
     DF_ASSERT_CUDA(cudaMemcpy(got.data(), dout, sizeof(float) * got.size(), cudaMemcpyDeviceToHost));
+    if (c.n_q <= 32) {
+      // Lengths read on the device (a replayed step's) give the same launch and bit-identical output,
+      // whatever the host-side fields say.
+      const std::vector<int32_t> lengths = {static_cast<int32_t>(c.n_prefix), static_cast<int32_t>(n_tokens)};
+      cuda::DeviceAttnMask dyn = dmask;
+      dyn.lengths = arena.upload(lengths);
+      dyn.n_prefix = 0;
+      DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dout), q.size(), kNaN));
+      ASSERT_EQ(cuda::attention_workspace_bytes(c.n_q, c.nh, dkv, dyn),
+                cuda::attention_workspace_bytes(c.n_q, c.nh, dkv, dmask));
+      const Status st2 = cuda::attention_checked(dq, c.n_q, c.nh, dkv, dyn, scale, dout, ws, ws_bytes);
+      ASSERT_TRUE(st2.ok()) << st2.message();
+      DF_ASSERT_CUDA(cudaDeviceSynchronize());
+      std::vector<float> got2(q.size());
+      DF_ASSERT_CUDA(cudaMemcpy(got2.data(), dout, sizeof(float) * got2.size(), cudaMemcpyDeviceToHost));
+      EXPECT_EQ(std::memcmp(got.data(), got2.data(), sizeof(float) * got.size()), 0)
+          << c.name() << ": lengths on the device changed the output";
+    }
 
     int bad = 0;
     double worst = 0.0;

@@ -105,5 +105,60 @@ TEST_F(CudaGlue, deltanet_gates_match_within_libm_ulps) {
   }
 }
 
+// KV rows land at their positions across chunk boundaries, from a host or a device position.
+TEST_F(CudaGlue, kv_write_places_rows_at_their_positions) {
+  const int64_t chunk = 64, row = 96, chunks = 3, n = 7;
+  std::vector<Dev<float>*> kc, vc;
+  std::vector<float*> kp, vp;
+  for (int64_t c = 0; c < chunks; ++c) {
+    kc.push_back(new Dev<float>(chunk * row));
+    vc.push_back(new Dev<float>(chunk * row));
+    kc.back()->poison();
+    vc.back()->poison();
+    kp.push_back(kc.back()->p);
+    vp.push_back(vc.back()->p);
+  }
+  Dev<float*> kt(chunks), vt(chunks);
+  kt.put(kp);
+  vt.put(vp);
+  const auto k = normal(n * row), v = normal(n * row);
+  Dev<float> dk(k.size()), dv(v.size());
+  dk.put(k);
+  dv.put(v);
+  ASSERT_EQ(cuda::kv_write(kt.p, vt.p, chunk, row, dk.p, dv.p, n, 60, nullptr), cudaSuccess);  // 60..66
+  Dev<int32_t> first(1);
+  first.put({130});
+  ASSERT_EQ(cuda::kv_write(kt.p, vt.p, chunk, row, dk.p, dv.p, 1, 0, first.p), cudaSuccess);  // row 0 at 130
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  auto at = [&](std::vector<Dev<float>*>& cs, int64_t pos) {
+    const auto h = cs[static_cast<size_t>(pos / chunk)]->get();
+    return std::vector<float>(h.begin() + (pos % chunk) * row, h.begin() + (pos % chunk + 1) * row);
+  };
+  for (int64_t t = 0; t < n; ++t) {
+    EXPECT_EQ(at(kc, 60 + t), std::vector<float>(k.begin() + t * row, k.begin() + (t + 1) * row)) << t;
+    EXPECT_EQ(at(vc, 60 + t), std::vector<float>(v.begin() + t * row, v.begin() + (t + 1) * row)) << t;
+  }
+  EXPECT_EQ(at(kc, 130), std::vector<float>(k.begin(), k.begin() + row));
+  EXPECT_TRUE(std::isnan(at(kc, 59)[0]));  // untouched
+  EXPECT_TRUE(std::isnan(at(kc, 67)[0]));
+  for (auto* d : kc) delete d;
+  for (auto* d : vc) delete d;
+}
+
+TEST_F(CudaGlue, gather_row_bytes_copies_rows_and_zeroes_bad_ids) {
+  const int64_t rows = 10, rb = 37;
+  std::vector<uint8_t> table(rows * rb);
+  for (auto& b : table) b = static_cast<uint8_t>(rng_());
+  Dev<uint8_t> dt(table.size()), out(4 * rb);
+  dt.put(table);
+  Dev<int32_t> ids(4);
+  ids.put({3, 9, -1, 10});
+  ASSERT_EQ(cuda::gather_row_bytes(dt.p, rb, rows, ids.p, 4, out.p), cudaSuccess);
+  const auto got = out.get();
+  EXPECT_TRUE(std::equal(got.begin(), got.begin() + rb, table.begin() + 3 * rb));
+  EXPECT_TRUE(std::equal(got.begin() + rb, got.begin() + 2 * rb, table.begin() + 9 * rb));
+  for (int64_t i = 2 * rb; i < 4 * rb; ++i) EXPECT_EQ(got[i], 0) << i;
+}
+
 }  // namespace
 }  // namespace dflash

@@ -1,5 +1,8 @@
 // GPU matmul (ops/cuda/matmul_host.h) against the CPU reference cpu::matmul for every weight type:
-// the GEMV path (n <= 16) to 1e-5 of sum_k |x||w| per output; the bf16 GEMM path (prefill) against the
+// the f32 GEMV path (n <= 16) to 1e-5 of sum_k |x||w| per output; the integer-dot GEMV (gemv_q8.h) against
+// the CPU matmul of the int8-quantized activations (quantized here by the reference below, which the
+// device quantizer must match bit for bit) to the same tolerance, and against the f32 result to the
+// activation rounding (sum_k |w_k| xd_k / 2); the bf16 GEMM path (prefill) against the
 // CPU matmul of the bf16-rounded inputs to the same tolerance, and against the f32 CPU result to the
 // bf16 rounding (2^-7 of sum |x||w|). Outputs are poisoned with NaN first, a guard after them must
 // stay poisoned; the seed of every run is printed on failure (DFLASH_TEST_SEED replays it).
@@ -15,6 +18,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,6 +27,7 @@
 #include "base/thread_pool.h"
 #include "ops/cpu/ops.h"
 #include "ops/cuda/fill.h"
+#include "ops/cuda/gemv_q8.h"
 #include "ops/cuda/matmul.h"
 #include "support/random_blocks.h"
 #include "support/cuda_test_util.h"
@@ -75,6 +81,40 @@ std::vector<float> random_x(int64_t n, int64_t cols, std::mt19937& rng) {
 
 float round_bf16(float f) { return bf16_to_fp32(fp32_to_bf16(f)); }
 
+// The reference of cuda::quantize_q8_rows: per 32-element block, amax = max |x|, xd = amax / 127,
+// xq = rint(x * (127 / amax)) (ties to even), non-finite blocks xd = NaN and codes 0.
+void quantize_q8_reference(const std::vector<float>& x, std::vector<int8_t>& xq, std::vector<float>& xd) {
+  const size_t blocks = x.size() / 32;
+  xq.assign(x.size(), 0);
+  xd.assign(blocks, 0.0f);
+  for (size_t b = 0; b < blocks; ++b) {
+    float amax = 0.0f;
+    bool bad = false;
+    for (size_t i = 0; i < 32; ++i) {
+      bad = bad || !std::isfinite(x[32 * b + i]);
+      amax = std::max(amax, std::fabs(x[32 * b + i]));
+    }
+    if (bad) {
+      xd[b] = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    xd[b] = amax / 127.0f;
+    if (amax == 0.0f) continue;
+    const float id = 127.0f / amax;
+    for (size_t i = 0; i < 32; ++i) xq[32 * b + i] = static_cast<int8_t>(std::nearbyint(x[32 * b + i] * id));
+  }
+}
+
+// x as the integer-dot GEMV sees it: xd * xq.
+std::vector<float> q8_dequantized(const std::vector<float>& x) {
+  std::vector<int8_t> xq;
+  std::vector<float> xd;
+  quantize_q8_reference(x, xq, xd);
+  std::vector<float> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = xd[i / 32] * static_cast<float>(xq[i]);
+  return out;
+}
+
 struct Case {
   DType type;
   int64_t rows, cols, n;
@@ -88,6 +128,7 @@ std::string describe(const Case& c) {
                   " n=" + std::to_string(c.n);
   if (c.path == cuda::MatmulPath::kGemmBf16) s += " gemm-bf16";
   if (c.path == cuda::MatmulPath::kGemv) s += " gemv";
+  if (c.path == cuda::MatmulPath::kGemvQ8) s += " gemv-q8";
   if (c.w_offset) s += " W+" + std::to_string(c.w_offset) + "B";
   if (c.split >= 0) s += " split=" + std::to_string(c.split);
   return s;
@@ -150,9 +191,16 @@ class CudaMatmul : public testing::Test {
       ASSERT_TRUE(dequantize_row(c.type, w.data() + r * rb, wf.data() + r * c.cols, c.cols).ok());
     const bool gemm = c.path == cuda::MatmulPath::kGemmBf16 ||
                       (c.path == cuda::MatmulPath::kAuto && c.n > cuda::kGemvMaxTokens && c.split < 0);
+    const bool q8 = uses_q8(c);
 
-    std::vector<float> ref(got.size()), ref_bf16;
+    std::vector<float> ref(got.size()), ref_bf16, ref_q8;
     ASSERT_TRUE(cpu::matmul({c.type, c.rows, c.cols, w.data()}, x.data(), c.n, ref.data(), pool_).ok());
+    std::vector<float> xq8;
+    if (q8) {
+      xq8 = q8_dequantized(x);
+      ref_q8.resize(got.size());
+      ASSERT_TRUE(cpu::matmul({c.type, c.rows, c.cols, w.data()}, xq8.data(), c.n, ref_q8.data(), pool_).ok());
+    }
     std::vector<float> xr;
     std::vector<uint16_t> wb;
     if (gemm) {
@@ -168,10 +216,14 @@ class CudaMatmul : public testing::Test {
     std::string first;
     for (int64_t t = 0; t < c.n; ++t)
       for (int64_t r = 0; r < c.rows; ++r) {
-        double scale = 0, scale_r = 0;
+        double scale = 0, scale_r = 0, act = 0;
         for (int64_t k = 0; k < c.cols; ++k) {
           scale += std::fabs(double{x[t * c.cols + k]} * wf[r * c.cols + k]);
           if (gemm) scale_r += std::fabs(double{xr[t * c.cols + k]} * bf16_to_fp32(wb[r * c.cols + k]));
+          if (q8) {
+            scale_r += std::fabs(double{xq8[t * c.cols + k]} * wf[r * c.cols + k]);
+            act += std::fabs(double{wf[r * c.cols + k]} * (x[t * c.cols + k] - xq8[t * c.cols + k]));
+          }
         }
         const size_t i = static_cast<size_t>(t * c.rows + r);
         const double g = got[i];
@@ -181,6 +233,10 @@ class CudaMatmul : public testing::Test {
           want = ref_bf16[i];
           tol = kGemmTol * scale_r + 1e-30;
           ok = std::fabs(g - want) <= tol && std::fabs(g - ref[i]) <= kBf16Tol * scale + 1e-30;
+        } else if (q8) {
+          want = ref_q8[i];
+          tol = kGemvTol * scale_r + 1e-30;
+          ok = std::fabs(g - want) <= tol && std::fabs(g - ref[i]) <= act + tol + kGemvTol * scale;
         } else {
           want = ref[i];
           tol = kGemvTol * scale + 1e-30;
@@ -196,6 +252,13 @@ class CudaMatmul : public testing::Test {
       }
     if (bad) ADD_FAILURE() << "MISMATCH " << describe(c) << ": " << bad << " of " << got.size() << " outputs; first "
                            << first;
+  }
+
+  static bool uses_q8(const Case& c) {
+    if (c.split >= 0 || !cuda::gemv_q8_supported(c.type) || c.n > cuda::kGemvMaxTokens) return false;
+    if (c.path == cuda::MatmulPath::kGemvQ8) return true;
+    const bool k4 = c.type == DType::kQ4_K || c.type == DType::kQ5_K;
+    return c.path == cuda::MatmulPath::kAuto && c.w_offset % (k4 ? 16 : 2) == 0;
   }
 
   uint32_t seed_ = 0;
@@ -227,6 +290,7 @@ TEST_F(CudaMatmul, gemv_many_rows_unaligned_weights_and_every_split_match_cpu) {
     const int64_t cols = cols_for(t)[1];
     for (int64_t n : {1, 5}) check({t, 4500, cols, n});  // enough rows for one warp per row
     for (int64_t off : {1, 2, 8}) check({t, 37, cols_for(t)[2], 3, cuda::MatmulPath::kGemv, off});
+    for (int64_t off : {1, 2, 16}) check({t, 37, cols_for(t)[2], 3, cuda::MatmulPath::kAuto, off});
     for (int split : {1, 2, 4}) check({t, 13, cols_for(t)[2], 3, cuda::MatmulPath::kAuto, 0, split});
     if (HasFailure()) return;
   }
@@ -260,6 +324,98 @@ TEST_F(CudaMatmul, gemv_token_alone_equals_token_in_a_batch_bit_for_bit) {
   }
 }
 
+TEST_F(CudaMatmul, gemv_q8_explicit_path_every_token_count) {
+  SCOPED_TRACE(seed_note());
+  for (DType t : kTypes) {
+    if (!cuda::gemv_q8_supported(t)) continue;
+    for (int64_t n = 1; n <= cuda::kGemvMaxTokens; ++n) check({t, 67, cols_for(t)[n % 3], n, cuda::MatmulPath::kGemvQ8});
+    if (HasFailure()) return;
+  }
+}
+
+TEST_F(CudaMatmul, quantize_q8_matches_the_reference_bit_for_bit) {
+  SCOPED_TRACE(seed_note());
+  const int64_t n = 5, cols = 4096;
+  std::vector<float> x = random_x(n, cols, rng_);
+  std::uniform_real_distribution<float> mag(-30.0f, 30.0f);
+  for (int64_t b = 0; b < n * cols / 32; ++b) {  // blocks of very different ranges
+    const float s = std::ldexp(1.0f, static_cast<int>(mag(rng_)));
+    for (int i = 0; i < 32; ++i) x[32 * b + i] *= s;
+  }
+  for (int i = 0; i < 32; ++i) x[64 + i] = 0.0f;             // an all-zero block
+  x[200] = std::numeric_limits<float>::infinity();           // a block with inf
+  x[300] = std::numeric_limits<float>::quiet_NaN();          // a block with NaN
+  x[1000] = 5e-39f;                                          // a subnormal
+  std::vector<int8_t> want_q;
+  std::vector<float> want_d;
+  quantize_q8_reference(x, want_q, want_d);
+  test::DeviceBuffer dx(x.size() * 4), dq(x.size()), dd(want_d.size() * 4), ds(want_d.size() * 8);
+  DF_ASSERT_CUDA(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  DF_ASSERT_CUDA(cudaMemset(dq.get(), 0x55, x.size()));
+  DF_ASSERT_CUDA(cuda::quantize_q8_rows(reinterpret_cast<const float*>(dx.get()), n, cols,
+                                        reinterpret_cast<int8_t*>(dq.get()), reinterpret_cast<float*>(dd.get()),
+                                        reinterpret_cast<int*>(ds.get())));
+  DF_ASSERT_CUDA(cudaDeviceSynchronize());
+  std::vector<int8_t> got_q(x.size());
+  std::vector<float> got_d(want_d.size());
+  DF_ASSERT_CUDA(cudaMemcpy(got_q.data(), dq.get(), got_q.size(), cudaMemcpyDeviceToHost));
+  DF_ASSERT_CUDA(cudaMemcpy(got_d.data(), dd.get(), got_d.size() * 4, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < got_q.size(); ++i) ASSERT_EQ(got_q[i], want_q[i]) << "element " << i;
+  std::vector<int> got_s(want_d.size() * 2);
+  DF_ASSERT_CUDA(cudaMemcpy(got_s.data(), ds.get(), got_s.size() * 4, cudaMemcpyDeviceToHost));
+  for (size_t h = 0; h < got_s.size(); ++h) {
+    int want = 0;
+    for (size_t i = 0; i < 16; ++i) want += want_q[16 * h + i];
+    ASSERT_EQ(got_s[h], want) << "half block " << h;
+  }
+  for (size_t b = 0; b < got_d.size(); ++b) {
+    if (std::isnan(want_d[b])) {
+      ASSERT_TRUE(std::isnan(got_d[b])) << "block " << b;
+      continue;
+    }
+    ASSERT_EQ(std::bit_cast<uint32_t>(got_d[b]), std::bit_cast<uint32_t>(want_d[b])) << "block " << b;
+  }
+}
+
+// Grouped products (a layer's q/k/v): each output as the single product would give it, mixed types too.
+TEST_F(CudaMatmul, matmul_group_matches_single_products) {
+  SCOPED_TRACE(seed_note());
+  const int64_t cols = 512;
+  for (int64_t n : {1, 3, 16, 40}) {
+    const DType types[] = {DType::kQ4_K, DType::kQ4_K, DType::kQ6_K, DType::kF32, DType::kQ4_K, DType::kQ8_0};
+    const int64_t rows[] = {96, 1, 33, 20, 130, 7};
+    const auto x = random_x(n, cols, rng_);
+    test::DeviceBuffer dx(x.size() * 4);
+    DF_ASSERT_CUDA(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+    const auto* xp = reinterpret_cast<const float*>(dx.get());
+    std::vector<std::vector<uint8_t>> ws;
+    std::vector<std::unique_ptr<test::DeviceBuffer>> dw, dy, dy1;
+    std::vector<cuda::MatmulTarget> targets;
+    for (size_t i = 0; i < std::size(types); ++i) {
+      ws.push_back(random_weights(types[i], rows[i], cols, rng_));
+      dw.push_back(std::make_unique<test::DeviceBuffer>(ws[i].size()));
+      dy.push_back(std::make_unique<test::DeviceBuffer>(static_cast<size_t>(n * rows[i]) * 4));
+      dy1.push_back(std::make_unique<test::DeviceBuffer>(static_cast<size_t>(n * rows[i]) * 4));
+      DF_ASSERT_CUDA(cudaMemcpy(dw[i]->get(), ws[i].data(), ws[i].size(), cudaMemcpyHostToDevice));
+      DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dy[i]->get()), n * rows[i], kPoison));
+      targets.push_back({types[i], dw[i]->get(), rows[i], reinterpret_cast<float*>(dy[i]->get())});
+    }
+    const Status st = cuda::matmul_group(targets, cols, xp, n);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    for (size_t i = 0; i < std::size(types); ++i) {
+      ASSERT_TRUE(cuda::matmul(types[i], dw[i]->get(), rows[i], cols, xp, n, reinterpret_cast<float*>(dy1[i]->get()))
+                      .ok());
+      DF_ASSERT_CUDA(cudaDeviceSynchronize());
+      std::vector<float> g(static_cast<size_t>(n * rows[i])), one(g.size());
+      DF_ASSERT_CUDA(cudaMemcpy(g.data(), dy[i]->get(), g.size() * 4, cudaMemcpyDeviceToHost));
+      DF_ASSERT_CUDA(cudaMemcpy(one.data(), dy1[i]->get(), one.size() * 4, cudaMemcpyDeviceToHost));
+      // The grouped launch may pick another split (warps per row) than the single one: float rounding.
+      for (size_t k = 0; k < g.size(); ++k)
+        ASSERT_NEAR(g[k], one[k], 1e-4 * (1.0 + std::fabs(one[k]))) << "target " << i << " n " << n << " at " << k;
+    }
+  }
+}
+
 TEST_F(CudaMatmul, argument_errors_write_nothing) {
   test::DeviceBuffer w(4096), x(4096), y(4096);
   DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(y.get()), 1024, kPoison));
@@ -271,6 +427,14 @@ TEST_F(CudaMatmul, argument_errors_write_nothing) {
   EXPECT_FALSE(cuda::matmul(DType::kQ8_0, nullptr, 2, 32, xp, 1, yp).ok());
   EXPECT_EQ(cuda::gemv(DType::kQ8_0, w.get(), 2, 32, xp, 0, yp), cudaErrorInvalidValue);
   EXPECT_EQ(cuda::gemv(DType::kQ8_0, w.get(), 2, 32, xp, 1, yp, nullptr, 3), cudaErrorInvalidValue);
+  EXPECT_FALSE(cuda::matmul(DType::kQ2_K, w.get(), 2, 256, xp, 1, yp, nullptr, cuda::MatmulPath::kGemvQ8).ok());
+  EXPECT_FALSE(cuda::matmul(DType::kQ4_K, w.get() + 1, 2, 256, xp, 1, yp, nullptr, cuda::MatmulPath::kGemvQ8).ok());
+  const cuda::Q8Part five[5] = {};
+  const auto* xs = reinterpret_cast<const int*>(x.get());
+  EXPECT_EQ(cuda::gemv_q8(DType::kQ4_K, five, 5, 256, reinterpret_cast<const int8_t*>(x.get()), xp, xs, 1),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::quantize_q8_rows(xp, 1, 33, reinterpret_cast<int8_t*>(y.get()), yp, reinterpret_cast<int*>(yp)),
+            cudaErrorInvalidValue);
   DF_ASSERT_CUDA(cudaDeviceSynchronize());
   std::vector<uint32_t> got(1024);
   DF_ASSERT_CUDA(cudaMemcpy(got.data(), y.get(), 4096, cudaMemcpyDeviceToHost));

@@ -1,0 +1,54 @@
+// Integer-dot GEMV for the common block types (kernels in gemv_q8.cu): the activations are quantized
+// to 8 bits per 32-element block (x ~ xd * xq, xq int8 in [-127, 127], xd f32 = max|x| / 127), and each
+// weight block is dotted with them by 4-byte integer dot products (dp4a), its scales applied to the
+// exact integer sums in f32. Weight bytes are read once, 16 bytes at a time where the block layout
+// allows; per weight element the kernel issues about a quarter of an instruction per token, against
+// about three for the f32 GEMV (matmul.h), which is what lets it keep up with HBM.
+//
+// The result equals x' W^T with x' = xd * xq (the dequantized activations) to float rounding; the
+// difference from the f32 product is the activation rounding (at most max|x| / 254 per element of a
+// block), the same trade llama.cpp's MMVQ makes. A token's output does not depend on the other tokens
+// of the batch (quantization is per token and block, the summation order fixed).
+//
+// Included by nvcc-compiled code: no base/status.h. The Status API is matmul_host.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dflash {
+enum class DType : uint32_t;  // tensor/dtype.h
+}  // namespace dflash
+
+namespace dflash::cuda {
+
+constexpr int64_t kQ8Block = 32;      // activation elements per scale
+constexpr int kQ8MaxParts = 4;        // weights one grouped launch takes
+constexpr int64_t kQ8MaxTokens = 16;  // tokens per launch
+
+// Types with an integer-dot kernel: q4_0, q8_0, q4_K, q5_K, q6_K.
+bool gemv_q8_supported(DType type);
+
+// x [n, cols] f32 -> xq [n, cols] int8, xd [n, cols / 32] f32 and xs [n, cols / 16] int32, the sum of
+// each 16 consecutive codes (the weight blocks' minimum terms use it). cols a multiple of 32. A block
+// whose max |x| is 0 gets xd = 0 and codes 0; a block holding inf or NaN gets xd = NaN (the products are
+// NaN, as the f32 product would be). xq[i] = rint(x[i] * (127 / amax)) with the quotient rounded once.
+cudaError_t quantize_q8_rows(const float* x, int64_t n, int64_t cols, int8_t* xq, float* xd, int* xs,
+                             cudaStream_t stream = nullptr);
+
+// One weight of a grouped product: y [n, rows] (y[t * rows + r]) = x' w^T, w rows x cols of `type`.
+struct Q8Part {
+  const void* w;
+  int64_t rows;
+  float* y;
+};
+
+// Enqueues y_p = x' W_p^T for every part (all of `type`, all cols wide) in one launch. x' = (xq, xd, xs)
+// from quantize_q8_rows, n in [1, kQ8MaxTokens]. cudaErrorInvalidValue (nothing enqueued) for an
+// unsupported type, a bad shape, more than kQ8MaxParts parts, a null or misaligned pointer (w: 16 bytes
+// for q4_K and q5_K, 2 bytes for the others; y, xd, xs 4 bytes; xq 16 bytes). Parts with 0 rows are skipped.
+cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, const int8_t* xq, const float* xd,
+                    const int* xs, int64_t n, cudaStream_t stream = nullptr);
+
+}  // namespace dflash::cuda
