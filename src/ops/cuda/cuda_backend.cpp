@@ -1,6 +1,7 @@
 #include "ops/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -58,6 +59,7 @@ CudaBackend::~CudaBackend() {
   if (step_params_host_) cudaFreeHost(step_params_host_);
   if (step_params_) cudaFree(step_params_);
   if (params_copied_) cudaEventDestroy(params_copied_);
+  for (auto& [key, table] : rope_tables_) cudaFree(table);
   for (cudaEvent_t e : marks_) cudaEventDestroy(e);
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -343,6 +345,21 @@ Status CudaBackend::rms_norm(const float* x, const float* w, float eps, int64_t 
 
 Status CudaBackend::rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
                               std::span<const int32_t> positions, double theta, double freq_scale) {
+  // The frequencies as the CPU forms them (std::pow on the host), uploaded once per shape.
+  const RopeKey key{theta, freq_scale, rot_dims};
+  auto table = rope_tables_.find(key);
+  if (table == rope_tables_.end()) {
+    if (capturing_) return unsupported("a RoPE table must exist before a step is recorded");
+    std::vector<double> inv(static_cast<size_t>(rot_dims / 2));
+    for (size_t i = 0; i < inv.size(); ++i)
+      inv[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rot_dims)) / freq_scale;
+    double* d = nullptr;
+    DF_RETURN_IF_ERROR(check(cudaMalloc(reinterpret_cast<void**>(&d), std::max<size_t>(1, inv.size()) * sizeof(double)),
+                             "cudaMalloc (rope table)"));
+    table = rope_tables_.emplace(key, d).first;
+    DF_RETURN_IF_ERROR(
+        check(cudaMemcpy(d, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice), "rope table upload"));
+  }
   const void* pos = step_params_ + 1;  // a recorded step's position
   if (capturing_) {
     if (n != 1) return unsupported("a recorded step has one token");
@@ -350,7 +367,7 @@ Status CudaBackend::rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head
     DF_ASSIGN_OR_RETURN(pos, stage(positions_, positions.data(), positions.size_bytes()));
   }
   return check(cuda::rope_neox(x, n, n_heads, head_dim, rot_dims, static_cast<const int32_t*>(pos), theta, freq_scale,
-                               stream_),
+                               stream_, table->second),
                "rope_neox");
 }
 

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -123,6 +124,16 @@ class CudaBackend final : public Backend {
   std::unordered_map<float*, int64_t> sizes_;
   uint64_t cached_bytes_ = 0;
   Scratch positions_, parents_, chunk_table_, rows_, workspace_, embed_rows_;
+  // RoPE frequency tables on the device, by (theta, freq_scale, rot_dims): made once, kept.
+  struct RopeKey {
+    double theta, freq_scale;
+    int64_t rot_dims;
+    bool operator<(const RopeKey& o) const {
+      return theta != o.theta ? theta < o.theta : freq_scale != o.freq_scale ? freq_scale < o.freq_scale
+                                                                              : rot_dims < o.rot_dims;
+    }
+  };
+  std::map<RopeKey, double*> rope_tables_;
 };
 
 }  // namespace dflash

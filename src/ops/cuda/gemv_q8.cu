@@ -75,12 +75,17 @@ struct K4 {
   static constexpr int kBytes = kHigh ? 176 : 144;
   template <int NT>
   __device__ static void row_dot(const Args& a, const uint8_t* rowp, int part, int lane, float (&acc)[NT]) {
-    constexpr int U = 4;  // blocks in flight per lane
+    constexpr int U = 2;  // blocks in flight per lane (H100: 2 beats 4, which costs occupancy)
     const int64_t blocks = a.cols / 256, xblocks = a.cols / 32;
     const int u = lane & 7, c = u >> 1, half = u & 1;
     const int64_t step = int64_t{a.split} * 4;
     for (int64_t b0 = int64_t{part} * 4 + (lane >> 3); b0 < blocks; b0 += U * step) {
       uint4 hdr[U], qs[U], qh[U];
+      // Token 0's activations are loaded with the weights, so one memory round trip serves both (the
+      // other tokens' follow in the dot loop).
+      uint4 x0l[U], x0h[U];
+      float2 x0d[U];
+      int x0s[U][2];
 #pragma unroll
       for (int k = 0; k < U; ++k) {
         const int64_t b = b0 + k * step;
@@ -93,6 +98,12 @@ struct K4 {
           } else {
             qs[k] = __ldg(blk + 1 + u);
           }
+          const int64_t col = b * 256 + 64 * c + 16 * half;
+          x0l[k] = __ldg(reinterpret_cast<const uint4*>(a.xq + col));
+          x0h[k] = __ldg(reinterpret_cast<const uint4*>(a.xq + col + 32));
+          x0d[k] = __ldg(reinterpret_cast<const float2*>(a.xd + b * 8 + 2 * c));
+          x0s[k][0] = __ldg(a.xs + col / 16);
+          x0s[k][1] = __ldg(a.xs + col / 16 + 2);
         }
       }
 #pragma unroll
@@ -118,18 +129,23 @@ struct K4 {
           }
         }
         const int64_t col = b * 256 + 64 * c + 16 * half;
+        {
+          const int sl = dot4(lo, x0l[k], 0), sh = dot4(hi, x0h[k], 0);
+          acc[0] += x0d[k].x * (ds0 * static_cast<float>(sl) - ms0 * static_cast<float>(x0s[k][0])) +
+                    x0d[k].y * (ds1 * static_cast<float>(sh) - ms1 * static_cast<float>(x0s[k][1]));
+        }
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
+        for (int t = 1; t < NT; ++t) {
           if (t >= a.n) break;
           const int8_t* xr = a.xq + t * a.cols + col;
           const uint4 xl = __ldg(reinterpret_cast<const uint4*>(xr));
           const uint4 xh = __ldg(reinterpret_cast<const uint4*>(xr + 32));
-          const float* dr = a.xd + t * xblocks + b * 8 + 2 * c;
+          const float2 dr = __ldg(reinterpret_cast<const float2*>(a.xd + t * xblocks + b * 8 + 2 * c));
           const int* sr = a.xs + t * (2 * xblocks) + col / 16;
           const int sl = dot4(lo, xl, 0), sh = dot4(hi, xh, 0);
           const int ml = __ldg(sr), mh = __ldg(sr + 2);
-          acc[t] += __ldg(dr) * (ds0 * static_cast<float>(sl) - ms0 * static_cast<float>(ml)) +
-                    __ldg(dr + 1) * (ds1 * static_cast<float>(sh) - ms1 * static_cast<float>(mh));
+          acc[t] += dr.x * (ds0 * static_cast<float>(sl) - ms0 * static_cast<float>(ml)) +
+                    dr.y * (ds1 * static_cast<float>(sh) - ms1 * static_cast<float>(mh));
         }
       }
     }
@@ -149,10 +165,16 @@ struct Q6K {
     for (int64_t b0 = int64_t{part} * 2 + (lane >> 4); b0 < blocks; b0 += U * step) {
       int ql[U][4], qh[U][4];
       uint32_t sd[U][2];
+      uint4 x0[U];  // token 0's activations, loaded with the weights
+      float x0d[U];
+      int x0s[U];
 #pragma unroll
       for (int j = 0; j < U; ++j) {
         const int64_t b = b0 + j * step;
         if (b < blocks) {
+          x0[j] = __ldg(reinterpret_cast<const uint4*>(a.xq + b * 256 + 16 * g));
+          x0d[j] = __ldg(a.xd + b * 8 + g / 2);
+          x0s[j] = __ldg(a.xs + b * 16 + g);
           const uint8_t* blk = rowp + b * 210;
           const uint8_t* pl = blk + 64 * h + 16 * tt + 32 * (k & 1);
           const uint8_t* ph = blk + 128 + 32 * h + 16 * tt;
@@ -177,8 +199,9 @@ struct Q6K {
           q[i] = static_cast<int>(((static_cast<uint32_t>(ql[j][i]) >> (4 * (k >> 1))) & 0x0f0f0f0fu) |
                                   (((static_cast<uint32_t>(qh[j][i]) >> (2 * k)) & 0x03030303u) << 4));
         const int64_t col = b * 256 + 16 * g;
+        acc[0] += x0d[j] * (dsc * static_cast<float>(dot4(q, x0[j], 0) - 32 * x0s[j]));
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
+        for (int t = 1; t < NT; ++t) {
           if (t >= a.n) break;
           const uint4 xv = __ldg(reinterpret_cast<const uint4*>(a.xq + t * a.cols + col));
           const int s = dot4(q, xv, 0) - 32 * __ldg(a.xs + t * (2 * xblocks) + col / 16);

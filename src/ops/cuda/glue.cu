@@ -73,11 +73,14 @@ __global__ void kv_write_kernel(float* const* k_chunks, float* const* v_chunks, 
   const int64_t t = blockIdx.x;
   const int64_t pos = (first_dev != nullptr ? int64_t{*first_dev} : first_pos) + t;
   const int64_t c = pos / chunk_tokens, off = (pos - c * chunk_tokens) * row_floats;
-  float* kd = k_chunks[c] + off;
-  float* vd = v_chunks[c] + off;
+  float* __restrict__ kd = k_chunks[c] + off;
+  float* __restrict__ vd = v_chunks[c] + off;
+  const float* __restrict__ ks = k + t * row_floats;
+  const float* __restrict__ vs = v + t * row_floats;
   for (int64_t e = threadIdx.x; e < row_floats; e += blockDim.x) {
-    kd[e] = k[t * row_floats + e];
-    vd[e] = v[t * row_floats + e];
+    const float a = __ldg(ks + e), b = __ldg(vs + e);  // both loads before the stores
+    kd[e] = a;
+    vd[e] = b;
   }
 }
 

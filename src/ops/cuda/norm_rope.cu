@@ -4,6 +4,7 @@
 // cannot fuse them into FMAs.
 #include "ops/cuda/norm_rope.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -43,7 +44,12 @@ __device__ float block_max(float v, float* scratch) {
   return t;
 }
 
-// One warp per row (dim <= 1024): 8 rows per block.
+// Rows (and the weights) are held in registers between the sum and the scaling, and each thread issues
+// all its loads before its first store (stores may alias later loads, which would otherwise serialize
+// one memory round trip per element: these kernels are latency-bound at decode sizes). Sums of squares are in double, like the CPU's, so the order of the terms hardly matters.
+
+// One warp per row (dim <= 32 * kWarpPer): 8 rows per block.
+constexpr int kWarpPer = 32;
 __global__ void rms_norm_warp_kernel(const float* x, int64_t xs, const float* w, float eps, int64_t n, int64_t dim,
                                      float* y, int64_t ys) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
@@ -51,21 +57,57 @@ __global__ void rms_norm_warp_kernel(const float* x, int64_t xs, const float* w,
   const int lane = threadIdx.x % 32;
   const float* xr = x + r * xs;
   float* yr = y + r * ys;
+  float v[kWarpPer], wv[kWarpPer];
+#pragma unroll
+  for (int k = 0; k < kWarpPer; ++k) {
+    const int64_t i = lane + 32 * k;
+    v[k] = i < dim ? xr[i] : 0.0f;
+    wv[k] = i < dim && w != nullptr ? __ldg(w + i) : 1.0f;
+  }
   double sum = 0.0;
-  for (int64_t i = lane; i < dim; i += 32) sum += static_cast<double>(xr[i]) * xr[i];
+#pragma unroll
+  for (int k = 0; k < kWarpPer; ++k) sum += static_cast<double>(v[k]) * v[k];
   sum = warp_sum(sum);
   const float mean = dim > 0 ? static_cast<float>(sum / static_cast<double>(dim)) : 0.0f;
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-  if (w != nullptr) {
-    for (int64_t i = lane; i < dim; i += 32) yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
-  } else {
-    for (int64_t i = lane; i < dim; i += 32) yr[i] = __fmul_rn(xr[i], scale);
+#pragma unroll
+  for (int k = 0; k < kWarpPer; ++k) {
+    const int64_t i = lane + 32 * k;
+    if (i < dim) yr[i] = w != nullptr ? __fmul_rn(__fmul_rn(v[k], scale), wv[k]) : __fmul_rn(v[k], scale);
   }
 }
 
-// One block per row (long rows: the hidden size).
+// One block per row (long rows: the hidden size), dim <= kThreads * kBlockPer.
+constexpr int kBlockPer = 32;
 __global__ void rms_norm_block_kernel(const float* x, int64_t xs, const float* w, float eps, int64_t dim, float* y,
                                       int64_t ys) {
+  __shared__ double scratch[kThreads / 32];
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * xs;
+  float* yr = y + r * ys;
+  float v[kBlockPer], wv[kBlockPer];
+#pragma unroll
+  for (int k = 0; k < kBlockPer; ++k) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(kThreads) * k;
+    v[k] = i < dim ? xr[i] : 0.0f;
+    wv[k] = i < dim && w != nullptr ? __ldg(w + i) : 1.0f;
+  }
+  double sum = 0.0;
+#pragma unroll
+  for (int k = 0; k < kBlockPer; ++k) sum += static_cast<double>(v[k]) * v[k];
+  sum = block_sum(sum, scratch);
+  const float mean = dim > 0 ? static_cast<float>(sum / static_cast<double>(dim)) : 0.0f;
+  const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+#pragma unroll
+  for (int k = 0; k < kBlockPer; ++k) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(kThreads) * k;
+    if (i < dim) yr[i] = w != nullptr ? __fmul_rn(__fmul_rn(v[k], scale), wv[k]) : __fmul_rn(v[k], scale);
+  }
+}
+
+// Any row length: one block per row, two passes over global memory.
+__global__ void rms_norm_long_kernel(const float* x, int64_t xs, const float* w, float eps, int64_t dim, float* y,
+                                     int64_t ys) {
   __shared__ double scratch[kThreads / 32];
   const int64_t r = blockIdx.x;
   const float* xr = x + r * xs;
@@ -75,16 +117,15 @@ __global__ void rms_norm_block_kernel(const float* x, int64_t xs, const float* w
   sum = block_sum(sum, scratch);
   const float mean = dim > 0 ? static_cast<float>(sum / static_cast<double>(dim)) : 0.0f;
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-  if (w != nullptr) {
-    for (int64_t i = threadIdx.x; i < dim; i += kThreads) yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
-  } else {
-    for (int64_t i = threadIdx.x; i < dim; i += kThreads) yr[i] = __fmul_rn(xr[i], scale);
-  }
+  for (int64_t i = threadIdx.x; i < dim; i += kThreads)
+    yr[i] = w != nullptr ? __fmul_rn(__fmul_rn(xr[i], scale), w[i]) : __fmul_rn(xr[i], scale);
 }
 
-// One block per token: cos/sin of the token's angles in shared memory, then every (head, pair).
+// Block (token, group of heads): cos/sin of the token's angles in shared memory, then one (head, pair)
+// per thread: both values loaded before either is stored.
+constexpr int kRopeThreads = 256;
 __global__ void rope_neox_kernel(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
-                                 const int32_t* positions, double theta, double freq_scale) {
+                                 const int32_t* positions, double theta, double freq_scale, const double* inv_freq) {
   extern __shared__ float cs_sn[];  // [half] cos, then [half] sin
   const int64_t t = blockIdx.x;
   const int64_t half = rot_dims / 2;
@@ -92,15 +133,19 @@ __global__ void rope_neox_kernel(float* x, int64_t n_heads, int64_t head_dim, in
   float* sn = cs_sn + half;
   const double pos = positions[t];
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    const double inv_freq =
-        pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rot_dims)) / freq_scale;
-    const double a = pos * inv_freq;
-    cs[i] = static_cast<float>(cos(a));
-    sn[i] = static_cast<float>(sin(a));
+    const double f = inv_freq != nullptr
+                         ? inv_freq[i]
+                         : pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rot_dims)) / freq_scale;
+    double s, c;
+    sincos(pos * f, &s, &c);
+    cs[i] = static_cast<float>(c);
+    sn[i] = static_cast<float>(s);
   }
   __syncthreads();
   float* xt = x + t * n_heads * head_dim;
-  for (int64_t e = threadIdx.x; e < n_heads * half; e += blockDim.x) {
+  const int64_t pairs = n_heads * half, per_block = (pairs + gridDim.y - 1) / gridDim.y;
+  const int64_t e0 = blockIdx.y * per_block, e1 = e0 + per_block < pairs ? e0 + per_block : pairs;
+  for (int64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
     const int64_t h = e / half, i = e % half;
     float* v = xt + h * head_dim;
     const float x0 = v[i], x1 = v[i + half];
@@ -169,14 +214,17 @@ cudaError_t rms_norm_strided(const float* x, int64_t x_stride, const float* w, f
   if (n < 0 || dim < 0 || x_stride < dim || y_stride < dim) return cudaErrorInvalidValue;
   if (n == 0 || dim == 0) return cudaSuccess;
   if (x == nullptr || y == nullptr) return cudaErrorInvalidValue;
-  if (dim <= 1024) {
+  if (dim <= 32 * kWarpPer) {
     const int64_t blocks = (n + kThreads / 32 - 1) / (kThreads / 32);
     if (blocks > kMaxGridX) return cudaErrorInvalidValue;
     rms_norm_warp_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, x_stride, w, eps, n, dim, y,
                                                                                   y_stride);
-  } else {
+  } else if (dim <= int64_t{kThreads} * kBlockPer) {
     if (n > kMaxGridX) return cudaErrorInvalidValue;
     rms_norm_block_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, x_stride, w, eps, dim, y, y_stride);
+  } else {
+    if (n > kMaxGridX) return cudaErrorInvalidValue;
+    rms_norm_long_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, x_stride, w, eps, dim, y, y_stride);
   }
   return cudaGetLastError();
 }
@@ -187,15 +235,19 @@ cudaError_t rms_norm(const float* x, const float* w, float eps, int64_t n, int64
 }
 
 cudaError_t rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
-                      const int32_t* positions, double theta, double freq_scale, cudaStream_t stream) {
+                      const int32_t* positions, double theta, double freq_scale, cudaStream_t stream,
+                      const double* inv_freq) {
   if (n < 0 || n_heads < 0 || head_dim < 0 || rot_dims < 0 || rot_dims % 2 != 0 || rot_dims > head_dim ||
       n > kMaxGridX || rot_dims > 16384)
     return cudaErrorInvalidValue;
   if (n == 0 || n_heads == 0 || rot_dims == 0) return cudaSuccess;
   if (x == nullptr || positions == nullptr) return cudaErrorInvalidValue;
   const size_t smem = sizeof(float) * static_cast<size_t>(rot_dims);
-  rope_neox_kernel<<<static_cast<unsigned>(n), 128, smem, stream>>>(x, n_heads, head_dim, rot_dims, positions, theta,
-                                                                     freq_scale);
+  const int64_t pairs = n_heads * (rot_dims / 2);
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(std::min<int64_t>(
+                                               (pairs + kRopeThreads - 1) / kRopeThreads, 65535)));
+  rope_neox_kernel<<<grid, kRopeThreads, smem, stream>>>(x, n_heads, head_dim, rot_dims, positions, theta, freq_scale,
+                                                         inv_freq);
   return cudaGetLastError();
 }
 

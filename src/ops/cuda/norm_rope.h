@@ -39,10 +39,12 @@ cudaError_t rms_norm_strided(const float* x, int64_t x_stride, const float* w, f
 // x [n, n_heads, head_dim] in place: NEOX (rotate-half) RoPE on the first rot_dims dims of every head,
 // pair (i, i + rot_dims / 2), angle = positions[t] * theta^(-2i / rot_dims) / freq_scale. `positions` is a
 // device array of n int32. rot_dims must be even and <= head_dim (else cudaErrorInvalidValue);
-// rot_dims == 0 is a no-op.
+// rot_dims == 0 is a no-op. inv_freq (optional): a device table of the rot_dims / 2 frequencies
+// theta^(-2i / rot_dims) / freq_scale computed on the host as the CPU does (then theta and freq_scale are
+// not used); without it the kernel forms them with the device's pow.
 cudaError_t rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
                       const int32_t* positions, double theta, double freq_scale = 1.0,
-                      cudaStream_t stream = nullptr);
+                      cudaStream_t stream = nullptr, const double* inv_freq = nullptr);
 
 cudaError_t silu_inplace(float* x, int64_t n, cudaStream_t stream = nullptr);
 cudaError_t sigmoid_inplace(float* x, int64_t n, cudaStream_t stream = nullptr);

@@ -169,6 +169,17 @@ TEST_F(NormRopeTest, RopeNeoxMatchesCpu) {
     DF_ASSERT_CUDA(dp.upload(pos));
     DF_ASSERT_CUDA(cuda::rope_neox(dx.get(), c.n, c.heads, c.hd, c.rot, dp.get(), c.theta, c.freq_scale));
     expect_close(dx.download(), want, 2e-6, 1e-6, what);
+    // With the host's frequency table (what CudaBackend passes).
+    if (c.rot == 0) continue;
+    std::vector<double> inv(static_cast<size_t>(c.rot / 2));
+    for (size_t i = 0; i < inv.size(); ++i)
+      inv[i] = std::pow(c.theta, -2.0 * static_cast<double>(i) / static_cast<double>(c.rot)) / c.freq_scale;
+    Dev<double> dinv(inv.size());
+    DF_ASSERT_CUDA(dinv.upload(inv));
+    DF_ASSERT_CUDA(dx.upload(x));
+    DF_ASSERT_CUDA(
+        cuda::rope_neox(dx.get(), c.n, c.heads, c.hd, c.rot, dp.get(), -1.0, -1.0, nullptr, dinv.get()));
+    expect_close(dx.download(), want, 2e-6, 1e-6, what + " (host table)");
   }
   Dev<float> dx(64);
   Dev<int32_t> dp(1);
