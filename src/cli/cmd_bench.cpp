@@ -195,6 +195,8 @@ Status run_bench(const BenchOptions& opt) {
   const double decode_s = now_s() - t1;
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
+  const MemoryStats mem = runner.backend().memory_stats();
+  constexpr double kMiB = 1048576.0;
 
   const double prefill_tps = opt.prompt_len / prefill_s, decode_tps = opt.gen_len / decode_s;
   const double bytes = decode_bytes(weights, opt.prompt_len + opt.gen_len / 2.0);
@@ -213,7 +215,16 @@ Status run_bench(const BenchOptions& opt) {
                       {"decode_ceiling_tok_s", decode_ceiling},
                       {"decode_ratio", decode_tps / decode_ceiling},
                       {"decode_steps_replayed", runner.replayed_steps()},
-                      {"peak_rss_mib", ru.ru_maxrss / 1024.0}};
+                      {"peak_rss_mib", ru.ru_maxrss / 1024.0},
+                      {"memory_mib",
+                       {{"weights", weights.bytes() / kMiB},
+                        {"sequence_state", state.bytes() / kMiB},
+                        {"buffers_live", mem.buffers_live / kMiB},
+                        {"buffers_peak", mem.buffers_peak / kMiB},
+                        {"buffers_cached", mem.buffers_cached / kMiB},
+                        {"scratch", mem.scratch / kMiB},
+                        {"device_used", mem.device_used / kMiB},
+                        {"device_total", mem.device_total / kMiB}}}};
   if (opt.json) {
     if (opt.profile > 0) {
       DF_ASSIGN_OR_RETURN(j["profile"], profile_decode(weights, runner.backend(), state, tokens.back(), opt.profile,
@@ -231,6 +242,13 @@ Status run_bench(const BenchOptions& opt) {
               decode_tps, decode_ceiling, decode_tps / decode_ceiling, bytes / 1e6, bandwidth / 1e9);
   std::printf("  peak RSS %.1f MiB; %lld of %lld decode steps replayed from a recorded graph\n", ru.ru_maxrss / 1024.0,
               static_cast<long long>(runner.replayed_steps()), static_cast<long long>(opt.gen_len));
+  std::printf("  memory (%s): weights %.1f MiB, sequence state %.1f MiB (KV, DeltaNet), buffers live %.1f MiB "
+              "(peak %.1f, cached %.1f), scratch %.1f MiB",
+              model.device_name.c_str(), weights.bytes() / kMiB, state.bytes() / kMiB, mem.buffers_live / kMiB,
+              mem.buffers_peak / kMiB, mem.buffers_cached / kMiB, mem.scratch / kMiB);
+  if (mem.device_total > 0)
+    std::printf("; device %.0f of %.0f MiB in use", mem.device_used / kMiB, mem.device_total / kMiB);
+  std::printf("\n");
   if (opt.profile > 0) {
     DF_RETURN_IF_ERROR(
         profile_decode(weights, runner.backend(), state, tokens.back(), opt.profile, bandwidth, true).status());

@@ -126,8 +126,23 @@ Status ProfilingBackend::kv_write(const cpu::KvView& kv, int64_t first_pos, cons
                [&] { return inner_.kv_write(kv, first_pos, k, v, n); });
 }
 
+Status ProfilingBackend::attention_prep(float* q, float* k, const float* v, int64_t n, int64_t nh, int64_t nkv,
+                                        int64_t hd, const float* q_norm, const float* k_norm, float eps, int64_t rot,
+                                        std::span<const int32_t> positions, double theta, double freq_scale,
+                                        const cpu::KvView& kv, int64_t first_slot) {
+  const double bytes = kF * (2.0 * n * nh * hd + 4.0 * n * nkv * hd + 2.0 * hd);
+  return timed("attention_prep", bytes, [&] {
+    return inner_.attention_prep(q, k, v, n, nh, nkv, hd, q_norm, k_norm, eps, rot, positions, theta, freq_scale, kv,
+                                 first_slot);
+  });
+}
+
 Status ProfilingBackend::add_inplace(float* y, const float* x, int64_t n) {
   return timed("add", 3 * kF * n, [&] { return inner_.add_inplace(y, x, n); });
+}
+Status ProfilingBackend::add_rms_norm(float* x, const float* delta, const float* w, float eps, int64_t n,
+                                      int64_t dim, float* y) {
+  return timed("add_rms_norm", kF * (4.0 * n * dim + dim), [&] { return inner_.add_rms_norm(x, delta, w, eps, n, dim, y); });
 }
 Status ProfilingBackend::mul_inplace(float* y, const float* x, int64_t n) {
   return timed("mul", 3 * kF * n, [&] { return inner_.mul_inplace(y, x, n); });

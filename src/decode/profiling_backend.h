@@ -36,6 +36,7 @@ class ProfilingBackend final : public Backend {
 
   Status synchronize() override { return inner_.synchronize(); }
   bool device_memory() const override { return inner_.device_memory(); }
+  MemoryStats memory_stats() const override { return inner_.memory_stats(); }
   Result<Buffer> alloc(int64_t n_floats) override { return inner_.alloc(n_floats); }
   void release(float* data) override { inner_.release(data); }
   Status upload(float* dst, const float* src, int64_t n) override;
@@ -57,7 +58,13 @@ class ProfilingBackend final : public Backend {
   Status causal_conv1d_silu(const float* x, int64_t n, int64_t channels, const float* w, int64_t kernel,
                             float* conv_state, float* out, std::span<const int32_t> parents) override;
   Status kv_write(const cpu::KvView& kv, int64_t first_pos, const float* k, const float* v, int64_t n) override;
+  Status attention_prep(float* q, float* k, const float* v, int64_t n, int64_t nh, int64_t nkv, int64_t hd,
+                        const float* q_norm, const float* k_norm, float eps, int64_t rot,
+                        std::span<const int32_t> positions, double theta, double freq_scale, const cpu::KvView& kv,
+                        int64_t first_slot) override;
   Status add_inplace(float* y, const float* x, int64_t n) override;
+  Status add_rms_norm(float* x, const float* delta, const float* w, float eps, int64_t n, int64_t dim,
+                      float* y) override;
   Status mul_inplace(float* y, const float* x, int64_t n) override;
   Status silu_inplace(float* x, int64_t n) override;
   Status sigmoid_inplace(float* x, int64_t n) override;

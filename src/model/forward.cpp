@@ -45,29 +45,25 @@ Status attention_mixer(const Weights& w, int64_t L, const StepShape& st, const f
     float* ys[] = {qg.data(), k.data(), v.data()};
     DF_RETURN_IF_ERROR(be.matmul_group(ws, xn, n, ys));
   }
-  DF_ASSIGN_OR_RETURN(Buffer q, be.alloc(n * nh * hd));
+  // Plain attention uses the projection as q; gated rows of attn.q are per head [q_h (hd) | gate_h (hd)]:
+  // viewed as [n * nh, 2 hd], split the columns.
+  DF_ASSIGN_OR_RETURN(Buffer q_split, be.alloc(gated ? n * nh * hd : 0));
   DF_ASSIGN_OR_RETURN(Buffer gate, be.alloc(gated ? n * nh * hd : 0));
+  float* q = gated ? q_split.data() : qg.data();
   if (gated) {
-    // Rows of attn.q are per head [q_h (hd) | gate_h (hd)]: viewed as [n * nh, 2 hd], split the columns.
-    DF_RETURN_IF_ERROR(be.slice_columns(qg.data(), n * nh, 2 * hd, 0, hd, q.data()));
+    DF_RETURN_IF_ERROR(be.slice_columns(qg.data(), n * nh, 2 * hd, 0, hd, q));
     DF_RETURN_IF_ERROR(be.slice_columns(qg.data(), n * nh, 2 * hd, hd, hd, gate.data()));
-  } else {
-    DF_RETURN_IF_ERROR(be.copy(q.data(), qg.data(), n * nh * hd));
   }
-  const float eps = static_cast<float>(s.rms_eps);
-  DF_RETURN_IF_ERROR(be.rms_norm(q.data(), q_norm, eps, n * nh, hd, q.data()));
-  DF_RETURN_IF_ERROR(be.rms_norm(k.data(), k_norm, eps, n * nkv, hd, k.data()));
+  // q/k norms and RoPE; new tokens take KV slots n_past .. n_past + n - 1 (tree nodes too: slot = node index).
   const int64_t rot = s.rope_dims > 0 ? s.rope_dims : hd;
-  DF_RETURN_IF_ERROR(be.rope_neox(q.data(), n, nh, hd, rot, st.positions, s.rope_theta, rope_freq_scale(s)));
-  DF_RETURN_IF_ERROR(be.rope_neox(k.data(), n, nkv, hd, rot, st.positions, s.rope_theta, rope_freq_scale(s)));
-
-  // New tokens take KV slots n_past .. n_past + n - 1 (tree nodes too: slot = node index).
   DF_RETURN_IF_ERROR(state.reserve_kv(L, st.n_past + n));
   const cpu::KvView kv = state.kv_view(L, st.n_past + n);
-  DF_RETURN_IF_ERROR(be.kv_write(kv, st.n_past, k.data(), v.data(), n));
+  DF_RETURN_IF_ERROR(be.attention_prep(q, k.data(), v.data(), n, nh, nkv, hd, q_norm, k_norm,
+                                       static_cast<float>(s.rms_eps), rot, st.positions, s.rope_theta,
+                                       rope_freq_scale(s), kv, st.n_past));
   DF_ASSIGN_OR_RETURN(Buffer o, be.alloc(n * nh * hd));
   cpu::AttentionMask mask{st.mask, st.n_past, st.parents};
-  DF_RETURN_IF_ERROR(be.attention(q.data(), n, nh, kv, mask, 1.0f / std::sqrt(static_cast<float>(hd)), o.data()));
+  DF_RETURN_IF_ERROR(be.attention(q, n, nh, kv, mask, 1.0f / std::sqrt(static_cast<float>(hd)), o.data()));
   if (gated) {
     DF_RETURN_IF_ERROR(be.sigmoid_inplace(gate.data(), n * nh * hd));
     DF_RETURN_IF_ERROR(be.mul_inplace(o.data(), gate.data(), n * nh * hd));
@@ -173,16 +169,24 @@ Status forward_layers(const Weights& w, int64_t begin, int64_t end, const StepSh
   const float eps = static_cast<float>(s.rms_eps);
   DF_ASSIGN_OR_RETURN(Buffer xn, be.alloc(n * H));
   DF_ASSIGN_OR_RETURN(Buffer delta, be.alloc(n * H));
+  // Each residual add is fused with the norm that follows it (the next layer's attention norm too).
+  bool pending = false;  // delta holds the previous layer's MLP output, not yet added to x
   for (int64_t L = begin; L < end; ++L) {
     DF_ASSIGN_OR_RETURN(const float* attn_norm, need_f32(w, layer_name(L, "attn_norm")));
     DF_ASSIGN_OR_RETURN(const float* ffn_norm, need_f32(w, layer_name(L, "ffn_norm")));
-    DF_RETURN_IF_ERROR(be.rms_norm(x, attn_norm, eps, n, H, xn.data()));
+    if (pending) DF_RETURN_IF_ERROR(be.add_rms_norm(x, delta.data(), attn_norm, eps, n, H, xn.data()));
+    else DF_RETURN_IF_ERROR(be.rms_norm(x, attn_norm, eps, n, H, xn.data()));
     if (s.is_recurrent(L)) DF_RETURN_IF_ERROR(deltanet_mixer(w, L, st, xn.data(), delta.data(), state, be));
     else DF_RETURN_IF_ERROR(attention_mixer(w, L, st, xn.data(), delta.data(), state, be));
-    DF_RETURN_IF_ERROR(be.add_inplace(x, delta.data(), n * H));
-    DF_RETURN_IF_ERROR(be.rms_norm(x, ffn_norm, eps, n, H, xn.data()));
+    DF_RETURN_IF_ERROR(be.add_rms_norm(x, delta.data(), ffn_norm, eps, n, H, xn.data()));
     DF_RETURN_IF_ERROR(mlp(w, L, n, xn.data(), delta.data(), be));
-    DF_RETURN_IF_ERROR(be.add_inplace(x, delta.data(), n * H));
+    pending = true;
+    bool captured_here = false;
+    for (size_t c = 0; c < captures.size(); ++c) captured_here = captured_here || captures[c] == L;
+    if (captured_here || L + 1 == end) {  // x itself is needed now
+      DF_RETURN_IF_ERROR(be.add_inplace(x, delta.data(), n * H));
+      pending = false;
+    }
     for (size_t c = 0; c < captures.size(); ++c)
       if (captures[c] == L) DF_RETURN_IF_ERROR(be.copy(captured[c], x, n * H));
   }

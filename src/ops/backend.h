@@ -6,6 +6,7 @@
 // backend computes (the CPU backend reads the GGUF mapping in place).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -19,6 +20,18 @@
 namespace dflash {
 
 class Backend;
+
+// What a backend holds (bytes). Buffers: alloc()ed memory (weights copied to the backend, sequence state,
+// step temporaries); cached: freed buffers a device backend keeps for reuse; scratch: the backend's own
+// work areas. device_total/device_used: the whole device as its driver reports it (0 on the CPU).
+struct MemoryStats {
+  uint64_t buffers_live = 0;
+  uint64_t buffers_peak = 0;
+  uint64_t buffers_cached = 0;
+  uint64_t scratch = 0;
+  uint64_t device_total = 0;
+  uint64_t device_used = 0;
+};
 
 // Float32 memory owned by a backend; moves, never copies. A Buffer must not outlive its backend.
 class Buffer {
@@ -54,6 +67,7 @@ class Backend {
   virtual Status copy(float* dst, const float* src, int64_t n) = 0;
   // True when buffers live in device memory (not addressable by the host).
   virtual bool device_memory() const { return false; }
+  virtual MemoryStats memory_stats() const { return MemoryStats{}; }
   // Waits until all work queued on the backend is done (a no-op on the CPU).
   virtual Status synchronize() { return Status(); }
 
@@ -106,12 +120,32 @@ class Backend {
                                  float* per_token_states, std::span<const int32_t> parents, bool chunked) = 0;
   virtual Status causal_conv1d_silu(const float* x, int64_t n, int64_t channels, const float* w, int64_t kernel,
                                     float* conv_state, float* out, std::span<const int32_t> parents) = 0;
+  // An attention layer's input prep, as rms_norm of every q and k head (weights q_norm, k_norm [hd]),
+  // rope_neox of both (rot dims, `positions`), then kv_write of k and v at slots first_slot...; q [n, nh,
+  // hd] and k [n, nkv, hd] are updated in place. A device backend fuses it into one launch.
+  virtual Status attention_prep(float* q, float* k, const float* v, int64_t n, int64_t nh, int64_t nkv, int64_t hd,
+                                const float* q_norm, const float* k_norm, float eps, int64_t rot,
+                                std::span<const int32_t> positions, double theta, double freq_scale,
+                                const cpu::KvView& kv, int64_t first_slot) {
+    DF_RETURN_IF_ERROR(rms_norm(q, q_norm, eps, n * nh, hd, q));
+    DF_RETURN_IF_ERROR(rms_norm(k, k_norm, eps, n * nkv, hd, k));
+    DF_RETURN_IF_ERROR(rope_neox(q, n, nh, hd, rot, positions, theta, freq_scale));
+    DF_RETURN_IF_ERROR(rope_neox(k, n, nkv, hd, rot, positions, theta, freq_scale));
+    return kv_write(kv, first_slot, k, v, n);
+  }
   // Stores n rows of K and V ([n, n_kv_heads * head_dim] each) at positions first_pos .. first_pos + n - 1
   // of the KV store `kv` describes (its chunks must exist). The default copies row by row.
   virtual Status kv_write(const cpu::KvView& kv, int64_t first_pos, const float* k, const float* v, int64_t n);
 
   // ---- elementwise glue of the layer kinds (each a kernel on a device backend)
   virtual Status add_inplace(float* y, const float* x, int64_t n) = 0;          // y += x
+  // The residual add and the next norm: x += delta, then y = rms_norm(x) (as add_inplace then rms_norm;
+  // a device backend fuses them). x, delta [n, dim]; y must not alias x.
+  virtual Status add_rms_norm(float* x, const float* delta, const float* w, float eps, int64_t n, int64_t dim,
+                              float* y) {
+    DF_RETURN_IF_ERROR(add_inplace(x, delta, n * dim));
+    return rms_norm(x, w, eps, n, dim, y);
+  }
   virtual Status mul_inplace(float* y, const float* x, int64_t n) = 0;          // y *= x
   virtual Status silu_inplace(float* x, int64_t n) = 0;
   virtual Status sigmoid_inplace(float* x, int64_t n) = 0;
@@ -153,6 +187,7 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int threads = 0) : pool_(threads) {}
   const char* name() const override { return "cpu"; }
   ThreadPool& pool() { return pool_; }
+  MemoryStats memory_stats() const override;
 
   Result<Buffer> alloc(int64_t n_floats) override;
   void release(float* data) override;
@@ -186,6 +221,7 @@ class CpuBackend final : public Backend {
 
  private:
   ThreadPool pool_;
+  std::atomic<uint64_t> live_{0}, peak_{0};
 };
 
 }  // namespace dflash

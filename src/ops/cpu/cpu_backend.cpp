@@ -33,14 +33,39 @@ Status Backend::kv_write(const cpu::KvView& kv, int64_t first_pos, const float* 
   return Status();
 }
 
+// Each allocation carries a 16-byte header in front of the data (keeping its 16-byte alignment) that
+// holds its size, for the memory accounting.
+constexpr int64_t kHeaderFloats = 4;
+
 Result<Buffer> CpuBackend::alloc(int64_t n_floats) {
   if (n_floats < 0) return invalid_argument("negative buffer size {}", n_floats);
-  float* p = new (std::nothrow) float[static_cast<size_t>(std::max<int64_t>(n_floats, 1))];
+  const int64_t n = std::max<int64_t>(n_floats, 1);
+  float* p = new (std::nothrow) float[static_cast<size_t>(n + kHeaderFloats)];
   if (p == nullptr) return Status(ErrorCode::kOutOfMemory, fmt::format("cannot allocate {} floats", n_floats));
-  return Buffer(this, p, n_floats);
+  std::memcpy(p, &n, sizeof n);
+  const uint64_t bytes = static_cast<uint64_t>(n) * sizeof(float);
+  const uint64_t live = live_.fetch_add(bytes) + bytes;
+  uint64_t peak = peak_.load();
+  while (live > peak && !peak_.compare_exchange_weak(peak, live)) {
+  }
+  return Buffer(this, p + kHeaderFloats, n_floats);
 }
 
-void CpuBackend::release(float* data) { delete[] data; }
+void CpuBackend::release(float* data) {
+  if (data == nullptr) return;
+  float* p = data - kHeaderFloats;
+  int64_t n = 0;
+  std::memcpy(&n, p, sizeof n);
+  live_.fetch_sub(static_cast<uint64_t>(n) * sizeof(float));
+  delete[] p;
+}
+
+MemoryStats CpuBackend::memory_stats() const {
+  MemoryStats m;
+  m.buffers_live = live_.load();
+  m.buffers_peak = peak_.load();
+  return m;
+}
 
 Status CpuBackend::upload(float* dst, const float* src, int64_t n) {
   std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n));

@@ -140,6 +140,23 @@ Status CudaBackend::replay_step(int64_t id, int32_t token, int64_t pos) {
   return check(cudaGraphLaunch(it->second.exec, stream_), "cudaGraphLaunch");
 }
 
+MemoryStats CudaBackend::memory_stats() const {
+  MemoryStats m;
+  m.buffers_live = allocated_bytes_ - cached_bytes_;
+  m.buffers_peak = peak_live_;
+  m.buffers_cached = cached_bytes_;
+  for (const Scratch* s : {&positions_, &parents_, &chunk_table_, &rows_, &workspace_, &embed_rows_}) m.scratch += s->bytes;
+  for (const auto& [key, table] : rope_tables_) m.scratch += static_cast<uint64_t>(key.rot_dims / 2) * sizeof(double);
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+    m.device_total = total_b;
+    m.device_used = total_b - free_b;
+  } else {
+    cudaGetLastError();
+  }
+  return m;
+}
+
 int64_t CudaBackend::mark() {
   if (marks_used_ == marks_.size()) {
     cudaEvent_t e = nullptr;
@@ -173,6 +190,7 @@ void CudaBackend::trim() {
     for (float* p : list) {
       sizes_.erase(p);
       cudaFree(p);
+      allocated_bytes_ -= static_cast<uint64_t>(n) * sizeof(float);
     }
   free_.clear();
   cached_bytes_ = 0;
@@ -226,6 +244,7 @@ Result<Buffer> CudaBackend::alloc(int64_t n_floats) {
     float* p = it->second.back();
     it->second.pop_back();
     cached_bytes_ -= static_cast<uint64_t>(n) * sizeof(float);
+    peak_live_ = std::max(peak_live_, allocated_bytes_ - cached_bytes_);
     return Buffer(this, p, n_floats);
   }
   float* p = nullptr;
@@ -242,6 +261,8 @@ Result<Buffer> CudaBackend::alloc(int64_t n_floats) {
                               cudaGetErrorString(err)));
   }
   sizes_[p] = n;
+  allocated_bytes_ += static_cast<uint64_t>(n) * sizeof(float);
+  peak_live_ = std::max(peak_live_, allocated_bytes_ - cached_bytes_);
   if (capturing_) capture_owned_.push_back(p);
   return Buffer(this, p, n_floats);
 }
@@ -345,21 +366,7 @@ Status CudaBackend::rms_norm(const float* x, const float* w, float eps, int64_t 
 
 Status CudaBackend::rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
                               std::span<const int32_t> positions, double theta, double freq_scale) {
-  // The frequencies as the CPU forms them (std::pow on the host), uploaded once per shape.
-  const RopeKey key{theta, freq_scale, rot_dims};
-  auto table = rope_tables_.find(key);
-  if (table == rope_tables_.end()) {
-    if (capturing_) return unsupported("a RoPE table must exist before a step is recorded");
-    std::vector<double> inv(static_cast<size_t>(rot_dims / 2));
-    for (size_t i = 0; i < inv.size(); ++i)
-      inv[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rot_dims)) / freq_scale;
-    double* d = nullptr;
-    DF_RETURN_IF_ERROR(check(cudaMalloc(reinterpret_cast<void**>(&d), std::max<size_t>(1, inv.size()) * sizeof(double)),
-                             "cudaMalloc (rope table)"));
-    table = rope_tables_.emplace(key, d).first;
-    DF_RETURN_IF_ERROR(
-        check(cudaMemcpy(d, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice), "rope table upload"));
-  }
+  DF_ASSIGN_OR_RETURN(const double* table, rope_table(theta, freq_scale, rot_dims));
   const void* pos = step_params_ + 1;  // a recorded step's position
   if (capturing_) {
     if (n != 1) return unsupported("a recorded step has one token");
@@ -367,7 +374,7 @@ Status CudaBackend::rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head
     DF_ASSIGN_OR_RETURN(pos, stage(positions_, positions.data(), positions.size_bytes()));
   }
   return check(cuda::rope_neox(x, n, n_heads, head_dim, rot_dims, static_cast<const int32_t*>(pos), theta, freq_scale,
-                               stream_, table->second),
+                               stream_, table),
                "rope_neox");
 }
 
@@ -393,6 +400,52 @@ Status CudaBackend::attention(const float* q, int64_t n_q, int64_t n_heads, cons
   const size_t ws_bytes = cuda::attention_workspace_bytes(n_q, n_heads, dkv, dmask);
   DF_ASSIGN_OR_RETURN(void* ws, reserve(workspace_, ws_bytes));
   return cuda::attention_checked(q, n_q, n_heads, dkv, dmask, scale, out, ws, ws_bytes, stream_);
+}
+
+// The frequencies as the CPU forms them (std::pow on the host), uploaded once per shape.
+Result<const double*> CudaBackend::rope_table(double theta, double freq_scale, int64_t rot_dims) {
+  const RopeKey key{theta, freq_scale, rot_dims};
+  auto table = rope_tables_.find(key);
+  if (table != rope_tables_.end()) return static_cast<const double*>(table->second);
+  if (capturing_) return unsupported("a RoPE table must exist before a step is recorded");
+  std::vector<double> inv(static_cast<size_t>(rot_dims / 2));
+  for (size_t i = 0; i < inv.size(); ++i)
+    inv[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rot_dims)) / freq_scale;
+  double* d = nullptr;
+  DF_RETURN_IF_ERROR(check(cudaMalloc(reinterpret_cast<void**>(&d), std::max<size_t>(1, inv.size()) * sizeof(double)),
+                           "cudaMalloc (rope table)"));
+  rope_tables_.emplace(key, d);
+  DF_RETURN_IF_ERROR(
+      check(cudaMemcpy(d, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice), "rope table upload"));
+  return static_cast<const double*>(d);
+}
+
+Status CudaBackend::attention_prep(float* q, float* k, const float* v, int64_t n, int64_t nh, int64_t nkv, int64_t hd,
+                                   const float* q_norm, const float* k_norm, float eps, int64_t rot,
+                                   std::span<const int32_t> positions, double theta, double freq_scale,
+                                   const cpu::KvView& kv, int64_t first_slot) {
+  if (!cuda::qk_prep_supported(hd, rot) || kv.device_k_table == nullptr || kv.device_v_table == nullptr)
+    return Backend::attention_prep(q, k, v, n, nh, nkv, hd, q_norm, k_norm, eps, rot, positions, theta, freq_scale, kv,
+                                   first_slot);
+  if (static_cast<int64_t>(positions.size()) != n) return invalid_argument("{} positions for {} tokens", positions.size(), n);
+  if (first_slot < 0 || (first_slot + n + kv.chunk_tokens - 1) / kv.chunk_tokens > static_cast<int64_t>(kv.k_chunks.size()))
+    return invalid_argument("attention_prep: slots {}..{} are past the store's {} chunks", first_slot, first_slot + n - 1,
+                            kv.k_chunks.size());
+  DF_ASSIGN_OR_RETURN(const double* table, rope_table(theta, freq_scale, rot));
+  cuda::QkPrepArgs a{.q = q, .k = k, .v = v, .n = n, .nh = nh, .nkv = nkv, .hd = hd, .rot = rot,
+                     .q_norm = q_norm, .k_norm = k_norm, .eps = eps, .inv_freq = table, .positions = nullptr,
+                     .k_chunks = const_cast<float* const*>(kv.device_k_table),
+                     .v_chunks = const_cast<float* const*>(kv.device_v_table), .chunk_tokens = kv.chunk_tokens,
+                     .first_slot = first_slot, .slot_dev = nullptr};
+  if (capturing_) {
+    if (n != 1) return unsupported("a recorded step has one token");
+    a.positions = step_params_ + 1;  // the replay's position, which is also its slot
+    a.slot_dev = step_params_ + 1;
+  } else {
+    DF_ASSIGN_OR_RETURN(const void* p, stage(positions_, positions.data(), positions.size_bytes()));
+    a.positions = static_cast<const int32_t*>(p);
+  }
+  return check(cuda::qk_prep(a, stream_), "attention_prep");
 }
 
 Status CudaBackend::kv_write(const cpu::KvView& kv, int64_t first_pos, const float* k, const float* v, int64_t n) {
@@ -437,6 +490,10 @@ Status CudaBackend::causal_conv1d_silu(const float* x, int64_t n, int64_t channe
                                       stream_);
 }
 
+Status CudaBackend::add_rms_norm(float* x, const float* delta, const float* w, float eps, int64_t n, int64_t dim,
+                                 float* y) {
+  return check(cuda::add_rms_norm(x, delta, w, eps, n, dim, y, stream_), "add_rms_norm");
+}
 Status CudaBackend::add_inplace(float* y, const float* x, int64_t n) { return check(cuda::add(y, x, y, n, stream_), "add"); }
 Status CudaBackend::mul_inplace(float* y, const float* x, int64_t n) { return check(cuda::mul(y, x, y, n, stream_), "mul"); }
 Status CudaBackend::silu_inplace(float* x, int64_t n) { return check(cuda::silu_inplace(x, n, stream_), "silu"); }

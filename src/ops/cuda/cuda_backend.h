@@ -39,6 +39,7 @@ class CudaBackend final : public Backend {
   void clear_marks() override { marks_used_ = 0; }
 
   bool device_memory() const override { return true; }
+  MemoryStats memory_stats() const override;
   bool step_graphs_supported() const override { return true; }
   Status begin_step_capture() override;
   Result<int64_t> end_step_capture() override;
@@ -67,7 +68,13 @@ class CudaBackend final : public Backend {
   Status causal_conv1d_silu(const float* x, int64_t n, int64_t channels, const float* w, int64_t kernel,
                             float* conv_state, float* out, std::span<const int32_t> parents) override;
   Status kv_write(const cpu::KvView& kv, int64_t first_pos, const float* k, const float* v, int64_t n) override;
+  Status attention_prep(float* q, float* k, const float* v, int64_t n, int64_t nh, int64_t nkv, int64_t hd,
+                        const float* q_norm, const float* k_norm, float eps, int64_t rot,
+                        std::span<const int32_t> positions, double theta, double freq_scale, const cpu::KvView& kv,
+                        int64_t first_slot) override;
   Status add_inplace(float* y, const float* x, int64_t n) override;
+  Status add_rms_norm(float* x, const float* delta, const float* w, float eps, int64_t n, int64_t dim,
+                      float* y) override;
   Status mul_inplace(float* y, const float* x, int64_t n) override;
   Status silu_inplace(float* x, int64_t n) override;
   Status sigmoid_inplace(float* x, int64_t n) override;
@@ -97,6 +104,8 @@ class CudaBackend final : public Backend {
     std::vector<float*> owned;
   };
   void free_list_push(float* p);
+  // The device table of RoPE frequencies for this shape (made and uploaded on first use).
+  Result<const double*> rope_table(double theta, double freq_scale, int64_t rot_dims);
 
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
@@ -123,6 +132,8 @@ class CudaBackend final : public Backend {
   std::unordered_map<int64_t, std::vector<float*>> free_;
   std::unordered_map<float*, int64_t> sizes_;
   uint64_t cached_bytes_ = 0;
+  uint64_t allocated_bytes_ = 0;  // every buffer cudaMalloc'ed by alloc() and not yet freed (live + cached)
+  uint64_t peak_live_ = 0;
   Scratch positions_, parents_, chunk_table_, rows_, workspace_, embed_rows_;
   // RoPE frequency tables on the device, by (theta, freq_scale, rot_dims): made once, kept.
   struct RopeKey {

@@ -50,19 +50,29 @@ __device__ float block_max(float v, float* scratch) {
 
 // One warp per row (dim <= 32 * kWarpPer): 8 rows per block.
 constexpr int kWarpPer = 32;
-__global__ void rms_norm_warp_kernel(const float* x, int64_t xs, const float* w, float eps, int64_t n, int64_t dim,
-                                     float* y, int64_t ys) {
+// With `delta` (the fused residual add): x += delta first, stored back to x, and the norm is of the sum.
+__global__ void rms_norm_warp_kernel(float* x, int64_t xs, const float* delta, const float* w, float eps, int64_t n,
+                                     int64_t dim, float* y, int64_t ys) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   if (r >= n) return;
   const int lane = threadIdx.x % 32;
-  const float* xr = x + r * xs;
+  float* xr = x + r * xs;
   float* yr = y + r * ys;
-  float v[kWarpPer], wv[kWarpPer];
+  float v[kWarpPer], wv[kWarpPer], dv[kWarpPer];
 #pragma unroll
   for (int k = 0; k < kWarpPer; ++k) {
     const int64_t i = lane + 32 * k;
     v[k] = i < dim ? xr[i] : 0.0f;
     wv[k] = i < dim && w != nullptr ? __ldg(w + i) : 1.0f;
+    dv[k] = i < dim && delta != nullptr ? delta[r * dim + i] : 0.0f;
+  }
+  if (delta != nullptr) {
+#pragma unroll
+    for (int k = 0; k < kWarpPer; ++k) {
+      const int64_t i = lane + 32 * k;
+      v[k] = __fadd_rn(v[k], dv[k]);
+      if (i < dim) xr[i] = v[k];
+    }
   }
   double sum = 0.0;
 #pragma unroll
@@ -79,18 +89,27 @@ __global__ void rms_norm_warp_kernel(const float* x, int64_t xs, const float* w,
 
 // One block per row (long rows: the hidden size), dim <= kThreads * kBlockPer.
 constexpr int kBlockPer = 32;
-__global__ void rms_norm_block_kernel(const float* x, int64_t xs, const float* w, float eps, int64_t dim, float* y,
-                                      int64_t ys) {
+__global__ void rms_norm_block_kernel(float* x, int64_t xs, const float* delta, const float* w, float eps, int64_t dim,
+                                      float* y, int64_t ys) {
   __shared__ double scratch[kThreads / 32];
   const int64_t r = blockIdx.x;
-  const float* xr = x + r * xs;
+  float* xr = x + r * xs;
   float* yr = y + r * ys;
-  float v[kBlockPer], wv[kBlockPer];
+  float v[kBlockPer], wv[kBlockPer], dv[kBlockPer];
 #pragma unroll
   for (int k = 0; k < kBlockPer; ++k) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(kThreads) * k;
     v[k] = i < dim ? xr[i] : 0.0f;
     wv[k] = i < dim && w != nullptr ? __ldg(w + i) : 1.0f;
+    dv[k] = i < dim && delta != nullptr ? delta[r * dim + i] : 0.0f;
+  }
+  if (delta != nullptr) {
+#pragma unroll
+    for (int k = 0; k < kBlockPer; ++k) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(kThreads) * k;
+      v[k] = __fadd_rn(v[k], dv[k]);
+      if (i < dim) xr[i] = v[k];
+    }
   }
   double sum = 0.0;
 #pragma unroll
@@ -106,12 +125,16 @@ __global__ void rms_norm_block_kernel(const float* x, int64_t xs, const float* w
 }
 
 // Any row length: one block per row, two passes over global memory.
-__global__ void rms_norm_long_kernel(const float* x, int64_t xs, const float* w, float eps, int64_t dim, float* y,
-                                     int64_t ys) {
+__global__ void rms_norm_long_kernel(float* x, int64_t xs, const float* delta, const float* w, float eps, int64_t dim,
+                                     float* y, int64_t ys) {
   __shared__ double scratch[kThreads / 32];
   const int64_t r = blockIdx.x;
-  const float* xr = x + r * xs;
+  float* xr = x + r * xs;
   float* yr = y + r * ys;
+  if (delta != nullptr) {
+    for (int64_t i = threadIdx.x; i < dim; i += kThreads) xr[i] = __fadd_rn(xr[i], delta[r * dim + i]);
+    __syncthreads();
+  }
   double sum = 0.0;
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) sum += static_cast<double>(xr[i]) * xr[i];
   sum = block_sum(sum, scratch);
@@ -207,26 +230,110 @@ unsigned grid_for(int64_t n) {
 
 constexpr int64_t kMaxGridX = 2147483647;
 
+// Fused attention input prep: one warp per (token, head) of q (heads [0, nh)) and k (heads [nh, nh + nkv)).
+// Lane l holds elements l + 32 j of the head (j < hd / 32), so each RoPE pair (i, i + half) lies in one lane
+// (half a multiple of 32). RMSNorm (double sum, as rms_norm), then RoPE (host frequency table, double
+// sincos, as rope_neox), then q in place, k and the token's v row into the KV store at its position.
+constexpr int kPrepMaxPer = 8;  // head_dim <= 256
+__global__ void qk_prep_kernel(QkPrepArgs a) {
+  const int64_t warp_global = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t heads = a.nh + a.nkv;
+  if (warp_global >= a.n * heads) return;
+  const int64_t t = warp_global / heads, h = warp_global % heads;
+  const bool is_q = h < a.nh;
+  float* src = is_q ? a.q + (t * a.nh + h) * a.hd : a.k + (t * a.nkv + (h - a.nh)) * a.hd;
+  const float* w = is_q ? a.q_norm : a.k_norm;
+  const int per = static_cast<int>(a.hd / 32);
+  float v[kPrepMaxPer], wv[kPrepMaxPer];
+#pragma unroll
+  for (int j = 0; j < kPrepMaxPer; ++j) {
+    v[j] = j < per ? src[lane + 32 * j] : 0.0f;
+    wv[j] = j < per ? __ldg(w + lane + 32 * j) : 0.0f;
+  }
+  double sum = 0.0;
+#pragma unroll
+  for (int j = 0; j < kPrepMaxPer; ++j) sum += static_cast<double>(v[j]) * v[j];
+  sum = warp_sum(sum);
+  const float mean = static_cast<float>(sum / static_cast<double>(a.hd));
+  const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, a.eps)));
+#pragma unroll
+  for (int j = 0; j < kPrepMaxPer; ++j) v[j] = __fmul_rn(__fmul_rn(v[j], scale), wv[j]);
+  // RoPE on the first rot dims: element i = lane + 32 j < half pairs with i + half (slot j + half / 32).
+  const double angle_pos = a.positions[t];
+  const int hj = static_cast<int>(a.rot / 64);  // half / 32
+#pragma unroll
+  for (int j = 0; j < kPrepMaxPer; ++j) {
+    if (j >= hj) break;
+    const int64_t i = lane + 32 * j;
+    double sn, cs;
+    sincos(angle_pos * a.inv_freq[i], &sn, &cs);
+    const float c = static_cast<float>(cs), s = static_cast<float>(sn);
+    const float x0 = v[j], x1 = v[j + hj];
+    v[j] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    v[j + hj] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+  }
+  if (is_q) {
+#pragma unroll
+    for (int j = 0; j < kPrepMaxPer; ++j)
+      if (j < per) src[lane + 32 * j] = v[j];
+    return;
+  }
+  const int64_t slot = (a.slot_dev != nullptr ? int64_t{a.slot_dev[0]} : a.first_slot) + t;
+  const int64_t kh = h - a.nh, c = slot / a.chunk_tokens, row = slot - c * a.chunk_tokens;
+  float* kd = a.k_chunks[c] + (row * a.nkv + kh) * a.hd;
+  float* vd = a.v_chunks[c] + (row * a.nkv + kh) * a.hd;
+  const float* vs = a.v + (t * a.nkv + kh) * a.hd;
+  float vv[kPrepMaxPer];
+#pragma unroll
+  for (int j = 0; j < kPrepMaxPer; ++j) vv[j] = j < per ? vs[lane + 32 * j] : 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPrepMaxPer; ++j)
+    if (j < per) {
+      kd[lane + 32 * j] = v[j];
+      vd[lane + 32 * j] = vv[j];
+    }
+}
+
 }  // namespace
 
-cudaError_t rms_norm_strided(const float* x, int64_t x_stride, const float* w, float eps, int64_t n, int64_t dim,
-                             float* y, int64_t y_stride, cudaStream_t stream) {
+namespace {
+
+cudaError_t launch_rms_norm(float* x, int64_t x_stride, const float* delta, const float* w, float eps, int64_t n,
+                            int64_t dim, float* y, int64_t y_stride, cudaStream_t stream) {
   if (n < 0 || dim < 0 || x_stride < dim || y_stride < dim) return cudaErrorInvalidValue;
   if (n == 0 || dim == 0) return cudaSuccess;
   if (x == nullptr || y == nullptr) return cudaErrorInvalidValue;
   if (dim <= 32 * kWarpPer) {
     const int64_t blocks = (n + kThreads / 32 - 1) / (kThreads / 32);
     if (blocks > kMaxGridX) return cudaErrorInvalidValue;
-    rms_norm_warp_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, x_stride, w, eps, n, dim, y,
-                                                                                  y_stride);
+    rms_norm_warp_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, x_stride, delta, w, eps, n, dim,
+                                                                                  y, y_stride);
   } else if (dim <= int64_t{kThreads} * kBlockPer) {
     if (n > kMaxGridX) return cudaErrorInvalidValue;
-    rms_norm_block_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, x_stride, w, eps, dim, y, y_stride);
+    rms_norm_block_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, x_stride, delta, w, eps, dim, y,
+                                                                              y_stride);
   } else {
     if (n > kMaxGridX) return cudaErrorInvalidValue;
-    rms_norm_long_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, x_stride, w, eps, dim, y, y_stride);
+    rms_norm_long_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, x_stride, delta, w, eps, dim, y,
+                                                                             y_stride);
   }
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t rms_norm_strided(const float* x, int64_t x_stride, const float* w, float eps, int64_t n, int64_t dim,
+                             float* y, int64_t y_stride, cudaStream_t stream) {
+  // Without delta the kernels do not write x.
+  return launch_rms_norm(const_cast<float*>(x), x_stride, nullptr, w, eps, n, dim, y, y_stride, stream);
+}
+
+cudaError_t add_rms_norm(float* x, const float* delta, const float* w, float eps, int64_t n, int64_t dim, float* y,
+                         cudaStream_t stream) {
+  if (delta == nullptr && n > 0 && dim > 0) return cudaErrorInvalidValue;
+  if (y == x) return cudaErrorInvalidValue;
+  return launch_rms_norm(x, dim, delta, w, eps, n, dim, y, dim, stream);
 }
 
 cudaError_t rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* y,
@@ -248,6 +355,25 @@ cudaError_t rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head_dim, in
                                                (pairs + kRopeThreads - 1) / kRopeThreads, 65535)));
   rope_neox_kernel<<<grid, kRopeThreads, smem, stream>>>(x, n_heads, head_dim, rot_dims, positions, theta, freq_scale,
                                                          inv_freq);
+  return cudaGetLastError();
+}
+
+bool qk_prep_supported(int64_t head_dim, int64_t rot_dims) {
+  return head_dim % 32 == 0 && head_dim <= 32 * kPrepMaxPer && rot_dims % 64 == 0 && rot_dims > 0 &&
+         rot_dims <= head_dim;
+}
+
+cudaError_t qk_prep(const QkPrepArgs& a, cudaStream_t stream) {
+  if (a.n < 0 || a.nh < 0 || a.nkv < 0 || !qk_prep_supported(a.hd, a.rot) || a.chunk_tokens <= 0 || a.first_slot < 0)
+    return cudaErrorInvalidValue;
+  const int64_t warps = a.n * (a.nh + a.nkv);
+  if (warps == 0) return cudaSuccess;
+  if (a.q == nullptr || a.k == nullptr || a.v == nullptr || a.q_norm == nullptr || a.k_norm == nullptr ||
+      a.inv_freq == nullptr || a.positions == nullptr || a.k_chunks == nullptr || a.v_chunks == nullptr)
+    return cudaErrorInvalidValue;
+  const int64_t blocks = (warps + kThreads / 32 - 1) / (kThreads / 32);
+  if (blocks > kMaxGridX) return cudaErrorInvalidValue;
+  qk_prep_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -36,6 +36,37 @@ cudaError_t rms_norm(const float* x, const float* w, float eps, int64_t n, int64
 cudaError_t rms_norm_strided(const float* x, int64_t x_stride, const float* w, float eps, int64_t n, int64_t dim,
                              float* y, int64_t y_stride, cudaStream_t stream = nullptr);
 
+// The residual add fused with the next norm: x += delta (each sum rounded once, as add() does), then
+// y = rms_norm(x) with weights w. x, delta [n, dim]; y must not alias x or delta.
+cudaError_t add_rms_norm(float* x, const float* delta, const float* w, float eps, int64_t n, int64_t dim, float* y,
+                         cudaStream_t stream = nullptr);
+
+// Attention input prep for n tokens in one launch: q [n, nh, hd] and k [n, nkv, hd] get RMSNorm over each
+// head (weights q_norm / k_norm [hd]) then NEOX RoPE on their first rot dims at positions[t] (a device
+// array; inv_freq: the host's table of rot / 2 frequencies, as rope_neox takes it); q is updated in
+// place; k and v [n, nkv, hd] are stored in the KV store (attention.h's chunk tables) at slots first,
+// first + 1, ... where first is *slot_dev when set (a replayed step's), else first_slot. Same math as
+// rms_norm + rope_neox + kv_write.
+struct QkPrepArgs {
+  float* q;
+  float* k;
+  const float* v;
+  int64_t n, nh, nkv, hd, rot;
+  const float* q_norm;
+  const float* k_norm;
+  float eps;
+  const double* inv_freq;
+  const int32_t* positions;
+  float* const* k_chunks;
+  float* const* v_chunks;
+  int64_t chunk_tokens;
+  int64_t first_slot;
+  const int32_t* slot_dev;
+};
+// Shapes the fused kernel takes: hd a multiple of 32 up to 256, rot a multiple of 64 (pairs within a lane).
+bool qk_prep_supported(int64_t head_dim, int64_t rot_dims);
+cudaError_t qk_prep(const QkPrepArgs& args, cudaStream_t stream = nullptr);
+
 // x [n, n_heads, head_dim] in place: NEOX (rotate-half) RoPE on the first rot_dims dims of every head,
 // pair (i, i + rot_dims / 2), angle = positions[t] * theta^(-2i / rot_dims) / freq_scale. `positions` is a
 // device array of n int32. rot_dims must be even and <= head_dim (else cudaErrorInvalidValue);

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -120,6 +121,101 @@ TEST_F(NormRopeTest, RmsNormMatchesCpu) {
       }
     }
   }
+}
+
+// The residual add fused with the next norm: x becomes x + delta bit for bit, y its norm.
+TEST_F(NormRopeTest, AddRmsNormMatchesAddThenNorm) {
+  SCOPED_TRACE(seed_note());
+  for (int64_t dim : {128, 1000, 4096, 5120, 9000}) {
+    for (int64_t n : {1, 3}) {
+      const std::string what = "add_rms_norm n=" + std::to_string(n) + " dim=" + std::to_string(dim);
+      auto x = random(static_cast<size_t>(n * dim), -3.0f, 3.0f);
+      auto delta = random(x.size(), -3.0f, 3.0f);
+      auto w = random(static_cast<size_t>(dim), -2.0f, 2.0f);
+      std::vector<float> sum(x.size()), want(x.size());
+      for (size_t i = 0; i < x.size(); ++i) sum[i] = x[i] + delta[i];
+      cpu::rms_norm(sum.data(), w.data(), 1e-6f, n, dim, want.data());
+      Dev<float> dx(x.size()), dd(x.size()), dw(w.size()), dy(x.size());
+      DF_ASSERT_CUDA(dx.upload(x));
+      DF_ASSERT_CUDA(dd.upload(delta));
+      DF_ASSERT_CUDA(dw.upload(w));
+      DF_ASSERT_CUDA(dy.poison());
+      DF_ASSERT_CUDA(cuda::add_rms_norm(dx.get(), dd.get(), dw.get(), 1e-6f, n, dim, dy.get()));
+      EXPECT_EQ(dx.download(), sum) << what;
+      expect_close(dy.download(), want, 2e-6, 0.0, what);
+    }
+  }
+  Dev<float> d(64);
+  EXPECT_EQ(cuda::add_rms_norm(d.get(), d.get(), nullptr, 1e-6f, 1, 64, d.get()), cudaErrorInvalidValue);
+}
+
+// The fused attention input prep against rms_norm + rope_neox + the KV rows placed by hand on the CPU.
+TEST_F(NormRopeTest, QkPrepMatchesNormRopeAndKvWrite) {
+  SCOPED_TRACE(seed_note());
+  struct Case {
+    int64_t n, nh, nkv, hd, rot, first_slot;
+  };
+  for (const Case& c : {Case{1, 32, 8, 128, 128, 130}, Case{5, 4, 2, 256, 64, 61}, Case{3, 2, 1, 64, 64, 0}}) {
+    const std::string what = "qk_prep n=" + std::to_string(c.n) + " hd=" + std::to_string(c.hd) +
+                             " rot=" + std::to_string(c.rot);
+    ASSERT_TRUE(cuda::qk_prep_supported(c.hd, c.rot)) << what;
+    auto q = random(static_cast<size_t>(c.n * c.nh * c.hd), -3.0f, 3.0f);
+    auto k = random(static_cast<size_t>(c.n * c.nkv * c.hd), -3.0f, 3.0f);
+    auto v = random(k.size(), -3.0f, 3.0f);
+    auto qn = random(static_cast<size_t>(c.hd), -2.0f, 2.0f), kn = random(static_cast<size_t>(c.hd), -2.0f, 2.0f);
+    std::vector<int32_t> pos(static_cast<size_t>(c.n));
+    for (int64_t t = 0; t < c.n; ++t) pos[t] = static_cast<int32_t>(c.first_slot + 3 * t + 1);  // not the slots
+    const double theta = 1e6;
+    std::vector<float> want_q = q, want_k = k;
+    cpu::rms_norm(want_q.data(), qn.data(), 1e-6f, c.n * c.nh, c.hd, want_q.data());
+    cpu::rms_norm(want_k.data(), kn.data(), 1e-6f, c.n * c.nkv, c.hd, want_k.data());
+    cpu::rope_neox(want_q.data(), c.n, c.nh, c.hd, c.rot, pos, theta, 1.0);
+    cpu::rope_neox(want_k.data(), c.n, c.nkv, c.hd, c.rot, pos, theta, 1.0);
+    std::vector<double> inv(static_cast<size_t>(c.rot / 2));
+    for (size_t i = 0; i < inv.size(); ++i) inv[i] = std::pow(theta, -2.0 * static_cast<double>(i) / c.rot);
+    const int64_t chunk = 64, row = c.nkv * c.hd, chunks = (c.first_slot + c.n) / chunk + 1;
+    std::vector<std::unique_ptr<Dev<float>>> kc, vc;
+    std::vector<float*> kp, vp;
+    for (int64_t i = 0; i < chunks; ++i) {
+      kc.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(chunk * row)));
+      vc.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(chunk * row)));
+      DF_ASSERT_CUDA(kc.back()->poison());
+      DF_ASSERT_CUDA(vc.back()->poison());
+      kp.push_back(kc.back()->get());
+      vp.push_back(vc.back()->get());
+    }
+    Dev<float*> kt(kp.size()), vt(vp.size());
+    DF_ASSERT_CUDA(kt.upload(kp));
+    DF_ASSERT_CUDA(vt.upload(vp));
+    Dev<float> dq(q.size()), dk(k.size()), dv(v.size()), dqn(qn.size()), dkn(kn.size());
+    Dev<double> dinv(inv.size());
+    Dev<int32_t> dpos(pos.size());
+    DF_ASSERT_CUDA(dq.upload(q));
+    DF_ASSERT_CUDA(dk.upload(k));
+    DF_ASSERT_CUDA(dv.upload(v));
+    DF_ASSERT_CUDA(dqn.upload(qn));
+    DF_ASSERT_CUDA(dkn.upload(kn));
+    DF_ASSERT_CUDA(dinv.upload(inv));
+    DF_ASSERT_CUDA(dpos.upload(pos));
+    cuda::QkPrepArgs a{dq.get(), dk.get(), dv.get(), c.n, c.nh, c.nkv, c.hd, c.rot, dqn.get(), dkn.get(), 1e-6f,
+                       dinv.get(), dpos.get(), kt.get(), vt.get(), chunk, c.first_slot, nullptr};
+    DF_ASSERT_CUDA(cuda::qk_prep(a));
+    DF_ASSERT_CUDA(cudaDeviceSynchronize());
+    expect_close(dq.download(), want_q, 2e-6, 1e-6, what + " q");
+    std::vector<float> got_k, got_v;
+    for (int64_t t = 0; t < c.n; ++t) {
+      const int64_t slot = c.first_slot + t;
+      const auto kh = kc[static_cast<size_t>(slot / chunk)]->download(), vh = vc[static_cast<size_t>(slot / chunk)]->download();
+      got_k.insert(got_k.end(), kh.begin() + (slot % chunk) * row, kh.begin() + (slot % chunk + 1) * row);
+      got_v.insert(got_v.end(), vh.begin() + (slot % chunk) * row, vh.begin() + (slot % chunk + 1) * row);
+    }
+    expect_close(got_k, want_k, 2e-6, 1e-6, what + " k in the store");
+    EXPECT_EQ(got_v, v) << what << " v in the store";
+    const auto before = kc[static_cast<size_t>((c.first_slot + c.n) / chunk)]->download();
+    EXPECT_TRUE(std::isnan(before[((c.first_slot + c.n) % chunk) * row])) << what << ": the next slot was written";
+  }
+  EXPECT_FALSE(cuda::qk_prep_supported(64, 16));
+  EXPECT_FALSE(cuda::qk_prep_supported(48, 48));
 }
 
 // Per-head use on the gated q rows [q_h | gate_h]: the q halves, strided, into a packed output.
