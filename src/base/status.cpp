@@ -12,6 +12,7 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::kIo: return "i/o error";
     case ErrorCode::kOutOfMemory: return "out of memory";
     case ErrorCode::kInternal: return "internal error";
+    case ErrorCode::kCancelled: return "cancelled";
   }
   return "unknown error";
 }

@@ -21,6 +21,7 @@ enum class ErrorCode {
   kIo,               // the operating system refused (open, read, write, mmap)
   kOutOfMemory,
   kInternal,         // a bug: an invariant of our own code broke
+  kCancelled,        // the work was stopped on purpose: its requester went away or its deadline passed
 };
 
 const char* error_code_name(ErrorCode code);

@@ -16,6 +16,7 @@ void add_template_command(CLI::App& app, int& exit_code);
 void add_logits_command(CLI::App& app, int& exit_code);
 void add_run_command(CLI::App& app, int& exit_code);
 void add_bench_command(CLI::App& app, int& exit_code);
+void add_serve_command(CLI::App& app, int& exit_code);
 
 // Prints a failed Status the way every subcommand reports errors, and returns the exit code (1).
 int report(const Status& status);

@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   dflash::cli::add_logits_command(app, exit_code);
   dflash::cli::add_run_command(app, exit_code);
   dflash::cli::add_bench_command(app, exit_code);
+  dflash::cli::add_serve_command(app, exit_code);
   app.parse_complete_callback([&] {
     if (!dflash::log::set_level(log_level)) throw CLI::ValidationError("--log-level", "unknown level " + log_level);
   });

@@ -1,6 +1,12 @@
 #include "support/process.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+
+#include <csignal>
 
 #include <atomic>
 #include <cstdlib>
@@ -46,6 +52,69 @@ CommandResult run_command(const std::string& command) {
   std::filesystem::remove(base + ".out");
   std::filesystem::remove(base + ".err");
   return r;
+}
+
+ChildProcess::ChildProcess(const std::vector<std::string>& argv, const std::string& log_path) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  pid_ = pid;
+}
+
+bool ChildProcess::running() {
+  if (pid_ <= 0) return false;
+  int status = 0;
+  const pid_t r = waitpid(pid_, &status, WNOHANG);
+  if (r == pid_) {
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    pid_ = -1;
+    return false;
+  }
+  return r == 0;
+}
+
+int ChildProcess::stop(double seconds) {
+  if (pid_ <= 0) return exit_code_;
+  kill(pid_, SIGTERM);
+  for (int i = 0; i < static_cast<int>(seconds * 100); ++i) {
+    if (!running()) return exit_code_;
+    usleep(10000);
+  }
+  kill(pid_, SIGKILL);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  exit_code_ = -1;
+  return -1;
+}
+
+ChildProcess::~ChildProcess() { stop(); }
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  int port = 0;
+  socklen_t len = sizeof addr;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  close(fd);
+  return port;
 }
 
 }  // namespace dflash::test

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace dflash::test {
 
@@ -16,5 +17,27 @@ CommandResult run_command(const std::string& command);
 
 // Quotes a string for /bin/sh.
 std::string shell_quote(const std::string& s);
+
+// A program started in the background (servers under test); stdout and stderr go to `log_path`. The
+// destructor stops it (SIGTERM, then SIGKILL after 5 s) and reaps it.
+class ChildProcess {
+ public:
+  ChildProcess(const std::vector<std::string>& argv, const std::string& log_path);
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+  bool started() const { return pid_ > 0; }
+  // True while the process has not exited.
+  bool running();
+  // Sends SIGTERM and waits up to `seconds`; returns the exit code (-1 if killed or still running).
+  int stop(double seconds = 5.0);
+
+ private:
+  int pid_ = -1;
+  int exit_code_ = -1;
+};
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int free_port();
 
 }  // namespace dflash::test

@@ -1,0 +1,109 @@
+// dflash serve MODEL [--host H] [--port P] [--device cpu|cuda:N] [--api-key K | --api-key-file F] ...:
+// the OpenAI-compatible server (server/http_server.h). It listens first (/health answers 503 while the
+// model loads), then serves until SIGINT/SIGTERM.
+#include <csignal>
+#include <chrono>
+#include <thread>
+
+#include "base/file_io.h"
+#include "base/log.h"
+#include "cli/commands.h"
+#include "cli/model_loader.h"
+#include "server/http_server.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/load_tokenizer.h"
+
+namespace dflash::cli {
+namespace {
+
+struct ServeOptions {
+  std::string model;
+  std::string device = "cpu";
+  int threads = 0;
+  int64_t ctx = 0;  // 0: the model's own context (capped at 32768)
+  std::string api_key_file;
+  server::ServerOptions server;
+};
+
+volatile std::sig_atomic_t g_stop = 0;
+void on_signal(int) { g_stop = 1; }
+
+std::string model_id_of(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const size_t slash = p.find_last_of('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+Status serve(ServeOptions opt) {
+  if (!opt.api_key_file.empty()) {
+    DF_ASSIGN_OR_RETURN(std::string key, read_text_file(opt.api_key_file));
+    while (!key.empty() && (key.back() == '\n' || key.back() == '\r' || key.back() == ' ')) key.pop_back();
+    if (key.empty()) return invalid_argument("the API key file {} is empty", opt.api_key_file);
+    opt.server.api_key = key;
+  }
+  if (opt.server.port < 0 || opt.server.port > 65535) return invalid_argument("--port must be 0..65535");
+  if (opt.server.max_queue < 0) return invalid_argument("--max-queue must be >= 0");
+  if (opt.ctx < 0) return invalid_argument("--ctx must be >= 0");
+  server::HttpServer http(opt.server);
+  DF_RETURN_IF_ERROR(http.start());
+  log::info("serve: listening on http://{}:{} (loading {})", opt.server.host, http.port(), opt.model);
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  DF_ASSIGN_OR_RETURN(Tokenizer tok, load_tokenizer(opt.model));
+  std::unique_ptr<ChatTemplate> tmpl;
+  if (auto src = load_chat_template(opt.model); src.ok()) {
+    auto t = ChatTemplate::create(*src);
+    if (!t.ok()) return t.status();
+    tmpl = std::make_unique<ChatTemplate>(std::move(t).value());
+  } else {
+    log::warn("serve: {} has no chat template ({}); /v1/chat/completions will refuse", opt.model,
+              src.status().message());
+  }
+  DF_ASSIGN_OR_RETURN(LoadedModel model, load_model(opt.model, opt.device, opt.threads));
+  const ModelSpec& spec = model.weights().spec();
+  if (tok.size() > spec.vocab)
+    return invalid_argument("the tokenizer has {} tokens but the model only {}", tok.size(), spec.vocab);
+  server::Engine engine;
+  engine.runner = model.runner.get();
+  engine.tokenizer = &tok;
+  engine.chat_template = tmpl.get();
+  engine.model_id = model_id_of(opt.model);
+  const int64_t model_ctx = spec.max_context > 0 ? spec.max_context : 32768;
+  engine.n_ctx = opt.ctx > 0 ? std::min(opt.ctx, model_ctx) : std::min<int64_t>(model_ctx, 32768);
+  http.set_engine(&engine);
+  log::info("serve: {} ready on {} in {:.1f} s ({}; context {} tokens)", engine.model_id, model.device_name,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), spec.summary(), engine.n_ctx);
+  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  log::info("serve: shutting down");
+  http.set_engine(nullptr);
+  http.stop();
+  return Status();
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, int& exit_code) {
+  auto opt = std::make_shared<ServeOptions>();
+  auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
+  cmd->add_option("model,--model,-m", opt->model, "GGUF file or HF model directory")->required();
+  cmd->add_option("--host", opt->server.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", opt->server.port, "Port (0: any free port)")->capture_default_str();
+  cmd->add_option("--device", opt->device, "cpu or cuda:N")->capture_default_str();
+  cmd->add_option("--threads,-t", opt->threads, "CPU threads (default: all cores)");
+  cmd->add_option("--ctx", opt->ctx, "Context tokens per request (default: the model's, at most 32768)");
+  auto* key = cmd->add_option("--api-key", opt->server.api_key, "Require this key (Authorization: Bearer KEY)");
+  cmd->add_option("--api-key-file", opt->api_key_file, "Read the required key from a file")->excludes(key);
+  cmd->add_option("--cors", opt->server.cors_origin, "Access-Control-Allow-Origin value (e.g. *)");
+  cmd->add_option("--max-queue", opt->server.max_queue, "Requests that may wait; more get 503")->capture_default_str();
+  cmd->add_option("--max-body", opt->server.max_body_bytes, "Request body limit in bytes")->capture_default_str();
+  cmd->add_option("--timeout", opt->server.request_timeout_s, "Seconds a request may take")->capture_default_str();
+  cmd->callback([opt, &exit_code] {
+    Status st = serve(*opt);
+    exit_code = st.ok() ? 0 : report(st);
+  });
+}
+
+}  // namespace dflash::cli

@@ -1,0 +1,298 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <ctime>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "base/log.h"
+#include "server/openai_api.h"
+
+namespace dflash::server {
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+constexpr int64_t kDefaultMaxTokens = 4096;
+
+// Text from clients and models may hold invalid UTF-8: it is replaced (U+FFFD), never an exception.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(dump(body), "application/json");
+}
+
+void send_error(httplib::Response& res, const Status& st, int status = 0) {
+  send_json(res, status != 0 ? status : http_status_for(st), error_body(st));
+}
+
+int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
+
+}  // namespace
+
+struct HttpServer::Impl {
+  ServerOptions opt;
+  httplib::Server http;
+  std::thread thread;
+  std::atomic<const Engine*> engine{nullptr};
+  std::atomic<uint64_t> next_id{1};
+  // FIFO admission: tickets are served in order, one at a time.
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t next_ticket = 0, serving = 0;
+
+  // Waits for this request's turn; false (503) when the queue is full.
+  class Turn {
+   public:
+    explicit Turn(Impl& s) : s_(s) {
+      std::unique_lock<std::mutex> lock(s_.mu);
+      if (static_cast<int64_t>(s_.next_ticket - s_.serving) > s_.opt.max_queue) return;
+      ticket_ = s_.next_ticket++;
+      admitted_ = true;
+      s_.cv.wait(lock, [&] { return s_.serving == ticket_; });
+    }
+    ~Turn() {
+      if (!admitted_) return;
+      std::lock_guard<std::mutex> lock(s_.mu);
+      ++s_.serving;
+      s_.cv.notify_all();
+    }
+    bool admitted() const { return admitted_; }
+
+   private:
+    Impl& s_;
+    uint64_t ticket_ = 0;
+    bool admitted_ = false;
+  };
+
+  bool authorized(const httplib::Request& req, httplib::Response& res) {
+    if (opt.api_key.empty()) return true;
+    const std::string want = "Bearer " + opt.api_key;
+    if (req.get_header_value("Authorization") == want || req.get_header_value("X-Api-Key") == opt.api_key) return true;
+    send_json(res, 401,
+              json{{"error",
+                    {{"message", "missing or wrong API key (Authorization: Bearer KEY)"},
+                     {"type", "authentication_error"},
+                     {"param", nullptr},
+                     {"code", "invalid_api_key"}}}});
+    return false;
+  }
+
+  const Engine* ready(httplib::Response& res) {
+    const Engine* e = engine.load();
+    if (e == nullptr) {
+      res.set_header("Retry-After", "5");
+      send_json(res, 503, json{{"error", {{"message", "the model is loading"}, {"type", "unavailable"},
+                                          {"param", nullptr}, {"code", nullptr}}}});
+    }
+    return e;
+  }
+
+  Result<std::vector<int32_t>> render_chat(const Engine& e, const ChatRequest& cr) {
+    if (e.chat_template == nullptr) return unsupported("the model has no chat template; use /v1/completions");
+    DF_ASSIGN_OR_RETURN(std::string prompt, e.chat_template->render(cr.messages, nullptr, true, cr.template_kwargs));
+    return e.tokenizer->encode(prompt, true);
+  }
+
+  void chat_completions(const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    const Engine* e = ready(res);
+    if (e == nullptr) return;
+    const auto arrived = std::chrono::steady_clock::now();
+    auto parsed = parse_chat_request(req.body, e->n_ctx);
+    if (!parsed.ok()) return send_error(res, parsed.status());
+    ChatRequest cr = std::move(parsed).value();
+    auto ids = render_chat(*e, cr);
+    if (!ids.ok()) return send_error(res, ids.status());
+    cr.gen.prompt = std::move(ids).value();
+    const auto n_prompt = static_cast<int64_t>(cr.gen.prompt.size());
+    if (n_prompt >= e->n_ctx)
+      return send_error(res, invalid_argument("the prompt has {} tokens; the context holds {}", n_prompt, e->n_ctx));
+    if (cr.gen.max_tokens < 0) cr.gen.max_tokens = std::min(kDefaultMaxTokens, e->n_ctx - n_prompt);
+    if (n_prompt + cr.gen.max_tokens > e->n_ctx)
+      return send_error(res, invalid_argument("the prompt ({} tokens) plus max_tokens ({}) exceed the context of {}",
+                                              n_prompt, cr.gen.max_tokens, e->n_ctx));
+    const std::string id = fmt::format("chatcmpl-{}-{}", unix_now(), next_id.fetch_add(1));
+    const int64_t created = unix_now();
+    const auto deadline = arrived + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                        std::chrono::duration<double>(opt.request_timeout_s));
+    if (!cr.stream) {
+      Turn turn(*this);
+      if (!turn.admitted()) return busy(res);
+      auto r = generate(*e, cr.gen, nullptr, nullptr, deadline);
+      if (!r.ok()) return send_error(res, r.status());
+      log_request(id, *r);
+      return send_json(res, 200, chat_completion(id, e->model_id, created, *r));
+    }
+    auto shared = std::make_shared<ChatRequest>(std::move(cr));
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream", [this, e, shared, id, created, deadline](size_t, httplib::DataSink& sink) {
+          auto send = [&sink](const json& j) {
+            const std::string line = "data: " + dump(j) + "\n\n";
+            return sink.write(line.data(), line.size());
+          };
+          Turn turn(*this);
+          if (!turn.admitted()) {
+            send(error_body(Status(ErrorCode::kCancelled, "the server is busy: the request queue is full")));
+            sink.done();
+            return true;
+          }
+          std::atomic<bool> gone{false};
+          bool ok = send(chat_chunk(id, e->model_id, created, json{{"role", "assistant"}, {"content", ""}}));
+          auto r = generate(
+              *e, shared->gen,
+              [&](std::string_view delta) {
+                ok = ok && send(chat_chunk(id, e->model_id, created, json{{"content", std::string(delta)}}));
+                if (!ok) gone = true;
+                return ok;
+              },
+              &gone, deadline);
+          if (!r.ok()) {
+            if (ok) send(error_body(r.status()));
+            log::info("request {}: {}", id, r.status().to_string());
+            sink.done();
+            return true;
+          }
+          send(chat_chunk(id, e->model_id, created, json::object(), r->finish_reason));
+          if (shared->include_usage) {
+            json u = chat_chunk(id, e->model_id, created, json::object());
+            u["choices"] = json::array();
+            u["usage"] = usage_of(*r);
+            u["timings"] = timings_of(*r);
+            send(u);
+          }
+          const std::string done = "data: [DONE]\n\n";
+          sink.write(done.data(), done.size());
+          log_request(id, *r);
+          sink.done();
+          return true;
+        });
+  }
+
+  void busy(httplib::Response& res) {
+    res.set_header("Retry-After", "1");
+    send_json(res, 503, json{{"error", {{"message", "the server is busy: the request queue is full"},
+                                        {"type", "unavailable"}, {"param", nullptr}, {"code", nullptr}}}});
+  }
+
+  void log_request(const std::string& id, const GenerationResult& r) {
+    log::info("request {}: prompt {} tokens (cached 0), generated {}, prefill {:.1f} ms, decode {:.1f} ms, finish {}",
+              id, r.prompt_tokens, r.completion_tokens, r.prefill_ms, r.decode_ms, r.finish_reason);
+  }
+
+  void routes() {
+    // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which lets a second server bind a port
+    // that is in use instead of failing.
+    http.set_socket_options([](socket_t sock) {
+      int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof(yes));
+    });
+    http.set_payload_max_length(opt.max_body_bytes);
+    if (!opt.cors_origin.empty()) {
+      http.set_default_headers({{"Access-Control-Allow-Origin", opt.cors_origin},
+                                {"Access-Control-Allow-Headers", "Authorization, Content-Type, X-Api-Key"},
+                                {"Access-Control-Allow-Methods", "GET, POST, OPTIONS"}});
+      http.Options(R"(.*)", [](const httplib::Request&, httplib::Response& res) { res.status = 204; });
+    }
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      if (engine.load() == nullptr) return send_json(res, 503, json{{"status", "loading"}});
+      send_json(res, 200, json{{"status", "ok"}});
+    });
+    http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req, res)) return;
+      const Engine* e = ready(res);
+      if (e == nullptr) return;
+      send_json(res, 200, json{{"object", "list"},
+                               {"data", json::array({{{"id", e->model_id},
+                                                      {"object", "model"},
+                                                      {"created", 0},
+                                                      {"owned_by", "dflash"},
+                                                      {"meta", {{"n_ctx", e->n_ctx}}}}})}});
+    });
+    http.Post("/v1/chat/completions",
+              [this](const httplib::Request& req, httplib::Response& res) { chat_completions(req, res); });
+    http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req, res)) return;
+      const Engine* e = ready(res);
+      if (e == nullptr) return;
+      json body = json::parse(req.body, nullptr, false);
+      if (!body.is_object() || !body.contains("content") || !body["content"].is_string())
+        return send_error(res, invalid_argument("'content' must be a string"));
+      const bool special = body.value("add_special", false);
+      auto ids = e->tokenizer->encode(body["content"].get<std::string>(), special);
+      if (!ids.ok()) return send_error(res, ids.status());
+      send_json(res, 200, json{{"tokens", *ids}});
+    });
+    http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req, res)) return;
+      const Engine* e = ready(res);
+      if (e == nullptr) return;
+      json body = json::parse(req.body, nullptr, false);
+      if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array())
+        return send_error(res, invalid_argument("'tokens' must be an array of token ids"));
+      std::vector<int32_t> ids;
+      for (const auto& t : body["tokens"]) {
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= e->tokenizer->size())
+          return send_error(res, invalid_argument("'tokens' holds an id outside the vocabulary"));
+        ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+      }
+      send_json(res, 200, json{{"content", e->tokenizer->decode_text(ids, false)}});
+    });
+    http.Post("/apply-template", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req, res)) return;
+      const Engine* e = ready(res);
+      if (e == nullptr) return;
+      auto parsed = parse_chat_request(req.body, e->n_ctx);
+      if (!parsed.ok()) return send_error(res, parsed.status());
+      if (e->chat_template == nullptr) return send_error(res, unsupported("the model has no chat template"));
+      auto prompt = e->chat_template->render(parsed->messages, nullptr, true, parsed->template_kwargs);
+      if (!prompt.ok()) return send_error(res, prompt.status());
+      send_json(res, 200, json{{"prompt", *prompt}});
+    });
+    http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      const Status st = res.status == 404   ? not_found("no such route")
+                        : res.status == 413 ? invalid_argument("the request body is too large")
+                                            : invalid_argument("bad request");
+      res.set_content(dump(error_body(st)), "application/json");
+    });
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+      send_json(res, 500, error_body(internal_error("the request failed inside the server")));
+    });
+  }
+};
+
+HttpServer::HttpServer(ServerOptions opt) : impl_(std::make_unique<Impl>()) { impl_->opt = std::move(opt); }
+
+HttpServer::~HttpServer() { stop(); }
+
+Status HttpServer::start() {
+  impl_->routes();
+  if (impl_->opt.port == 0) {
+    port_ = impl_->http.bind_to_any_port(impl_->opt.host);
+    if (port_ <= 0) return io_error("cannot listen on {} (any port)", impl_->opt.host);
+  } else {
+    if (!impl_->http.bind_to_port(impl_->opt.host, impl_->opt.port))
+      return io_error("cannot listen on {}:{} (in use, or not an address of this machine)", impl_->opt.host,
+                      impl_->opt.port);
+    port_ = impl_->opt.port;
+  }
+  impl_->thread = std::thread([this] { impl_->http.listen_after_bind(); });
+  return Status();
+}
+
+void HttpServer::set_engine(const Engine* engine) { impl_->engine.store(engine); }
+
+void HttpServer::stop() {
+  if (!impl_) return;
+  impl_->http.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+}  // namespace dflash::server

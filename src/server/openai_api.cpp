@@ -1,0 +1,230 @@
+#include "server/openai_api.h"
+
+#include <algorithm>
+
+namespace dflash::server {
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+Status bad(const std::string& param, const std::string& what) {
+  return invalid_argument("'{}' {}", param, what);
+}
+
+// A number field in [lo, hi] (finite), or absent.
+Status number_in(const ojson& body, const char* key, double lo, double hi, float* out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return Status();
+  if (!it->is_number()) return bad(key, "must be a number");
+  const double v = it->get<double>();
+  if (!(v >= lo && v <= hi)) return bad(key, fmt::format("must be between {} and {}", lo, hi));
+  *out = static_cast<float>(v);
+  return Status();
+}
+
+Result<std::string> content_text(const ojson& content, size_t i) {
+  const std::string param = fmt::format("messages[{}].content", i);
+  if (content.is_null()) return std::string();
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) return bad(param, "must be a string or an array of content parts");
+  std::string text;
+  for (size_t k = 0; k < content.size(); ++k) {
+    const ojson& part = content[k];
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+      return bad(fmt::format("{}[{}]", param, k), "must be an object with a string 'type'");
+    const std::string type = part["type"].get<std::string>();
+    if (type != "text")
+      return bad(fmt::format("{}[{}].type", param, k), fmt::format("'{}' is not supported (text only)", type));
+    if (!part.contains("text") || !part["text"].is_string())
+      return bad(fmt::format("{}[{}].text", param, k), "must be a string");
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+}  // namespace
+
+int http_status_for(const Status& st) {
+  switch (st.code()) {
+    case ErrorCode::kOk: return 200;
+    case ErrorCode::kInvalidArgument:
+    case ErrorCode::kCorrupt: return 400;
+    case ErrorCode::kNotFound: return 404;
+    case ErrorCode::kUnsupported: return 400;
+    case ErrorCode::kCancelled: return 408;
+    default: return 500;
+  }
+}
+
+json error_body(const Status& st, const std::string& param) {
+  const int code = http_status_for(st);
+  const char* type = code == 404 ? "not_found_error" : code < 500 ? "invalid_request_error" : "server_error";
+  return json{{"error",
+               {{"message", st.message()},
+                {"type", type},
+                {"param", param.empty() ? json(nullptr) : json(param)},
+                {"code", nullptr}}}};
+}
+
+Result<ChatRequest> parse_chat_request(const std::string& body_text, int64_t n_ctx) {
+  ojson body;
+  try {
+    body = ojson::parse(body_text);
+  } catch (const std::exception& e) {
+    return invalid_argument("the body is not valid JSON: {}", e.what());
+  }
+  if (!body.is_object()) return invalid_argument("the body must be a JSON object");
+  ChatRequest req;
+  if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return bad("model", "must be a string");
+    req.model = it->get<std::string>();
+  }
+  // Messages.
+  auto msgs = body.find("messages");
+  if (msgs == body.end() || !msgs->is_array() || msgs->empty()) return bad("messages", "must be a non-empty array");
+  req.messages = ojson::array();
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const ojson& m = (*msgs)[i];
+    if (!m.is_object()) return bad(fmt::format("messages[{}]", i), "must be an object");
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) return bad(fmt::format("messages[{}].role", i), "must be a string");
+    std::string r = role->get<std::string>();
+    if (r == "developer") r = "system";
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool")
+      return bad(fmt::format("messages[{}].role", i), fmt::format("'{}' is not one of system, developer, user, "
+                                                                  "assistant, tool", r));
+    if (m.contains("tool_calls")) return unsupported("'messages[{}].tool_calls': tools are not supported yet", i);
+    DF_ASSIGN_OR_RETURN(std::string text, content_text(m.contains("content") ? m["content"] : ojson(), i));
+    req.messages.push_back({{"role", r}, {"content", text}});
+  }
+  // Fields not implemented yet: refused rather than ignored.
+  for (const char* key : {"tools", "functions"})
+    if (body.contains(key) && !body[key].is_null() && !(body[key].is_array() && body[key].empty()))
+      return unsupported("'{}': tool calling is not supported yet", key);
+  if (body.contains("logprobs") && body["logprobs"].is_boolean() && body["logprobs"].get<bool>())
+    return unsupported("'logprobs' is not supported yet");
+  if (auto rf = body.find("response_format"); rf != body.end() && !rf->is_null()) {
+    if (!rf->is_object() || !rf->contains("type") || (*rf)["type"] != "text")
+      return unsupported("'response_format': only {{\"type\": \"text\"}} is supported yet");
+  }
+  if (auto n = body.find("n"); n != body.end() && !n->is_null()) {
+    if (!n->is_number_integer() || n->get<int64_t>() != 1) return bad("n", "must be 1");
+  }
+  // Stream.
+  if (auto s = body.find("stream"); s != body.end() && !s->is_null()) {
+    if (!s->is_boolean()) return bad("stream", "must be a boolean");
+    req.stream = s->get<bool>();
+  }
+  if (auto so = body.find("stream_options"); so != body.end() && !so->is_null()) {
+    if (!so->is_object()) return bad("stream_options", "must be an object");
+    if (auto iu = so->find("include_usage"); iu != so->end() && !iu->is_null()) {
+      if (!iu->is_boolean()) return bad("stream_options.include_usage", "must be a boolean");
+      req.include_usage = iu->get<bool>();
+    }
+  }
+  // Sampling.
+  SamplingParams& sp = req.gen.sampling;
+  sp.temperature = 1.0f;  // OpenAI's default
+  DF_RETURN_IF_ERROR(number_in(body, "temperature", 0.0, 2.0, &sp.temperature));
+  DF_RETURN_IF_ERROR(number_in(body, "top_p", 0.0, 1.0, &sp.top_p));
+  if (sp.top_p == 0.0f) return bad("top_p", "must be greater than 0");
+  DF_RETURN_IF_ERROR(number_in(body, "min_p", 0.0, 1.0, &sp.min_p));
+  DF_RETURN_IF_ERROR(number_in(body, "presence_penalty", -2.0, 2.0, &sp.presence_penalty));
+  DF_RETURN_IF_ERROR(number_in(body, "frequency_penalty", -2.0, 2.0, &sp.frequency_penalty));
+  DF_RETURN_IF_ERROR(number_in(body, "repetition_penalty", 0.01, 10.0, &sp.repetition_penalty));
+  if (auto k = body.find("top_k"); k != body.end() && !k->is_null()) {
+    if (!k->is_number_integer() || k->get<int64_t>() < 0 || k->get<int64_t>() > (1 << 30))
+      return bad("top_k", "must be a non-negative integer");
+    sp.top_k = static_cast<int32_t>(k->get<int64_t>());
+  }
+  if (auto seed = body.find("seed"); seed != body.end() && !seed->is_null()) {
+    if (!seed->is_number_integer()) return bad("seed", "must be an integer");
+    sp.seed = static_cast<uint64_t>(seed->get<int64_t>());
+  }
+  // Length.
+  int64_t max_tokens = -1;
+  for (const char* key : {"max_completion_tokens", "max_tokens"}) {
+    auto it = body.find(key);
+    if (it == body.end() || it->is_null()) continue;
+    if (!it->is_number_integer() || it->get<int64_t>() < 1) return bad(key, "must be a positive integer");
+    if (it->get<int64_t>() > n_ctx) return bad(key, fmt::format("exceeds the context of {} tokens", n_ctx));
+    max_tokens = it->get<int64_t>();
+    break;
+  }
+  req.gen.max_tokens = max_tokens;  // -1: the server fills in what the context leaves
+  // Stop strings.
+  if (auto st = body.find("stop"); st != body.end() && !st->is_null()) {
+    if (st->is_string()) {
+      req.gen.stop.push_back(st->get<std::string>());
+    } else if (st->is_array()) {
+      if (st->size() > 4) return bad("stop", "takes at most 4 strings");
+      for (const auto& s : *st) {
+        if (!s.is_string()) return bad("stop", "must be a string or an array of strings");
+        req.gen.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return bad("stop", "must be a string or an array of strings");
+    }
+  }
+  // Template arguments.
+  if (auto kw = body.find("chat_template_kwargs"); kw != body.end() && !kw->is_null()) {
+    if (!kw->is_object()) return bad("chat_template_kwargs", "must be an object");
+    req.template_kwargs = *kw;
+  }
+  if (auto re = body.find("reasoning_effort"); re != body.end() && !re->is_null()) {
+    if (!re->is_string()) return bad("reasoning_effort", "must be a string");
+    const std::string effort = re->get<std::string>();
+    if (effort != "none" && effort != "minimal" && effort != "low" && effort != "medium" && effort != "high")
+      return bad("reasoning_effort", "must be none, minimal, low, medium or high");
+    if (!req.template_kwargs.contains("enable_thinking"))
+      req.template_kwargs["enable_thinking"] = effort != "none" && effort != "minimal";
+  }
+  DF_RETURN_IF_ERROR(sp.validate());
+  return req;
+}
+
+json usage_of(const GenerationResult& r) {
+  return json{{"prompt_tokens", r.prompt_tokens},
+              {"completion_tokens", r.completion_tokens},
+              {"total_tokens", r.prompt_tokens + r.completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", 0}}}};
+}
+
+json timings_of(const GenerationResult& r) {
+  return json{{"prompt_n", r.prompt_tokens},
+              {"prompt_ms", r.prefill_ms},
+              {"prompt_per_second", r.prefill_ms > 0 ? r.prompt_tokens * 1e3 / r.prefill_ms : 0.0},
+              {"predicted_n", r.completion_tokens},
+              {"predicted_ms", r.decode_ms},
+              {"predicted_per_second", r.decode_ms > 0 ? r.completion_tokens * 1e3 / r.decode_ms : 0.0}};
+}
+
+json chat_completion(const std::string& id, const std::string& model, int64_t created, const GenerationResult& r) {
+  return json{{"id", id},
+              {"object", "chat.completion"},
+              {"created", created},
+              {"model", model},
+              {"choices",
+               json::array({{{"index", 0},
+                             {"message", {{"role", "assistant"}, {"content", r.text}}},
+                             {"logprobs", nullptr},
+                             {"finish_reason", r.finish_reason}}})},
+              {"usage", usage_of(r)},
+              {"timings", timings_of(r)}};
+}
+
+json chat_chunk(const std::string& id, const std::string& model, int64_t created, const json& delta,
+                const std::string& finish_reason) {
+  return json{{"id", id},
+              {"object", "chat.completion.chunk"},
+              {"created", created},
+              {"model", model},
+              {"choices", json::array({{{"index", 0},
+                                        {"delta", delta},
+                                        {"logprobs", nullptr},
+                                        {"finish_reason", finish_reason.empty() ? json(nullptr)
+                                                                                : json(finish_reason)}}})}};
+}
+
+}  // namespace dflash::server

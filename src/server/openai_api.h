@@ -1,0 +1,45 @@
+// The OpenAI wire format: request parsing with validation (every malformed field is a 4xx with an
+// OpenAI-style error body naming it), and the response and stream-chunk objects.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+#include "server/generation.h"
+
+namespace dflash::server {
+
+// HTTP status for a Status (400 invalid argument, 404 not found, 413/501 as fitting, 500 otherwise).
+int http_status_for(const Status& st);
+// {"error": {"message", "type", "param", "code"}}; type from the status (invalid_request_error,
+// not_found_error, server_error, ...).
+nlohmann::json error_body(const Status& st, const std::string& param = {});
+
+struct ChatRequest {
+  nlohmann::ordered_json messages;       // role/content objects, content flattened to strings
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
+  GenerationRequest gen;                 // without the prompt (rendered by the server)
+  bool stream = false;
+  bool include_usage = false;            // stream_options.include_usage
+  std::string model;
+};
+
+// Parses a /v1/chat/completions body. max_tokens defaults to what is left of n_ctx (at most 4096);
+// stop takes a string or up to 4 strings; n must be 1. Fields this server does not implement yet
+// (tools, logprobs, response_format other than text) are refused with a clear message.
+Result<ChatRequest> parse_chat_request(const std::string& body, int64_t n_ctx);
+
+// The non-streaming response.
+nlohmann::json chat_completion(const std::string& id, const std::string& model, int64_t created,
+                               const GenerationResult& r);
+// One "data:" payload of a stream: a delta (role and/or content) or the final chunk (finish_reason set).
+nlohmann::json chat_chunk(const std::string& id, const std::string& model, int64_t created,
+                          const nlohmann::json& delta, const std::string& finish_reason = {});
+// The usage object (with prompt_tokens_details.cached_tokens) and the timings of a result.
+nlohmann::json usage_of(const GenerationResult& r);
+nlohmann::json timings_of(const GenerationResult& r);
+
+}  // namespace dflash::server

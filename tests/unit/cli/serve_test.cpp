@@ -1,0 +1,213 @@
+// `dflash serve` end to end: the real binary on the tiny Qwen3 fixture, driven over HTTP. Health, models,
+// chat completions (plain and streamed, which must agree), tokenize/detokenize, API keys, and malformed
+// requests, each answered with an OpenAI-style error while the server stays up.
+#include <httplib.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "support/process.h"
+#include "support/test_paths.h"
+
+namespace dflash {
+namespace {
+
+using json = nlohmann::json;
+
+class Serve : public ::testing::Test {
+ protected:
+  void start(std::vector<std::string> extra = {}) {
+    port_ = test::free_port();
+    ASSERT_GT(port_, 0);
+    std::vector<std::string> argv = {DFLASH_BIN, "serve", test::fixture_path("models/tiny-qwen3"), "--port",
+                                     std::to_string(port_), "--threads", "1"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    log_ = test::scratch_dir() + "/serve.log";
+    proc_ = std::make_unique<test::ChildProcess>(argv, log_);
+    ASSERT_TRUE(proc_->started());
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", port_);
+    client_->set_read_timeout(60, 0);
+    for (int i = 0; i < 300; ++i) {  // up to 30 s
+      auto r = client_->Get("/health");
+      if (r && r->status == 200) return;
+      ASSERT_TRUE(proc_->running()) << "the server exited; see " << log_;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    FAIL() << "the server did not become healthy; see " << log_;
+  }
+  json post(const std::string& path, const std::string& body, int* status, const httplib::Headers& h = {}) {
+    auto r = client_->Post(path, h, body, "application/json");
+    if (!r) {
+      *status = -1;
+      return json();
+    }
+    *status = r->status;
+    return json::parse(r->body, nullptr, false);
+  }
+  void expect_alive() {
+    auto r = client_->Get("/health");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_TRUE(proc_->running());
+  }
+
+  int port_ = 0;
+  std::string log_;
+  std::unique_ptr<test::ChildProcess> proc_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+TEST_F(Serve, chat_completion_plain_and_streamed_agree) {
+  start();
+  auto models = client_->Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny-qwen3");
+
+  const std::string req = R"({"model":"tiny-qwen3","messages":[{"role":"user","content":"hello there"}],
+                              "max_tokens":12,"temperature":0})";
+  int status = 0;
+  const json plain = post("/v1/chat/completions", req, &status);
+  ASSERT_EQ(status, 200) << plain.dump();
+  EXPECT_EQ(plain["object"], "chat.completion");
+  EXPECT_EQ(plain["choices"][0]["message"]["role"], "assistant");
+  const std::string text = plain["choices"][0]["message"]["content"];
+  EXPECT_EQ(plain["usage"]["completion_tokens"].get<int>() <= 12, true);
+  EXPECT_GT(plain["usage"]["prompt_tokens"].get<int>(), 3);
+  const std::string fr = plain["choices"][0]["finish_reason"];
+  EXPECT_TRUE(fr == "length" || fr == "stop");
+  if (fr == "length") EXPECT_EQ(plain["usage"]["completion_tokens"], 12);
+
+  // Greedy is deterministic: the same request again, streamed, gives the same text in deltas.
+  const std::string sreq = R"({"messages":[{"role":"user","content":"hello there"}],"max_tokens":12,
+                               "temperature":0,"stream":true,"stream_options":{"include_usage":true}})";
+  auto r = client_->Post("/v1/chat/completions", sreq, "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  EXPECT_NE(r->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+  std::string streamed, finish;
+  bool done = false, role = false, usage = false;
+  size_t pos = 0;
+  while ((pos = r->body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = r->body.find("\n\n", pos);
+    ASSERT_NE(end, std::string::npos);
+    const std::string payload = r->body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    ASSERT_FALSE(done) << "data after [DONE]";
+    if (payload == "[DONE]") {
+      done = true;
+      continue;
+    }
+    const json c = json::parse(payload);
+    if (c.contains("usage")) {
+      usage = true;
+      EXPECT_EQ(c["usage"]["completion_tokens"], plain["usage"]["completion_tokens"]);
+      continue;
+    }
+    EXPECT_EQ(c["object"], "chat.completion.chunk");
+    const json& d = c["choices"][0]["delta"];
+    if (d.contains("role")) role = true;
+    if (d.contains("content")) streamed += d["content"].get<std::string>();
+    if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+  }
+  EXPECT_TRUE(done && role && usage);
+  EXPECT_EQ(streamed, text);
+  EXPECT_EQ(finish, fr);
+}
+
+TEST_F(Serve, stop_strings_tokenize_and_template_routes) {
+  start();
+  int status = 0;
+  const json tok = post("/tokenize", R"({"content":"hello world"})", &status);
+  ASSERT_EQ(status, 200);
+  ASSERT_TRUE(tok["tokens"].is_array());
+  const json detok = post("/detokenize", json{{"tokens", tok["tokens"]}}.dump(), &status);
+  ASSERT_EQ(status, 200);
+  EXPECT_EQ(detok["content"], "hello world");
+  const json tmpl = post("/apply-template", R"({"messages":[{"role":"user","content":"hi"}]})", &status);
+  ASSERT_EQ(status, 200);
+  EXPECT_NE(tmpl["prompt"].get<std::string>().find("hi"), std::string::npos);
+
+  // A stop string that the greedy output contains cuts it there.
+  const json full = post("/v1/chat/completions",
+                         R"({"messages":[{"role":"user","content":"abc"}],"max_tokens":16,"temperature":0})", &status);
+  ASSERT_EQ(status, 200);
+  const std::string text = full["choices"][0]["message"]["content"];
+  if (text.size() >= 3) {
+    const std::string stop = text.substr(1, 2);
+    const json cut = post("/v1/chat/completions",
+                          json{{"messages", {{{"role", "user"}, {"content", "abc"}}}},
+                               {"max_tokens", 16},
+                               {"temperature", 0},
+                               {"stop", stop}}
+                              .dump(),
+                          &status);
+    ASSERT_EQ(status, 200);
+    EXPECT_EQ(cut["choices"][0]["message"]["content"], text.substr(0, text.find(stop)));
+    EXPECT_EQ(cut["choices"][0]["finish_reason"], "stop");
+  }
+}
+
+TEST_F(Serve, malformed_requests_get_openai_errors_and_the_server_stays_up) {
+  start({"--ctx", "256"});
+  const std::pair<const char*, int> cases[] = {
+      {"not json", 400},
+      {R"({"messages":[]})", 400},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":-1})", 400},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":100000})", 400},
+      {R"({"messages":[{"role":"user","content":"x"}],"temperature":-1})", 400},
+      {R"({"messages":[{"role":"user","content":"x"}],"n":3})", 400},
+      {"{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}", 400},  // invalid UTF-8
+  };
+  for (const auto& [body, want] : cases) {
+    int status = 0;
+    const json e = post("/v1/chat/completions", body, &status);
+    EXPECT_EQ(status, want) << body;
+    EXPECT_TRUE(e.is_object() && e.contains("error") && e["error"].contains("message")) << body << " -> " << e.dump();
+    expect_alive();
+  }
+  // A prompt longer than the context (256 tokens here).
+  std::string longtext;
+  for (int i = 0; i < 400; ++i) longtext += "word ";
+  int status = 0;
+  const json e = post("/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", longtext}}}}}.dump(),
+                      &status);
+  EXPECT_EQ(status, 400) << e.dump();
+  auto nf = client_->Get("/v2/nothing");
+  ASSERT_TRUE(nf);
+  EXPECT_EQ(nf->status, 404);
+  EXPECT_TRUE(json::parse(nf->body, nullptr, false).contains("error"));
+  expect_alive();
+}
+
+TEST_F(Serve, api_key_guards_everything_but_health) {
+  start({"--api-key", "s3cret"});
+  auto models = client_->Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 401);
+  EXPECT_EQ(json::parse(models->body)["error"]["type"], "authentication_error");
+  int status = 0;
+  post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":2})", &status);
+  EXPECT_EQ(status, 401);
+  post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":2})", &status,
+       {{"Authorization", "Bearer s3cret"}});
+  EXPECT_EQ(status, 200);
+  expect_alive();
+}
+
+TEST_F(Serve, a_taken_port_is_a_clear_error) {
+  start();
+  test::ChildProcess second({DFLASH_BIN, "serve", test::fixture_path("models/tiny-qwen3"), "--port",
+                             std::to_string(port_)},
+                            test::scratch_dir() + "/serve2.log");
+  for (int i = 0; i < 100 && second.running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(second.running());
+  EXPECT_NE(second.stop(), 0);
+  expect_alive();
+}
+
+}  // namespace
+}  // namespace dflash

@@ -1,0 +1,141 @@
+// Request parsing and validation of the OpenAI routes, the response shapes, and stop-string matching.
+#include "server/openai_api.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace dflash::server {
+namespace {
+
+using json = nlohmann::json;
+
+TEST(ChatRequest, parses_messages_sampling_stop_and_stream_options) {
+  auto r = parse_chat_request(R"({"model":"m","messages":[{"role":"developer","content":"be brief"},
+      {"role":"user","content":[{"type":"text","text":"hi "},{"type":"text","text":"there"}]}],
+      "temperature":0.5,"top_p":0.9,"top_k":40,"min_p":0.05,"seed":7,"presence_penalty":0.5,
+      "max_completion_tokens":12,"stop":["\n\n","END"],"stream":true,"stream_options":{"include_usage":true},
+      "chat_template_kwargs":{"enable_thinking":false}})",
+                              4096);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->model, "m");
+  ASSERT_EQ(r->messages.size(), 2u);
+  EXPECT_EQ(r->messages[0]["role"], "system");  // developer is the system role
+  EXPECT_EQ(r->messages[1]["content"], "hi there");
+  EXPECT_FLOAT_EQ(r->gen.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r->gen.sampling.top_p, 0.9f);
+  EXPECT_EQ(r->gen.sampling.top_k, 40);
+  EXPECT_EQ(r->gen.sampling.seed, 7u);
+  EXPECT_EQ(r->gen.max_tokens, 12);
+  EXPECT_EQ(r->gen.stop, (std::vector<std::string>{"\n\n", "END"}));
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+  EXPECT_EQ(r->template_kwargs["enable_thinking"], false);
+}
+
+TEST(ChatRequest, defaults_follow_openai) {
+  auto r = parse_chat_request(R"({"messages":[{"role":"user","content":"x"}]})", 4096);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FLOAT_EQ(r->gen.sampling.temperature, 1.0f);
+  EXPECT_EQ(r->gen.max_tokens, -1);  // the server fills in what the context leaves
+  EXPECT_FALSE(r->stream);
+  auto s = parse_chat_request(R"({"messages":[{"role":"user","content":"x"}],"stop":"##","reasoning_effort":"none"})",
+                              4096);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->gen.stop, std::vector<std::string>{"##"});
+  EXPECT_EQ(s->template_kwargs["enable_thinking"], false);
+}
+
+// Every malformed field is a 4xx naming it; nothing throws.
+TEST(ChatRequest, malformed_requests_are_client_errors_naming_the_field) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"{", "not valid JSON"},
+      {"[1]", "JSON object"},
+      {R"({})", "'messages'"},
+      {R"({"messages":[]})", "'messages'"},
+      {R"({"messages":"hi"})", "'messages'"},
+      {R"({"messages":[3]})", "'messages[0]'"},
+      {R"({"messages":[{"content":"x"}]})", "'messages[0].role'"},
+      {R"({"messages":[{"role":"wizard","content":"x"}]})", "'messages[0].role'"},
+      {R"({"messages":[{"role":"user","content":5}]})", "'messages[0].content'"},
+      {R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", "'messages[0].content[0].type'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"temperature":"hot"})", "'temperature'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"temperature":3})", "'temperature'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_p":0})", "'top_p'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_k":-1})", "'top_k'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":-5})", "'max_tokens'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0})", "'max_tokens'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":1e9})", "'max_tokens'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":999999})", "'max_tokens'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stop":[1]})", "'stop'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stop":["a","b","c","d","e"]})", "'stop'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"n":2})", "'n'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stream":"yes"})", "'stream'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"seed":"s"})", "'seed'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[]})", "'chat_template_kwargs'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", "'tools'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})", "'logprobs'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}})",
+       "'response_format'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"model":3})", "'model'"},
+  };
+  for (const auto& [body, needle] : cases) {
+    auto r = parse_chat_request(body, 4096);
+    ASSERT_FALSE(r.ok()) << body;
+    const int status = http_status_for(r.status());
+    EXPECT_GE(status, 400) << body;
+    EXPECT_LT(status, 500) << body;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << body << " -> " << r.status().message();
+    const json e = error_body(r.status());
+    EXPECT_EQ(e["error"]["type"], "invalid_request_error") << body;
+  }
+}
+
+TEST(ChatResponse, has_the_openai_shape_with_usage_and_timings) {
+  GenerationResult r;
+  r.text = "hello";
+  r.finish_reason = "stop";
+  r.prompt_tokens = 10;
+  r.completion_tokens = 3;
+  r.prefill_ms = 5;
+  r.decode_ms = 30;
+  const json c = chat_completion("id1", "m", 123, r);
+  EXPECT_EQ(c["object"], "chat.completion");
+  EXPECT_EQ(c["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(c["choices"][0]["message"]["content"], "hello");
+  EXPECT_EQ(c["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(c["usage"]["total_tokens"], 13);
+  EXPECT_EQ(c["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_DOUBLE_EQ(c["timings"]["predicted_per_second"].get<double>(), 100.0);
+  const json k = chat_chunk("id1", "m", 123, json{{"content", "x"}});
+  EXPECT_EQ(k["object"], "chat.completion.chunk");
+  EXPECT_TRUE(k["choices"][0]["finish_reason"].is_null());
+  EXPECT_EQ(chat_chunk("id1", "m", 123, json::object(), "length")["choices"][0]["finish_reason"], "length");
+}
+
+TEST(StopMatcher, holds_back_possible_prefixes_and_cuts_at_the_first_stop) {
+  StopMatcher m({"END", "\n\n"});
+  EXPECT_EQ(m.push("hello E"), "hello ");  // "E" may start END
+  EXPECT_EQ(m.push("N"), "");
+  EXPECT_EQ(m.push("X more"), "ENX more");  // not a stop after all
+  EXPECT_EQ(m.push("\n"), "");
+  EXPECT_EQ(m.push("\nafter"), "");  // "\n\n": stop, nothing after it
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.flush(), "");
+  StopMatcher n({"END"});
+  EXPECT_EQ(n.push("abcEN"), "abc");
+  EXPECT_FALSE(n.stopped());
+  EXPECT_EQ(n.flush(), "EN");  // the end of generation releases what was held
+  StopMatcher none({});
+  EXPECT_EQ(none.push("anything"), "anything");
+  // UTF-8: a held-back tail never splits a character.
+  StopMatcher u({"\xC3\xA9X"});  // "éX"
+  EXPECT_EQ(u.push("caf\xC3\xA9"), "caf");
+  EXPECT_EQ(u.push("!"), "\xC3\xA9!");
+  StopMatcher w({"bc"});
+  EXPECT_EQ(w.push("abcd"), "a");  // found inside one push
+  EXPECT_TRUE(w.stopped());
+}
+
+}  // namespace
+}  // namespace dflash::server
