@@ -71,6 +71,8 @@ Status serve(ServeOptions opt) {
   engine.tokenizer = &tok;
   engine.chat_template = tmpl.get();
   engine.model_id = model_id_of(opt.model);
+  engine.device = model.device_name;
+  engine.version = DFLASH_VERSION;
   const int64_t model_ctx = spec.max_context > 0 ? spec.max_context : 32768;
   engine.n_ctx = opt.ctx > 0 ? std::min(opt.ctx, model_ctx) : std::min<int64_t>(model_ctx, 32768);
   http.set_engine(&engine);

@@ -25,7 +25,9 @@ struct Engine {
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;  // null: the model has none (chat endpoints refuse)
   std::string model_id;
-  int64_t n_ctx = 0;  // prompt + generated tokens a request may use
+  int64_t n_ctx = 0;    // prompt + generated tokens a request may use
+  std::string device;   // "cpu", "cuda:0", ... (for /props)
+  std::string version;  // dflash's version (for /props)
 };
 
 struct GenerationRequest {

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <ctime>
+#include <functional>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -41,6 +42,9 @@ struct HttpServer::Impl {
   std::thread thread;
   std::atomic<const Engine*> engine{nullptr};
   std::atomic<uint64_t> next_id{1};
+  // /metrics counters.
+  std::atomic<uint64_t> requests{0}, completed{0}, failed{0}, prompt_tokens{0}, generated_tokens{0}, prefill_us{0},
+      decode_us{0};
   // FIFO admission: tickets are served in order, one at a time.
   std::mutex mu;
   std::condition_variable cv;
@@ -99,40 +103,41 @@ struct HttpServer::Impl {
     return e.tokenizer->encode(prompt, true);
   }
 
-  void chat_completions(const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(req, res)) return;
-    const Engine* e = ready(res);
-    if (e == nullptr) return;
-    const auto arrived = std::chrono::steady_clock::now();
-    auto parsed = parse_chat_request(req.body, e->n_ctx);
-    if (!parsed.ok()) return send_error(res, parsed.status());
-    ChatRequest cr = std::move(parsed).value();
-    auto ids = render_chat(*e, cr);
-    if (!ids.ok()) return send_error(res, ids.status());
-    cr.gen.prompt = std::move(ids).value();
-    const auto n_prompt = static_cast<int64_t>(cr.gen.prompt.size());
-    if (n_prompt >= e->n_ctx)
-      return send_error(res, invalid_argument("the prompt has {} tokens; the context holds {}", n_prompt, e->n_ctx));
-    if (cr.gen.max_tokens < 0) cr.gen.max_tokens = std::min(kDefaultMaxTokens, e->n_ctx - n_prompt);
-    if (n_prompt + cr.gen.max_tokens > e->n_ctx)
+  // How a route words its output: the whole response, a delta chunk, the final chunk.
+  struct Shapes {
+    std::function<json(const GenerationResult&)> full;
+    std::function<json(const std::string& delta)> delta;
+    std::function<json(const std::string& finish)> last;
+    json first;  // sent before any text (null: nothing)
+  };
+
+  // Checks the request against the context, then runs it plainly or as a server-sent event stream.
+  void serve_generation(httplib::Response& res, const Engine& e, GenerationRequest gen, bool stream,
+                        bool include_usage, const std::string& id, std::chrono::steady_clock::time_point arrived,
+                        Shapes shapes, int64_t default_max) {
+    const auto n_prompt = static_cast<int64_t>(gen.prompt.size());
+    if (n_prompt == 0) return send_error(res, invalid_argument("the prompt is empty"));
+    if (n_prompt >= e.n_ctx)
+      return send_error(res, invalid_argument("the prompt has {} tokens; the context holds {}", n_prompt, e.n_ctx));
+    if (gen.max_tokens < 0) gen.max_tokens = std::min(default_max, e.n_ctx - n_prompt);
+    if (n_prompt + gen.max_tokens > e.n_ctx)
       return send_error(res, invalid_argument("the prompt ({} tokens) plus max_tokens ({}) exceed the context of {}",
-                                              n_prompt, cr.gen.max_tokens, e->n_ctx));
-    const std::string id = fmt::format("chatcmpl-{}-{}", unix_now(), next_id.fetch_add(1));
-    const int64_t created = unix_now();
+                                              n_prompt, gen.max_tokens, e.n_ctx));
     const auto deadline = arrived + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                         std::chrono::duration<double>(opt.request_timeout_s));
-    if (!cr.stream) {
+    if (!stream) {
       Turn turn(*this);
       if (!turn.admitted()) return busy(res);
-      auto r = generate(*e, cr.gen, nullptr, nullptr, deadline);
+      auto r = generate(e, gen, nullptr, nullptr, deadline);
       if (!r.ok()) return send_error(res, r.status());
-      log_request(id, *r);
-      return send_json(res, 200, chat_completion(id, e->model_id, created, *r));
+      finished(id, *r);
+      return send_json(res, 200, shapes.full(*r));
     }
-    auto shared = std::make_shared<ChatRequest>(std::move(cr));
+    auto g = std::make_shared<GenerationRequest>(std::move(gen));
+    auto sh = std::make_shared<Shapes>(std::move(shapes));
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
-        "text/event-stream", [this, e, shared, id, created, deadline](size_t, httplib::DataSink& sink) {
+        "text/event-stream", [this, &e, g, sh, id, include_usage, deadline](size_t, httplib::DataSink& sink) {
           auto send = [&sink](const json& j) {
             const std::string line = "data: " + dump(j) + "\n\n";
             return sink.write(line.data(), line.size());
@@ -144,11 +149,11 @@ struct HttpServer::Impl {
             return true;
           }
           std::atomic<bool> gone{false};
-          bool ok = send(chat_chunk(id, e->model_id, created, json{{"role", "assistant"}, {"content", ""}}));
+          bool ok = sh->first.is_null() || send(sh->first);
           auto r = generate(
-              *e, shared->gen,
+              e, *g,
               [&](std::string_view delta) {
-                ok = ok && send(chat_chunk(id, e->model_id, created, json{{"content", std::string(delta)}}));
+                ok = ok && send(sh->delta(std::string(delta)));
                 if (!ok) gone = true;
                 return ok;
               },
@@ -156,12 +161,13 @@ struct HttpServer::Impl {
           if (!r.ok()) {
             if (ok) send(error_body(r.status()));
             log::info("request {}: {}", id, r.status().to_string());
+            failed.fetch_add(1);
             sink.done();
             return true;
           }
-          send(chat_chunk(id, e->model_id, created, json::object(), r->finish_reason));
-          if (shared->include_usage) {
-            json u = chat_chunk(id, e->model_id, created, json::object());
+          send(sh->last(r->finish_reason));
+          if (include_usage) {
+            json u = sh->last("");
             u["choices"] = json::array();
             u["usage"] = usage_of(*r);
             u["timings"] = timings_of(*r);
@@ -169,10 +175,58 @@ struct HttpServer::Impl {
           }
           const std::string done = "data: [DONE]\n\n";
           sink.write(done.data(), done.size());
-          log_request(id, *r);
+          finished(id, *r);
           sink.done();
           return true;
         });
+  }
+
+  void chat_completions(const httplib::Request& req, httplib::Response& res) {
+    requests.fetch_add(1);
+    if (!authorized(req, res)) return;
+    const Engine* e = ready(res);
+    if (e == nullptr) return;
+    const auto arrived = std::chrono::steady_clock::now();
+    auto parsed = parse_chat_request(req.body, e->n_ctx);
+    if (!parsed.ok()) return send_error(res, parsed.status());
+    ChatRequest cr = std::move(parsed).value();
+    auto ids = render_chat(*e, cr);
+    if (!ids.ok()) return send_error(res, ids.status());
+    cr.gen.prompt = std::move(ids).value();
+    const std::string id = fmt::format("chatcmpl-{}-{}", unix_now(), next_id.fetch_add(1));
+    const int64_t created = unix_now();
+    const std::string model = e->model_id;
+    Shapes shapes{[=](const GenerationResult& r) { return chat_completion(id, model, created, r); },
+                  [=](const std::string& d) { return chat_chunk(id, model, created, json{{"content", d}}); },
+                  [=](const std::string& f) { return chat_chunk(id, model, created, json::object(), f); },
+                  chat_chunk(id, model, created, json{{"role", "assistant"}, {"content", ""}})};
+    serve_generation(res, *e, std::move(cr.gen), cr.stream, cr.include_usage, id, arrived, std::move(shapes),
+                     kDefaultMaxTokens);
+  }
+
+  void completions(const httplib::Request& req, httplib::Response& res) {
+    requests.fetch_add(1);
+    if (!authorized(req, res)) return;
+    const Engine* e = ready(res);
+    if (e == nullptr) return;
+    const auto arrived = std::chrono::steady_clock::now();
+    auto parsed = parse_completion_request(req.body, e->n_ctx);
+    if (!parsed.ok()) return send_error(res, parsed.status());
+    CompletionRequest cr = std::move(parsed).value();
+    if (cr.has_ids) {
+      cr.gen.prompt = std::move(cr.prompt_ids);
+    } else {
+      auto ids = e->tokenizer->encode(cr.prompt_text, true);
+      if (!ids.ok()) return send_error(res, ids.status());
+      cr.gen.prompt = std::move(ids).value();
+    }
+    const std::string id = fmt::format("cmpl-{}-{}", unix_now(), next_id.fetch_add(1));
+    const int64_t created = unix_now();
+    const std::string model = e->model_id;
+    Shapes shapes{[=](const GenerationResult& r) { return text_completion(id, model, created, r); },
+                  [=](const std::string& d) { return text_chunk(id, model, created, d); },
+                  [=](const std::string& f) { return text_chunk(id, model, created, "", f); }, json()};
+    serve_generation(res, *e, std::move(cr.gen), cr.stream, cr.include_usage, id, arrived, std::move(shapes), 16);
   }
 
   void busy(httplib::Response& res) {
@@ -181,7 +235,12 @@ struct HttpServer::Impl {
                                         {"type", "unavailable"}, {"param", nullptr}, {"code", nullptr}}}});
   }
 
-  void log_request(const std::string& id, const GenerationResult& r) {
+  void finished(const std::string& id, const GenerationResult& r) {
+    completed.fetch_add(1);
+    prompt_tokens.fetch_add(static_cast<uint64_t>(r.prompt_tokens));
+    generated_tokens.fetch_add(static_cast<uint64_t>(r.completion_tokens));
+    prefill_us.fetch_add(static_cast<uint64_t>(r.prefill_ms * 1e3));
+    decode_us.fetch_add(static_cast<uint64_t>(r.decode_ms * 1e3));
     log::info("request {}: prompt {} tokens (cached 0), generated {}, prefill {:.1f} ms, decode {:.1f} ms, finish {}",
               id, r.prompt_tokens, r.completion_tokens, r.prefill_ms, r.decode_ms, r.finish_reason);
   }
@@ -217,6 +276,58 @@ struct HttpServer::Impl {
     });
     http.Post("/v1/chat/completions",
               [this](const httplib::Request& req, httplib::Response& res) { chat_completions(req, res); });
+    http.Post("/v1/completions",
+              [this](const httplib::Request& req, httplib::Response& res) { completions(req, res); });
+    http.Get("/props", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req, res)) return;
+      const Engine* e = ready(res);
+      if (e == nullptr) return;
+      send_json(res, 200,
+                json{{"model", e->model_id},
+                     {"n_ctx", e->n_ctx},
+                     {"default_generation_settings",
+                      {{"temperature", 1.0}, {"top_p", 1.0}, {"top_k", 0}, {"min_p", 0.0}, {"max_tokens", kDefaultMaxTokens}}},
+                     {"chat_template", e->chat_template != nullptr},
+                     {"runtime",
+                      {{"backend", e->runner->backend().name()},
+                       {"devices", json::array({e->device})},
+                       {"draft_residency", "none"},
+                       {"lazy_draft", false},
+                       {"kv_type", "f32"}}},
+                     {"speculative", {{"enabled", false}}},
+                     {"cache", {{"prefix_cache", false}, {"disk_cache", false}}},
+                     {"limits", {{"max_queue", opt.max_queue}, {"max_body_bytes", opt.max_body_bytes},
+                                 {"request_timeout_s", opt.request_timeout_s}}},
+                     {"build", {{"version", e->version}}}});
+    });
+    http.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req, res)) return;
+      uint64_t queued = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        queued = next_ticket - serving;
+      }
+      std::string m;
+      auto metric = [&m](const char* name, const char* type, const char* help, double v) {
+        m += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, v);
+      };
+      metric("dflash_requests_total", "counter", "Generation requests received.", static_cast<double>(requests.load()));
+      metric("dflash_requests_completed_total", "counter", "Generation requests completed.",
+             static_cast<double>(completed.load()));
+      metric("dflash_requests_failed_total", "counter", "Streamed generations that failed or were cancelled.",
+             static_cast<double>(failed.load()));
+      metric("dflash_queue_depth", "gauge", "Requests admitted and not finished (running + waiting).",
+             static_cast<double>(queued));
+      metric("dflash_prompt_tokens_total", "counter", "Prompt tokens processed.",
+             static_cast<double>(prompt_tokens.load()));
+      metric("dflash_prompt_cached_tokens_total", "counter", "Prompt tokens restored from the prefix cache.", 0.0);
+      metric("dflash_generated_tokens_total", "counter", "Tokens generated.", static_cast<double>(generated_tokens.load()));
+      metric("dflash_prefill_seconds_total", "counter", "Time spent in prefill.", prefill_us.load() / 1e6);
+      metric("dflash_decode_seconds_total", "counter", "Time spent decoding.", decode_us.load() / 1e6);
+      metric("dflash_model_loaded", "gauge", "1 once the model serves requests.", engine.load() != nullptr ? 1 : 0);
+      res.status = 200;
+      res.set_content(m, "text/plain; version=0.0.4");
+    });
     http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
       if (!authorized(req, res)) return;
       const Engine* e = ready(res);

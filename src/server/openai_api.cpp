@@ -1,6 +1,7 @@
 #include "server/openai_api.h"
 
 #include <algorithm>
+#include <climits>
 
 namespace dflash::server {
 namespace {
@@ -43,66 +44,31 @@ Result<std::string> content_text(const ojson& content, size_t i) {
   return text;
 }
 
-}  // namespace
-
-int http_status_for(const Status& st) {
-  switch (st.code()) {
-    case ErrorCode::kOk: return 200;
-    case ErrorCode::kInvalidArgument:
-    case ErrorCode::kCorrupt: return 400;
-    case ErrorCode::kNotFound: return 404;
-    case ErrorCode::kUnsupported: return 400;
-    case ErrorCode::kCancelled: return 408;
-    default: return 500;
-  }
-}
-
-json error_body(const Status& st, const std::string& param) {
-  const int code = http_status_for(st);
-  const char* type = code == 404 ? "not_found_error" : code < 500 ? "invalid_request_error" : "server_error";
-  return json{{"error",
-               {{"message", st.message()},
-                {"type", type},
-                {"param", param.empty() ? json(nullptr) : json(param)},
-                {"code", nullptr}}}};
-}
-
-Result<ChatRequest> parse_chat_request(const std::string& body_text, int64_t n_ctx) {
+// The body as a JSON object, and its optional string "model".
+Result<ojson> parse_body(const std::string& text, std::string* model) {
   ojson body;
   try {
-    body = ojson::parse(body_text);
+    body = ojson::parse(text);
   } catch (const std::exception& e) {
     return invalid_argument("the body is not valid JSON: {}", e.what());
   }
   if (!body.is_object()) return invalid_argument("the body must be a JSON object");
-  ChatRequest req;
   if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
     if (!it->is_string()) return bad("model", "must be a string");
-    req.model = it->get<std::string>();
+    *model = it->get<std::string>();
   }
-  // Messages.
-  auto msgs = body.find("messages");
-  if (msgs == body.end() || !msgs->is_array() || msgs->empty()) return bad("messages", "must be a non-empty array");
-  req.messages = ojson::array();
-  for (size_t i = 0; i < msgs->size(); ++i) {
-    const ojson& m = (*msgs)[i];
-    if (!m.is_object()) return bad(fmt::format("messages[{}]", i), "must be an object");
-    auto role = m.find("role");
-    if (role == m.end() || !role->is_string()) return bad(fmt::format("messages[{}].role", i), "must be a string");
-    std::string r = role->get<std::string>();
-    if (r == "developer") r = "system";
-    if (r != "system" && r != "user" && r != "assistant" && r != "tool")
-      return bad(fmt::format("messages[{}].role", i), fmt::format("'{}' is not one of system, developer, user, "
-                                                                  "assistant, tool", r));
-    if (m.contains("tool_calls")) return unsupported("'messages[{}].tool_calls': tools are not supported yet", i);
-    DF_ASSIGN_OR_RETURN(std::string text, content_text(m.contains("content") ? m["content"] : ojson(), i));
-    req.messages.push_back({{"role", r}, {"content", text}});
-  }
+  return body;
+}
+
+// Fields every generating route shares: sampling, length, stop strings, stream options, and the refusals
+// of what is not implemented yet.
+Status parse_common(const ojson& body, int64_t n_ctx, GenerationRequest& gen, bool& stream, bool& include_usage) {
   // Fields not implemented yet: refused rather than ignored.
   for (const char* key : {"tools", "functions"})
     if (body.contains(key) && !body[key].is_null() && !(body[key].is_array() && body[key].empty()))
       return unsupported("'{}': tool calling is not supported yet", key);
-  if (body.contains("logprobs") && body["logprobs"].is_boolean() && body["logprobs"].get<bool>())
+  if (auto lp = body.find("logprobs"); lp != body.end() && !lp->is_null() &&
+                                      ((lp->is_boolean() && lp->get<bool>()) || (lp->is_number() && *lp != 0)))
     return unsupported("'logprobs' is not supported yet");
   if (auto rf = body.find("response_format"); rf != body.end() && !rf->is_null()) {
     if (!rf->is_object() || !rf->contains("type") || (*rf)["type"] != "text")
@@ -114,17 +80,17 @@ Result<ChatRequest> parse_chat_request(const std::string& body_text, int64_t n_c
   // Stream.
   if (auto s = body.find("stream"); s != body.end() && !s->is_null()) {
     if (!s->is_boolean()) return bad("stream", "must be a boolean");
-    req.stream = s->get<bool>();
+    stream = s->get<bool>();
   }
   if (auto so = body.find("stream_options"); so != body.end() && !so->is_null()) {
     if (!so->is_object()) return bad("stream_options", "must be an object");
     if (auto iu = so->find("include_usage"); iu != so->end() && !iu->is_null()) {
       if (!iu->is_boolean()) return bad("stream_options.include_usage", "must be a boolean");
-      req.include_usage = iu->get<bool>();
+      include_usage = iu->get<bool>();
     }
   }
   // Sampling.
-  SamplingParams& sp = req.gen.sampling;
+  SamplingParams& sp = gen.sampling;
   sp.temperature = 1.0f;  // OpenAI's default
   DF_RETURN_IF_ERROR(number_in(body, "temperature", 0.0, 2.0, &sp.temperature));
   DF_RETURN_IF_ERROR(number_in(body, "top_p", 0.0, 1.0, &sp.top_p));
@@ -152,21 +118,70 @@ Result<ChatRequest> parse_chat_request(const std::string& body_text, int64_t n_c
     max_tokens = it->get<int64_t>();
     break;
   }
-  req.gen.max_tokens = max_tokens;  // -1: the server fills in what the context leaves
+  gen.max_tokens = max_tokens;  // -1: the server fills in what the context leaves
   // Stop strings.
   if (auto st = body.find("stop"); st != body.end() && !st->is_null()) {
     if (st->is_string()) {
-      req.gen.stop.push_back(st->get<std::string>());
+      gen.stop.push_back(st->get<std::string>());
     } else if (st->is_array()) {
       if (st->size() > 4) return bad("stop", "takes at most 4 strings");
       for (const auto& s : *st) {
         if (!s.is_string()) return bad("stop", "must be a string or an array of strings");
-        req.gen.stop.push_back(s.get<std::string>());
+        gen.stop.push_back(s.get<std::string>());
       }
     } else {
       return bad("stop", "must be a string or an array of strings");
     }
   }
+  return sp.validate();
+}
+
+}  // namespace
+
+int http_status_for(const Status& st) {
+  switch (st.code()) {
+    case ErrorCode::kOk: return 200;
+    case ErrorCode::kInvalidArgument:
+    case ErrorCode::kCorrupt: return 400;
+    case ErrorCode::kNotFound: return 404;
+    case ErrorCode::kUnsupported: return 400;
+    case ErrorCode::kCancelled: return 408;
+    default: return 500;
+  }
+}
+
+json error_body(const Status& st, const std::string& param) {
+  const int code = http_status_for(st);
+  const char* type = code == 404 ? "not_found_error" : code < 500 ? "invalid_request_error" : "server_error";
+  return json{{"error",
+               {{"message", st.message()},
+                {"type", type},
+                {"param", param.empty() ? json(nullptr) : json(param)},
+                {"code", nullptr}}}};
+}
+
+Result<ChatRequest> parse_chat_request(const std::string& body_text, int64_t n_ctx) {
+  ChatRequest req;
+  DF_ASSIGN_OR_RETURN(ojson body, parse_body(body_text, &req.model));
+  // Messages.
+  auto msgs = body.find("messages");
+  if (msgs == body.end() || !msgs->is_array() || msgs->empty()) return bad("messages", "must be a non-empty array");
+  req.messages = ojson::array();
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const ojson& m = (*msgs)[i];
+    if (!m.is_object()) return bad(fmt::format("messages[{}]", i), "must be an object");
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) return bad(fmt::format("messages[{}].role", i), "must be a string");
+    std::string r = role->get<std::string>();
+    if (r == "developer") r = "system";
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool")
+      return bad(fmt::format("messages[{}].role", i), fmt::format("'{}' is not one of system, developer, user, "
+                                                                  "assistant, tool", r));
+    if (m.contains("tool_calls")) return unsupported("'messages[{}].tool_calls': tools are not supported yet", i);
+    DF_ASSIGN_OR_RETURN(std::string text, content_text(m.contains("content") ? m["content"] : ojson(), i));
+    req.messages.push_back({{"role", r}, {"content", text}});
+  }
+  DF_RETURN_IF_ERROR(parse_common(body, n_ctx, req.gen, req.stream, req.include_usage));
   // Template arguments.
   if (auto kw = body.find("chat_template_kwargs"); kw != body.end() && !kw->is_null()) {
     if (!kw->is_object()) return bad("chat_template_kwargs", "must be an object");
@@ -180,8 +195,64 @@ Result<ChatRequest> parse_chat_request(const std::string& body_text, int64_t n_c
     if (!req.template_kwargs.contains("enable_thinking"))
       req.template_kwargs["enable_thinking"] = effort != "none" && effort != "minimal";
   }
-  DF_RETURN_IF_ERROR(sp.validate());
   return req;
+}
+
+Result<CompletionRequest> parse_completion_request(const std::string& body_text, int64_t n_ctx) {
+  CompletionRequest req;
+  DF_ASSIGN_OR_RETURN(ojson body, parse_body(body_text, &req.model));
+  auto p = body.find("prompt");
+  if (p == body.end() || p->is_null()) return bad("prompt", "is required");
+  if (p->is_string()) {
+    req.prompt_text = p->get<std::string>();
+  } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
+    req.prompt_text = (*p)[0].get<std::string>();
+  } else if (p->is_array() && !p->empty() && std::all_of(p->begin(), p->end(), [](const ojson& v) {
+               return v.is_number_integer();
+             })) {
+    for (const auto& v : *p) {
+      const int64_t id = v.get<int64_t>();
+      if (id < 0 || id > INT32_MAX) return bad("prompt", "holds a token id out of range");
+      req.prompt_ids.push_back(static_cast<int32_t>(id));
+    }
+    req.has_ids = true;
+  } else {
+    return bad("prompt", "must be a string, an array of one string, or an array of token ids");
+  }
+  for (const char* key : {"echo", "suffix"})
+    if (body.contains(key) && !body[key].is_null() && !(body[key].is_boolean() && !body[key].get<bool>()))
+      return unsupported("'{}' is not supported yet", key);
+  if (auto bo = body.find("best_of"); bo != body.end() && !bo->is_null() && (!bo->is_number_integer() || *bo != 1))
+    return bad("best_of", "must be 1");
+  DF_RETURN_IF_ERROR(parse_common(body, n_ctx, req.gen, req.stream, req.include_usage));
+  if (req.gen.max_tokens < 0) req.gen.max_tokens = 16;  // OpenAI's default for completions
+  return req;
+}
+
+json text_completion(const std::string& id, const std::string& model, int64_t created, const GenerationResult& r) {
+  return json{{"id", id},
+              {"object", "text_completion"},
+              {"created", created},
+              {"model", model},
+              {"choices", json::array({{{"index", 0},
+                                        {"text", r.text},
+                                        {"logprobs", nullptr},
+                                        {"finish_reason", r.finish_reason}}})},
+              {"usage", usage_of(r)},
+              {"timings", timings_of(r)}};
+}
+
+json text_chunk(const std::string& id, const std::string& model, int64_t created, const std::string& text,
+                const std::string& finish_reason) {
+  return json{{"id", id},
+              {"object", "text_completion"},
+              {"created", created},
+              {"model", model},
+              {"choices", json::array({{{"index", 0},
+                                        {"text", text},
+                                        {"logprobs", nullptr},
+                                        {"finish_reason", finish_reason.empty() ? json(nullptr)
+                                                                                : json(finish_reason)}}})}};
 }
 
 json usage_of(const GenerationResult& r) {

@@ -32,6 +32,24 @@ struct ChatRequest {
 // (tools, logprobs, response_format other than text) are refused with a clear message.
 Result<ChatRequest> parse_chat_request(const std::string& body, int64_t n_ctx);
 
+struct CompletionRequest {
+  std::string prompt_text;          // a string prompt, or
+  std::vector<int32_t> prompt_ids;  // token ids given directly
+  bool has_ids = false;
+  GenerationRequest gen;            // without the prompt
+  bool stream = false;
+  bool include_usage = false;
+  std::string model;
+};
+
+// Parses a /v1/completions body: prompt is a string, an array of one string, or an array of token ids;
+// max_tokens defaults to 16 (OpenAI's); the other fields as for chat.
+Result<CompletionRequest> parse_completion_request(const std::string& body, int64_t n_ctx);
+nlohmann::json text_completion(const std::string& id, const std::string& model, int64_t created,
+                               const GenerationResult& r);
+nlohmann::json text_chunk(const std::string& id, const std::string& model, int64_t created, const std::string& text,
+                          const std::string& finish_reason = {});
+
 // The non-streaming response.
 nlohmann::json chat_completion(const std::string& id, const std::string& model, int64_t created,
                                const GenerationResult& r);

@@ -151,6 +151,53 @@ TEST_F(Serve, stop_strings_tokenize_and_template_routes) {
   }
 }
 
+TEST_F(Serve, completions_props_and_metrics) {
+  start();
+  int status = 0;
+  const json c = post("/v1/completions", R"({"prompt":"The capital of","max_tokens":6,"temperature":0})", &status);
+  ASSERT_EQ(status, 200) << c.dump();
+  EXPECT_EQ(c["object"], "text_completion");
+  const std::string text = c["choices"][0]["text"];
+  EXPECT_LE(c["usage"]["completion_tokens"].get<int>(), 6);
+  // The same prompt as token ids gives the same text.
+  const json tok = post("/tokenize", R"({"content":"The capital of"})", &status);
+  const json c2 = post("/v1/completions", json{{"prompt", tok["tokens"]}, {"max_tokens", 6}, {"temperature", 0}}.dump(),
+                       &status);
+  ASSERT_EQ(status, 200) << c2.dump();
+  EXPECT_EQ(c2["choices"][0]["text"], text);
+  // Streamed.
+  auto r = client_->Post("/v1/completions", R"({"prompt":"The capital of","max_tokens":6,"temperature":0,"stream":true})",
+                         "application/json");
+  ASSERT_TRUE(r);
+  std::string streamed;
+  size_t pos = 0;
+  while ((pos = r->body.find("data: {", pos)) != std::string::npos) {
+    const size_t end = r->body.find("\n\n", pos);
+    const json k = json::parse(r->body.substr(pos + 6, end - pos - 6));
+    streamed += k["choices"][0]["text"].get<std::string>();
+    pos = end;
+  }
+  EXPECT_EQ(streamed, text);
+  EXPECT_NE(r->body.find("data: [DONE]"), std::string::npos);
+  // Default max_tokens for completions is OpenAI's 16.
+  const json d = post("/v1/completions", R"({"prompt":"x","temperature":0})", &status);
+  EXPECT_LE(d["usage"]["completion_tokens"].get<int>(), 16);
+  EXPECT_EQ(post("/v1/completions", R"({"prompt":5})", &status).contains("error"), true);
+  EXPECT_EQ(status, 400);
+
+  auto props = client_->Get("/props");
+  ASSERT_TRUE(props);
+  const json p = json::parse(props->body);
+  EXPECT_EQ(p["model"], "tiny-qwen3");
+  EXPECT_EQ(p["runtime"]["backend"], "cpu");
+  EXPECT_EQ(p["runtime"]["draft_residency"], "none");
+  auto metrics = client_->Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("dflash_requests_total 5"), std::string::npos) << metrics->body;
+  EXPECT_NE(metrics->body.find("# TYPE dflash_generated_tokens_total counter"), std::string::npos);
+  EXPECT_NE(metrics->body.find("dflash_model_loaded 1"), std::string::npos);
+}
+
 TEST_F(Serve, malformed_requests_get_openai_errors_and_the_server_stays_up) {
   start({"--ctx", "256"});
   const std::pair<const char*, int> cases[] = {
@@ -195,6 +242,28 @@ TEST_F(Serve, api_key_guards_everything_but_health) {
   post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":2})", &status,
        {{"Authorization", "Bearer s3cret"}});
   EXPECT_EQ(status, 200);
+  expect_alive();
+}
+
+// The official OpenAI SDK (npm `openai`) as the client: models, a completion, a stream with usage, and an
+// error surfacing as its APIError with our status and type.
+TEST_F(Serve, the_openai_sdk_talks_to_it) {
+  if (test::oracle_path("openai/package.json").empty()) DF_SKIP_LOUDLY("npm package openai is not installed");
+  if (test::run_command("node --version").exit_code != 0) DF_SKIP_LOUDLY("node is not installed");
+  start({"--api-key", "k-123"});
+  const auto r = test::run_command("node " + test::shell_quote(test::source_dir() + "/tests/oracle/openai_chat.mjs") +
+                                   " http://127.0.0.1:" + std::to_string(port_) + "/v1 k-123");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const json out = json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(out.is_object()) << r.out;
+  EXPECT_EQ(out["models"], json::array({"tiny-qwen3"}));
+  EXPECT_EQ(out["plain"]["role"], "assistant");
+  EXPECT_EQ(out["stream"]["content"], out["plain"]["content"]);
+  EXPECT_EQ(out["stream"]["finish_reason"], out["plain"]["finish_reason"]);
+  EXPECT_EQ(out["stream"]["usage"], out["plain"]["usage"]);
+  EXPECT_GE(out["stream"]["chunks"].get<int>(), 3);
+  EXPECT_EQ(out["error"]["status"], 400);
+  EXPECT_EQ(out["error"]["type"], "invalid_request_error");
   expect_alive();
 }
 
