@@ -97,16 +97,11 @@ struct HttpServer::Impl {
     return e;
   }
 
-  Result<std::vector<int32_t>> render_chat(const Engine& e, const ChatRequest& cr) {
-    if (e.chat_template == nullptr) return unsupported("the model has no chat template; use /v1/completions");
-    DF_ASSIGN_OR_RETURN(std::string prompt, e.chat_template->render(cr.messages, nullptr, true, cr.template_kwargs));
-    return e.tokenizer->encode(prompt, true);
-  }
-
   // How a route words its output: the whole response, a delta chunk, the final chunk.
   struct Shapes {
     std::function<json(const GenerationResult&)> full;
-    std::function<json(const std::string& delta)> delta;
+    std::function<std::vector<json>(const std::string& delta)> delta;  // chunks for a piece of text
+    std::function<std::vector<json>()> flush;                          // chunks for what was held back
     std::function<json(const std::string& finish)> last;
     json first;  // sent before any text (null: nothing)
   };
@@ -153,11 +148,13 @@ struct HttpServer::Impl {
           auto r = generate(
               e, *g,
               [&](std::string_view delta) {
-                ok = ok && send(sh->delta(std::string(delta)));
+                for (const json& chunk : sh->delta(std::string(delta))) ok = ok && send(chunk);
                 if (!ok) gone = true;
                 return ok;
               },
               &gone, deadline);
+          if (r.ok())
+            for (const json& chunk : sh->flush()) send(chunk);
           if (!r.ok()) {
             if (ok) send(error_body(r.status()));
             log::info("request {}: {}", id, r.status().to_string());
@@ -190,16 +187,52 @@ struct HttpServer::Impl {
     auto parsed = parse_chat_request(req.body, e->n_ctx);
     if (!parsed.ok()) return send_error(res, parsed.status());
     ChatRequest cr = std::move(parsed).value();
-    auto ids = render_chat(*e, cr);
+    if (e->chat_template == nullptr)
+      return send_error(res, unsupported("the model has no chat template; use /v1/completions"));
+    // Tools go to the template unless tool_choice is none; required / a named function start the
+    // assistant turn with the call's opening so the model continues a call (forced, not sampled).
+    const bool use_tools = !cr.tools.is_null() && cr.tool_choice != "none";
+    auto prompt = e->chat_template->render(cr.messages, use_tools ? cr.tools : ojson(), true, cr.template_kwargs);
+    if (!prompt.ok()) return send_error(res, prompt.status());
+    std::string forced;
+    if (use_tools && cr.tool_choice == "required") forced = "<tool_call>\n";
+    if (use_tools && cr.tool_choice == "function")
+      forced = "<tool_call>\n{\"name\": " + json(cr.tool_name).dump() + ", \"arguments\": ";
+    std::string trimmed = *prompt;
+    while (!trimmed.empty() && (trimmed.back() == '\n' || trimmed.back() == ' ')) trimmed.pop_back();
+    const bool in_reasoning = trimmed.size() >= 7 && trimmed.compare(trimmed.size() - 7, 7, "<think>") == 0;
+    auto ids = e->tokenizer->encode(*prompt + forced, true);
     if (!ids.ok()) return send_error(res, ids.status());
     cr.gen.prompt = std::move(ids).value();
     const std::string id = fmt::format("chatcmpl-{}-{}", unix_now(), next_id.fetch_add(1));
     const int64_t created = unix_now();
     const std::string model = e->model_id;
-    Shapes shapes{[=](const GenerationResult& r) { return chat_completion(id, model, created, r); },
-                  [=](const std::string& d) { return chat_chunk(id, model, created, json{{"content", d}}); },
-                  [=](const std::string& f) { return chat_chunk(id, model, created, json::object(), f); },
-                  chat_chunk(id, model, created, json{{"role", "assistant"}, {"content", ""}})};
+    // One splitter per request: reasoning, content and tool calls out of the raw text.
+    auto split = std::make_shared<OutputSplitter>(in_reasoning, use_tools, fmt::format("call_{}_", next_id.load()));
+    auto sent_calls = std::make_shared<int>(0);
+    auto chunks_of = [=](const OutputDelta& d) {
+      std::vector<json> out;
+      for (json& delta : delta_objects(d, *sent_calls)) out.push_back(chat_chunk(id, model, created, delta));
+      *sent_calls += static_cast<int>(d.tool_calls.size());
+      return out;
+    };
+    auto finish_of = [split](const std::string& f) {
+      return f == "stop" && split->tool_call_count() > 0 ? std::string("tool_calls") : f;
+    };
+    Shapes shapes{
+        [=](const GenerationResult& r) {
+          OutputDelta d = split->push(forced + r.text);
+          OutputDelta tail = split->finish();
+          d.reasoning += tail.reasoning;
+          d.content += tail.content;
+          d.tool_calls.insert(d.tool_calls.end(), tail.tool_calls.begin(), tail.tool_calls.end());
+          return chat_completion(id, model, created, r, assistant_message(d), finish_of(r.finish_reason));
+        },
+        [=](const std::string& text) { return chunks_of(split->push(text)); },
+        [=]() { return chunks_of(split->finish()); },
+        [=](const std::string& f) { return chat_chunk(id, model, created, json::object(), f.empty() ? f : finish_of(f)); },
+        chat_chunk(id, model, created, json{{"role", "assistant"}, {"content", ""}})};
+    if (!forced.empty() && cr.stream) split->push(forced);  // the forced opening is not sent as text
     serve_generation(res, *e, std::move(cr.gen), cr.stream, cr.include_usage, id, arrived, std::move(shapes),
                      kDefaultMaxTokens);
   }
@@ -224,7 +257,8 @@ struct HttpServer::Impl {
     const int64_t created = unix_now();
     const std::string model = e->model_id;
     Shapes shapes{[=](const GenerationResult& r) { return text_completion(id, model, created, r); },
-                  [=](const std::string& d) { return text_chunk(id, model, created, d); },
+                  [=](const std::string& d) { return std::vector<json>{text_chunk(id, model, created, d)}; },
+                  []() { return std::vector<json>(); },
                   [=](const std::string& f) { return text_chunk(id, model, created, "", f); }, json()};
     serve_generation(res, *e, std::move(cr.gen), cr.stream, cr.include_usage, id, arrived, std::move(shapes), 16);
   }
@@ -362,7 +396,9 @@ struct HttpServer::Impl {
       auto parsed = parse_chat_request(req.body, e->n_ctx);
       if (!parsed.ok()) return send_error(res, parsed.status());
       if (e->chat_template == nullptr) return send_error(res, unsupported("the model has no chat template"));
-      auto prompt = e->chat_template->render(parsed->messages, nullptr, true, parsed->template_kwargs);
+      const bool use_tools = !parsed->tools.is_null() && parsed->tool_choice != "none";
+      auto prompt = e->chat_template->render(parsed->messages, use_tools ? parsed->tools : ojson(), true,
+                                             parsed->template_kwargs);
       if (!prompt.ok()) return send_error(res, prompt.status());
       send_json(res, 200, json{{"prompt", *prompt}});
     });

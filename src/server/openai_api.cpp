@@ -64,9 +64,8 @@ Result<ojson> parse_body(const std::string& text, std::string* model) {
 // of what is not implemented yet.
 Status parse_common(const ojson& body, int64_t n_ctx, GenerationRequest& gen, bool& stream, bool& include_usage) {
   // Fields not implemented yet: refused rather than ignored.
-  for (const char* key : {"tools", "functions"})
-    if (body.contains(key) && !body[key].is_null() && !(body[key].is_array() && body[key].empty()))
-      return unsupported("'{}': tool calling is not supported yet", key);
+  if (body.contains("functions") && !body["functions"].is_null())
+    return unsupported("'functions' (the legacy form) is not supported; use 'tools'");
   if (auto lp = body.find("logprobs"); lp != body.end() && !lp->is_null() &&
                                       ((lp->is_boolean() && lp->get<bool>()) || (lp->is_number() && *lp != 0)))
     return unsupported("'logprobs' is not supported yet");
@@ -177,9 +176,69 @@ Result<ChatRequest> parse_chat_request(const std::string& body_text, int64_t n_c
     if (r != "system" && r != "user" && r != "assistant" && r != "tool")
       return bad(fmt::format("messages[{}].role", i), fmt::format("'{}' is not one of system, developer, user, "
                                                                   "assistant, tool", r));
-    if (m.contains("tool_calls")) return unsupported("'messages[{}].tool_calls': tools are not supported yet", i);
     DF_ASSIGN_OR_RETURN(std::string text, content_text(m.contains("content") ? m["content"] : ojson(), i));
-    req.messages.push_back({{"role", r}, {"content", text}});
+    ojson msg = {{"role", r}, {"content", text}};
+    if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
+      const std::string param = fmt::format("messages[{}].tool_calls", i);
+      if (r != "assistant") return bad(param, "belongs to assistant messages");
+      if (!tc->is_array()) return bad(param, "must be an array");
+      ojson calls = ojson::array();
+      for (size_t k = 0; k < tc->size(); ++k) {
+        const ojson& c = (*tc)[k];
+        if (!c.is_object() || !c.contains("function") || !c["function"].is_object() ||
+            !c["function"].contains("name") || !c["function"]["name"].is_string())
+          return bad(fmt::format("{}[{}]", param, k), "must be {\"type\": \"function\", \"function\": {\"name\", "
+                                                     "\"arguments\"}}");
+        ojson fn = {{"name", c["function"]["name"]}};
+        // Templates print a mapping with tojson; clients send arguments as a JSON string.
+        const ojson args = c["function"].contains("arguments") ? c["function"]["arguments"] : ojson::object();
+        if (args.is_string()) {
+          ojson parsed = ojson::parse(args.get<std::string>(), nullptr, false);
+          fn["arguments"] = parsed.is_discarded() ? args : parsed;
+        } else {
+          fn["arguments"] = args;
+        }
+        ojson call = {{"type", "function"}, {"function", fn}};
+        if (c.contains("id") && c["id"].is_string()) call["id"] = c["id"];
+        calls.push_back(call);
+      }
+      msg["tool_calls"] = calls;
+    }
+    if (auto id = m.find("tool_call_id"); id != m.end() && id->is_string()) msg["tool_call_id"] = *id;
+    if (auto nm = m.find("name"); nm != m.end() && nm->is_string()) msg["name"] = *nm;
+    req.messages.push_back(std::move(msg));
+  }
+  // Tools.
+  if (auto tools = body.find("tools"); tools != body.end() && !tools->is_null()) {
+    if (!tools->is_array()) return bad("tools", "must be an array");
+    for (size_t k = 0; k < tools->size(); ++k) {
+      const ojson& t = (*tools)[k];
+      if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
+          !t["function"].is_object() || !t["function"].contains("name") || !t["function"]["name"].is_string())
+        return bad(fmt::format("tools[{}]", k), "must be {\"type\": \"function\", \"function\": {\"name\", ...}}");
+      if (t["function"].contains("parameters") && !t["function"]["parameters"].is_object())
+        return bad(fmt::format("tools[{}].function.parameters", k), "must be a JSON schema object");
+    }
+    if (!tools->empty()) req.tools = *tools;
+  }
+  if (auto tc = body.find("tool_choice"); tc != body.end() && !tc->is_null()) {
+    if (tc->is_string()) {
+      const std::string c = tc->get<std::string>();
+      if (c != "auto" && c != "none" && c != "required") return bad("tool_choice", "must be auto, none, required or "
+                                                                               "{\"type\": \"function\", ...}");
+      req.tool_choice = c;
+    } else if (tc->is_object() && tc->contains("function") && (*tc)["function"].is_object() &&
+               (*tc)["function"].contains("name") && (*tc)["function"]["name"].is_string()) {
+      req.tool_choice = "function";
+      req.tool_name = (*tc)["function"]["name"].get<std::string>();
+      bool known = false;
+      for (const auto& t : req.tools) known = known || t["function"]["name"] == req.tool_name;
+      if (!known) return bad("tool_choice", fmt::format("names '{}', which is not in 'tools'", req.tool_name));
+    } else {
+      return bad("tool_choice", "must be auto, none, required or {\"type\": \"function\", \"function\": {\"name\"}}");
+    }
+    if (req.tool_choice != "auto" && req.tool_choice != "none" && req.tools.is_null())
+      return bad("tool_choice", "needs 'tools'");
   }
   DF_RETURN_IF_ERROR(parse_common(body, n_ctx, req.gen, req.stream, req.include_usage));
   // Template arguments.
@@ -219,6 +278,7 @@ Result<CompletionRequest> parse_completion_request(const std::string& body_text,
   } else {
     return bad("prompt", "must be a string, an array of one string, or an array of token ids");
   }
+  if (body.contains("tools") && !body["tools"].is_null()) return unsupported("'tools' belong to chat completions");
   for (const char* key : {"echo", "suffix"})
     if (body.contains(key) && !body[key].is_null() && !(body[key].is_boolean() && !body[key].get<bool>()))
       return unsupported("'{}' is not supported yet", key);
@@ -272,17 +332,48 @@ json timings_of(const GenerationResult& r) {
 }
 
 json chat_completion(const std::string& id, const std::string& model, int64_t created, const GenerationResult& r) {
+  return chat_completion(id, model, created, r, json{{"role", "assistant"}, {"content", r.text}}, r.finish_reason);
+}
+
+json chat_completion(const std::string& id, const std::string& model, int64_t created, const GenerationResult& r,
+                     const json& message, const std::string& finish_reason) {
   return json{{"id", id},
               {"object", "chat.completion"},
               {"created", created},
               {"model", model},
-              {"choices",
-               json::array({{{"index", 0},
-                             {"message", {{"role", "assistant"}, {"content", r.text}}},
-                             {"logprobs", nullptr},
-                             {"finish_reason", r.finish_reason}}})},
+              {"choices", json::array({{{"index", 0},
+                                        {"message", message},
+                                        {"logprobs", nullptr},
+                                        {"finish_reason", finish_reason}}})},
               {"usage", usage_of(r)},
               {"timings", timings_of(r)}};
+}
+
+json assistant_message(const OutputDelta& d) {
+  json m = {{"role", "assistant"}, {"content", d.content.empty() && !d.tool_calls.empty() ? json(nullptr)
+                                                                                         : json(d.content)}};
+  if (!d.reasoning.empty()) m["reasoning_content"] = d.reasoning;
+  if (!d.tool_calls.empty()) {
+    m["tool_calls"] = json::array();
+    for (const auto& c : d.tool_calls)
+      m["tool_calls"].push_back(
+          {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  }
+  return m;
+}
+
+std::vector<json> delta_objects(const OutputDelta& d, int first_index) {
+  std::vector<json> out;
+  if (!d.reasoning.empty()) out.push_back({{"reasoning_content", d.reasoning}});
+  if (!d.content.empty()) out.push_back({{"content", d.content}});
+  for (size_t k = 0; k < d.tool_calls.size(); ++k) {
+    const auto& c = d.tool_calls[k];
+    out.push_back({{"tool_calls", json::array({{{"index", first_index + static_cast<int>(k)},
+                                                {"id", c.id},
+                                                {"type", "function"},
+                                                {"function", {{"name", c.name}, {"arguments", c.arguments}}}}})}});
+  }
+  return out;
 }
 
 json chat_chunk(const std::string& id, const std::string& model, int64_t created, const json& delta,

@@ -9,6 +9,7 @@
 
 #include "base/status.h"
 #include "server/generation.h"
+#include "server/output_parser.h"
 
 namespace dflash::server {
 
@@ -25,6 +26,9 @@ struct ChatRequest {
   bool stream = false;
   bool include_usage = false;            // stream_options.include_usage
   std::string model;
+  nlohmann::ordered_json tools;          // null: none offered
+  std::string tool_choice = "auto";      // auto, none, required, function (tool_name)
+  std::string tool_name;
 };
 
 // Parses a /v1/chat/completions body. max_tokens defaults to what is left of n_ctx (at most 4096);
@@ -50,9 +54,17 @@ nlohmann::json text_completion(const std::string& id, const std::string& model, 
 nlohmann::json text_chunk(const std::string& id, const std::string& model, int64_t created, const std::string& text,
                           const std::string& finish_reason = {});
 
-// The non-streaming response.
+// The non-streaming response: the message is the plain text, or the one given (reasoning_content,
+// tool_calls: assistant_message) with its finish reason.
 nlohmann::json chat_completion(const std::string& id, const std::string& model, int64_t created,
                                const GenerationResult& r);
+nlohmann::json chat_completion(const std::string& id, const std::string& model, int64_t created,
+                               const GenerationResult& r, const nlohmann::json& message,
+                               const std::string& finish_reason);
+// {"role": "assistant", "content" (null when only tool calls), "reasoning_content"?, "tool_calls"?}.
+nlohmann::json assistant_message(const OutputDelta& d);
+// The stream deltas of a piece of split output (tool call indexes from first_index).
+std::vector<nlohmann::json> delta_objects(const OutputDelta& d, int first_index);
 // One "data:" payload of a stream: a delta (role and/or content) or the final chunk (finish_reason set).
 nlohmann::json chat_chunk(const std::string& id, const std::string& model, int64_t created,
                           const nlohmann::json& delta, const std::string& finish_reason = {});

@@ -198,6 +198,37 @@ TEST_F(Serve, completions_props_and_metrics) {
   EXPECT_NE(metrics->body.find("dflash_model_loaded 1"), std::string::npos);
 }
 
+// Tools reach the template; a forced call (tool_choice required) on a model that cannot write one
+// degrades to text, never to an error.
+TEST_F(Serve, tools_reach_the_template_and_bad_calls_degrade_to_text) {
+  start();
+  const json tools = json::array({{{"type", "function"},
+                                   {"function", {{"name", "get_weather"},
+                                                 {"description", "Weather of a city"},
+                                                 {"parameters", {{"type", "object"}}}}}}});
+  int status = 0;
+  const json t = post("/apply-template",
+                      json{{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"tools", tools}}.dump(), &status);
+  ASSERT_EQ(status, 200) << t.dump();
+  EXPECT_NE(t["prompt"].get<std::string>().find("get_weather"), std::string::npos);
+  for (const char* choice : {"auto", "required", "none"}) {
+    const json c = post("/v1/chat/completions",
+                        json{{"messages", {{{"role", "user"}, {"content", "weather in Paris?"}}}},
+                             {"tools", tools},
+                             {"tool_choice", choice},
+                             {"max_tokens", 8},
+                             {"temperature", 0}}
+                            .dump(),
+                        &status);
+    ASSERT_EQ(status, 200) << choice << ": " << c.dump();
+    const json& msg = c["choices"][0]["message"];
+    EXPECT_EQ(msg["role"], "assistant");
+    if (std::string(choice) == "required" && !msg.contains("tool_calls"))
+      EXPECT_EQ(msg["content"].get<std::string>().rfind("<tool_call>", 0), 0u) << msg.dump();
+  }
+  expect_alive();
+}
+
 TEST_F(Serve, malformed_requests_get_openai_errors_and_the_server_stays_up) {
   start({"--ctx", "256"});
   const std::pair<const char*, int> cases[] = {

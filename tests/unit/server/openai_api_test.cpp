@@ -73,7 +73,16 @@ TEST(ChatRequest, malformed_requests_are_client_errors_naming_the_field) {
       {R"({"messages":[{"role":"user","content":"x"}],"stream":"yes"})", "'stream'"},
       {R"({"messages":[{"role":"user","content":"x"}],"seed":"s"})", "'seed'"},
       {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[]})", "'chat_template_kwargs'"},
-      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", "'tools'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", "'tools[0]'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":{}})", "'tools'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", "'tool_choice'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"sometimes","tools":[{"type":"function","function":{"name":"f"}}]})",
+       "'tool_choice'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function","function":{"name":"g"}},"tools":[{"type":"function","function":{"name":"f"}}]})",
+       "'tool_choice'"},
+      {R"({"messages":[{"role":"user","content":"x","tool_calls":[]}]})", "'messages[0].tool_calls'"},
+      {R"({"messages":[{"role":"assistant","content":"x","tool_calls":[{"function":{}}]}]})",
+       "'messages[0].tool_calls[0]'"},
       {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})", "'logprobs'"},
       {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}})",
        "'response_format'"},
@@ -89,6 +98,39 @@ TEST(ChatRequest, malformed_requests_are_client_errors_naming_the_field) {
     const json e = error_body(r.status());
     EXPECT_EQ(e["error"]["type"], "invalid_request_error") << body;
   }
+}
+
+TEST(ChatRequest, tools_tool_choice_and_tool_messages) {
+  auto r = parse_chat_request(R"({"messages":[
+      {"role":"user","content":"weather?"},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",
+        "function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]},
+      {"role":"tool","tool_call_id":"c1","content":"sunny"}],
+      "tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}],
+      "tool_choice":{"type":"function","function":{"name":"get_weather"}}})",
+                              4096);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->tool_choice, "function");
+  EXPECT_EQ(r->tool_name, "get_weather");
+  ASSERT_TRUE(r->tools.is_array());
+  const auto& call = r->messages[1]["tool_calls"][0];
+  EXPECT_EQ(call["function"]["arguments"]["city"], "Paris");  // parsed for the template
+  EXPECT_EQ(r->messages[2]["tool_call_id"], "c1");
+  EXPECT_EQ(r->messages[2]["content"], "sunny");
+}
+
+TEST(ChatResponse, assistant_message_and_deltas_carry_reasoning_and_tool_calls) {
+  OutputDelta d;
+  d.reasoning = "hmm";
+  d.tool_calls.push_back({"call_0", "f", "{\"a\":1}"});
+  const json m = assistant_message(d);
+  EXPECT_TRUE(m["content"].is_null());
+  EXPECT_EQ(m["reasoning_content"], "hmm");
+  EXPECT_EQ(m["tool_calls"][0]["function"]["arguments"], "{\"a\":1}");
+  const auto deltas = delta_objects(d, 2);
+  ASSERT_EQ(deltas.size(), 2u);
+  EXPECT_EQ(deltas[0]["reasoning_content"], "hmm");
+  EXPECT_EQ(deltas[1]["tool_calls"][0]["index"], 2);
 }
 
 TEST(ChatResponse, has_the_openai_shape_with_usage_and_timings) {
