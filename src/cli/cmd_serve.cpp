@@ -45,6 +45,7 @@ Status serve(ServeOptions opt) {
   if (opt.server.port < 0 || opt.server.port > 65535) return invalid_argument("--port must be 0..65535");
   if (opt.server.max_queue < 0) return invalid_argument("--max-queue must be >= 0");
   if (opt.ctx < 0) return invalid_argument("--ctx must be >= 0");
+  spdlog::flush_on(spdlog::level::info);  // a server's log is read while it runs
   server::HttpServer http(opt.server);
   DF_RETURN_IF_ERROR(http.start());
   log::info("serve: listening on http://{}:{} (loading {})", opt.server.host, http.port(), opt.model);

@@ -1,6 +1,8 @@
 #include "server/generation.h"
 
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 
 #include "state/sequence_state.h"
 #include "tokenizer/stream_detokenizer.h"
@@ -12,6 +14,28 @@ namespace {
 size_t utf8_boundary(std::string_view s, size_t len) {
   while (len > 0 && len < s.size() && (static_cast<unsigned char>(s[len]) & 0xC0) == 0x80) --len;
   return len;
+}
+
+// log-softmax of the raw logits at `id`, and the `top` most likely ids with theirs.
+TokenLogprob logprob_of(std::span<const float> logits, int32_t id, int top) {
+  float mx = -INFINITY;
+  for (float l : logits) mx = std::max(mx, l);
+  double sum = 0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
+  const double lse = mx + std::log(sum);
+  TokenLogprob t;
+  t.id = id;
+  t.logprob = static_cast<float>(logits[static_cast<size_t>(id)] - lse);
+  if (top > 0) {
+    std::vector<int32_t> idx(logits.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    const auto k = static_cast<size_t>(std::min<int64_t>(top, static_cast<int64_t>(idx.size())));
+    std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(),
+                      [&](int32_t a, int32_t b) { return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)]; });
+    for (size_t i = 0; i < k; ++i)
+      t.top.emplace_back(idx[i], static_cast<float>(logits[static_cast<size_t>(idx[i])] - lse));
+  }
+  return t;
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -60,6 +84,7 @@ Result<GenerationResult> generate(const Engine& engine, const GenerationRequest&
                                   const std::atomic<bool>* cancel, std::chrono::steady_clock::time_point deadline) {
   if (engine.runner == nullptr || engine.tokenizer == nullptr) return internal_error("the engine is not loaded");
   DF_RETURN_IF_ERROR(req.sampling.validate());
+  if (req.top_logprobs > 20) return invalid_argument("top_logprobs must be at most 20");
   const auto n_prompt = static_cast<int64_t>(req.prompt.size());
   if (n_prompt == 0) return invalid_argument("the prompt is empty");
   if (req.max_tokens < 1) return invalid_argument("max_tokens must be at least 1");
@@ -100,6 +125,7 @@ Result<GenerationResult> generate(const Engine& engine, const GenerationRequest&
   while (res.completion_tokens < req.max_tokens) {
     DF_RETURN_IF_ERROR(check_live());
     DF_ASSIGN_OR_RETURN(int32_t next, sampler.sample(logits, history));
+    if (req.top_logprobs >= 0) res.logprobs.push_back(logprob_of(logits, next, req.top_logprobs));
     history.push_back(next);
     ++res.completion_tokens;
     if (std::find(eog.begin(), eog.end(), next) != eog.end()) {

@@ -35,6 +35,15 @@ struct GenerationRequest {
   SamplingParams sampling;
   int64_t max_tokens = 0;          // generated tokens at most (>= 1)
   std::vector<std::string> stop;   // stop strings (not included in the output)
+  int top_logprobs = -1;           // -1: no logprobs; 0..20: each token's and this many alternatives
+};
+
+// A generated token's log-probability under the model (log-softmax of its raw logits) and the most
+// likely alternatives.
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
 };
 
 struct GenerationResult {
@@ -44,6 +53,7 @@ struct GenerationResult {
   int64_t completion_tokens = 0;
   double prefill_ms = 0;
   double decode_ms = 0;
+  std::vector<TokenLogprob> logprobs;  // per generated token, when asked for
 };
 
 // Receives text as it becomes final; returns false when the receiver is gone (the request is cancelled).

@@ -104,6 +104,7 @@ struct HttpServer::Impl {
     std::function<std::vector<json>()> flush;                          // chunks for what was held back
     std::function<json(const std::string& finish)> last;
     json first;  // sent before any text (null: nothing)
+    std::function<json(const GenerationResult&)> logprobs;  // streams: all of them in the final chunk
   };
 
   // Checks the request against the context, then runs it plainly or as a server-sent event stream.
@@ -162,7 +163,9 @@ struct HttpServer::Impl {
             sink.done();
             return true;
           }
-          send(sh->last(r->finish_reason));
+          json fin = sh->last(r->finish_reason);
+          if (sh->logprobs && !r->logprobs.empty()) fin["choices"][0]["logprobs"] = sh->logprobs(*r);
+          send(fin);
           if (include_usage) {
             json u = sh->last("");
             u["choices"] = json::array();
@@ -226,12 +229,15 @@ struct HttpServer::Impl {
           d.reasoning += tail.reasoning;
           d.content += tail.content;
           d.tool_calls.insert(d.tool_calls.end(), tail.tool_calls.begin(), tail.tool_calls.end());
-          return chat_completion(id, model, created, r, assistant_message(d), finish_of(r.finish_reason));
+          json c = chat_completion(id, model, created, r, assistant_message(d), finish_of(r.finish_reason));
+          c["choices"][0]["logprobs"] = logprobs_of(r, *e->tokenizer);
+          return c;
         },
         [=](const std::string& text) { return chunks_of(split->push(text)); },
         [=]() { return chunks_of(split->finish()); },
         [=](const std::string& f) { return chat_chunk(id, model, created, json::object(), f.empty() ? f : finish_of(f)); },
-        chat_chunk(id, model, created, json{{"role", "assistant"}, {"content", ""}})};
+        chat_chunk(id, model, created, json{{"role", "assistant"}, {"content", ""}}),
+        [e](const GenerationResult& r) { return logprobs_of(r, *e->tokenizer); }};
     if (!forced.empty() && cr.stream) split->push(forced);  // the forced opening is not sent as text
     serve_generation(res, *e, std::move(cr.gen), cr.stream, cr.include_usage, id, arrived, std::move(shapes),
                      kDefaultMaxTokens);

@@ -66,9 +66,16 @@ Status parse_common(const ojson& body, int64_t n_ctx, GenerationRequest& gen, bo
   // Fields not implemented yet: refused rather than ignored.
   if (body.contains("functions") && !body["functions"].is_null())
     return unsupported("'functions' (the legacy form) is not supported; use 'tools'");
-  if (auto lp = body.find("logprobs"); lp != body.end() && !lp->is_null() &&
-                                      ((lp->is_boolean() && lp->get<bool>()) || (lp->is_number() && *lp != 0)))
-    return unsupported("'logprobs' is not supported yet");
+  if (auto lp = body.find("logprobs"); lp != body.end() && !lp->is_null()) {
+    if (!lp->is_boolean()) return bad("logprobs", "must be a boolean");
+    if (lp->get<bool>()) gen.top_logprobs = 0;
+  }
+  if (auto tl = body.find("top_logprobs"); tl != body.end() && !tl->is_null()) {
+    if (!tl->is_number_integer() || tl->get<int64_t>() < 0 || tl->get<int64_t>() > 20)
+      return bad("top_logprobs", "must be an integer from 0 to 20");
+    if (gen.top_logprobs < 0) return bad("top_logprobs", "needs 'logprobs': true");
+    gen.top_logprobs = static_cast<int>(tl->get<int64_t>());
+  }
   if (auto rf = body.find("response_format"); rf != body.end() && !rf->is_null()) {
     if (!rf->is_object() || !rf->contains("type") || (*rf)["type"] != "text")
       return unsupported("'response_format': only {{\"type\": \"text\"}} is supported yet");
@@ -279,6 +286,8 @@ Result<CompletionRequest> parse_completion_request(const std::string& body_text,
     return bad("prompt", "must be a string, an array of one string, or an array of token ids");
   }
   if (body.contains("tools") && !body["tools"].is_null()) return unsupported("'tools' belong to chat completions");
+  if (auto lp = body.find("logprobs"); lp != body.end() && !lp->is_null())
+    return unsupported("'logprobs' on /v1/completions (the legacy integer form) is not supported; use chat");
   for (const char* key : {"echo", "suffix"})
     if (body.contains(key) && !body[key].is_null() && !(body[key].is_boolean() && !body[key].get<bool>()))
       return unsupported("'{}' is not supported yet", key);
@@ -347,6 +356,26 @@ json chat_completion(const std::string& id, const std::string& model, int64_t cr
                                         {"finish_reason", finish_reason}}})},
               {"usage", usage_of(r)},
               {"timings", timings_of(r)}};
+}
+
+json logprobs_of(const GenerationResult& r, const Tokenizer& tok) {
+  if (r.logprobs.empty()) return nullptr;
+  auto entry = [&tok](int32_t id, float lp) {
+    std::string bytes;
+    tok.append_token_bytes(id, false, bytes);
+    json b = json::array();
+    for (unsigned char c : bytes) b.push_back(static_cast<int>(c));
+    const int32_t one[] = {id};
+    return json{{"token", tok.decode_text(one, false)}, {"logprob", lp}, {"bytes", b}};
+  };
+  json content = json::array();
+  for (const TokenLogprob& t : r.logprobs) {
+    json e = entry(t.id, t.logprob);
+    e["top_logprobs"] = json::array();
+    for (const auto& [id, lp] : t.top) e["top_logprobs"].push_back(entry(id, lp));
+    content.push_back(std::move(e));
+  }
+  return json{{"content", content}};
 }
 
 json assistant_message(const OutputDelta& d) {

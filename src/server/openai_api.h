@@ -61,6 +61,8 @@ nlohmann::json chat_completion(const std::string& id, const std::string& model, 
 nlohmann::json chat_completion(const std::string& id, const std::string& model, int64_t created,
                                const GenerationResult& r, const nlohmann::json& message,
                                const std::string& finish_reason);
+// {"content": [{token, logprob, bytes, top_logprobs: [...]}]} for a result that kept logprobs, else null.
+nlohmann::json logprobs_of(const GenerationResult& r, const Tokenizer& tok);
 // {"role": "assistant", "content" (null when only tool calls), "reasoning_content"?, "tool_calls"?}.
 nlohmann::json assistant_message(const OutputDelta& d);
 // The stream deltas of a piece of split output (tool call indexes from first_index).

@@ -43,10 +43,12 @@ void OutputSplitter::run(OutputDelta& out, bool final) {
   for (;;) {
     switch (state_) {
       case State::kStart: {
-        // Leading whitespace, then "<think>" opens reasoning; anything else is content.
+        // Leading whitespace, then "<think>" opens reasoning; anything else is content. Whitespace is
+        // held only briefly: a model that only prints newlines must still stream.
+        constexpr size_t kMaxLeadingWhitespace = 16;
         const size_t ws = buf_.find_first_not_of(" \t\r\n");
         if (ws == std::string::npos) {
-          if (!final) return;
+          if (!final && buf_.size() <= kMaxLeadingWhitespace) return;
           state_ = State::kContent;
           break;
         }

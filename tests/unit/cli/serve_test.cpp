@@ -4,6 +4,7 @@
 #include <httplib.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -226,6 +227,75 @@ TEST_F(Serve, tools_reach_the_template_and_bad_calls_degrade_to_text) {
     if (std::string(choice) == "required" && !msg.contains("tool_calls"))
       EXPECT_EQ(msg["content"].get<std::string>().rfind("<tool_call>", 0), 0u) << msg.dump();
   }
+  expect_alive();
+}
+
+TEST_F(Serve, logprobs_are_the_models_log_softmax) {
+  start();
+  int status = 0;
+  const json c = post("/v1/chat/completions",
+                      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"temperature":0,
+                          "logprobs":true,"top_logprobs":3})",
+                      &status);
+  ASSERT_EQ(status, 200) << c.dump();
+  const json& lp = c["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(lp.size(), c["usage"]["completion_tokens"].get<size_t>());
+  for (const auto& t : lp) {
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    ASSERT_EQ(t["top_logprobs"].size(), 3u);
+    // Greedy: the chosen token is the most likely one.
+    EXPECT_EQ(t["token"], t["top_logprobs"][0]["token"]);
+    EXPECT_DOUBLE_EQ(t["logprob"].get<double>(), t["top_logprobs"][0]["logprob"].get<double>());
+    EXPECT_GE(t["top_logprobs"][0]["logprob"].get<double>(), t["top_logprobs"][1]["logprob"].get<double>());
+    EXPECT_TRUE(t["bytes"].is_array());
+  }
+  post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"top_logprobs":3})", &status);
+  EXPECT_EQ(status, 400);
+  post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":21})",
+       &status);
+  EXPECT_EQ(status, 400);
+}
+
+// A client that goes away mid-stream cancels its generation; a full queue answers 503 at once.
+TEST_F(Serve, disconnects_cancel_and_a_full_queue_is_503) {
+  start({"--max-queue", "0"});
+  std::atomic<bool> first_chunk{false};
+  std::thread streamer([&] {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(60, 0);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/chat/completions";
+    req.body = R"({"messages":[{"role":"user","content":"go"}],"max_tokens":3500,"temperature":1,"seed":1,
+                   "stream":true})";
+    req.set_header("Content-Type", "application/json");
+    int chunks = 0;
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+      first_chunk = true;
+      return ++chunks < 20;  // then hang up
+    };
+    c.send(req);
+  });
+  for (int i = 0; i < 200 && !first_chunk; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // While it runs, the queue (0 waiting allowed) is full.
+  int status = 0;
+  const json busy = post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":2})",
+                         &status);
+  streamer.join();
+  if (first_chunk) {
+    EXPECT_TRUE(status == 503 || status == 200) << busy.dump();  // 200 only if the stream had already ended
+    if (status == 503) EXPECT_TRUE(busy.contains("error"));
+  }
+  // The hung-up stream was cancelled: the engine is free again well before 3500 tokens.
+  for (int i = 0; i < 50; ++i) {
+    post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":2})", &status);
+    if (status == 200) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(status, 200);
+  auto m = client_->Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("dflash_requests_failed_total 1"), std::string::npos) << m->body;
   expect_alive();
 }
 

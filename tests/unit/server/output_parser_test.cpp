@@ -56,6 +56,9 @@ TEST(OutputSplitter, reasoning_goes_to_reasoning_content) {
     OutputDelta c = run("<th is not a tag", false, false);
     EXPECT_EQ(c.content, "<th is not a tag");
     EXPECT_TRUE(c.reasoning.empty());
+    // Long leading whitespace is released as content before the end (streams must move).
+    OutputSplitter ws(false, false);
+    EXPECT_EQ(ws.push(std::string(40, '\n')).content, std::string(40, '\n'));
     // Reasoning never closed (max_tokens): it is all reasoning.
     OutputDelta u = run("<think>still thinking", false, false);
     EXPECT_EQ(u.reasoning, "still thinking");
