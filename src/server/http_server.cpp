@@ -11,6 +11,7 @@
 
 #include "base/log.h"
 #include "server/openai_api.h"
+#include "server/responses_api.h"
 
 namespace dflash::server {
 namespace {
@@ -97,20 +98,21 @@ struct HttpServer::Impl {
     return e;
   }
 
-  // How a route words its output: the whole response, a delta chunk, the final chunk.
+  // How a route words its output: the whole response; for streams the opening events, the events of a
+  // piece of text, and the closing events (held-back text, finish, usage) of a finished generation.
   struct Shapes {
     std::function<json(const GenerationResult&)> full;
-    std::function<std::vector<json>(const std::string& delta)> delta;  // chunks for a piece of text
-    std::function<std::vector<json>()> flush;                          // chunks for what was held back
-    std::function<json(const std::string& finish)> last;
-    json first;  // sent before any text (null: nothing)
-    std::function<json(const GenerationResult&)> logprobs;  // streams: all of them in the final chunk
+    std::vector<json> first;
+    std::function<std::vector<json>(const std::string& delta)> delta;
+    std::function<std::vector<json>(const GenerationResult&)> finish;
+    bool named_events = false;  // "event: <type>" lines (the Responses API)
+    bool done_marker = true;    // "data: [DONE]" at the end (chat and completions)
   };
 
   // Checks the request against the context, then runs it plainly or as a server-sent event stream.
   void serve_generation(httplib::Response& res, const Engine& e, GenerationRequest gen, bool stream,
-                        bool include_usage, const std::string& id, std::chrono::steady_clock::time_point arrived,
-                        Shapes shapes, int64_t default_max) {
+                        const std::string& id, std::chrono::steady_clock::time_point arrived, Shapes shapes,
+                        int64_t default_max) {
     const auto n_prompt = static_cast<int64_t>(gen.prompt.size());
     if (n_prompt == 0) return send_error(res, invalid_argument("the prompt is empty"));
     if (n_prompt >= e.n_ctx)
@@ -133,9 +135,12 @@ struct HttpServer::Impl {
     auto sh = std::make_shared<Shapes>(std::move(shapes));
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
-        "text/event-stream", [this, &e, g, sh, id, include_usage, deadline](size_t, httplib::DataSink& sink) {
-          auto send = [&sink](const json& j) {
-            const std::string line = "data: " + dump(j) + "\n\n";
+        "text/event-stream", [this, &e, g, sh, id, deadline](size_t, httplib::DataSink& sink) {
+          auto send = [&sink, &sh](const json& j) {
+            std::string line;
+            if (sh->named_events && j.contains("type") && j["type"].is_string())
+              line = "event: " + j["type"].get<std::string>() + "\n";
+            line += "data: " + dump(j) + "\n\n";
             return sink.write(line.data(), line.size());
           };
           Turn turn(*this);
@@ -145,7 +150,8 @@ struct HttpServer::Impl {
             return true;
           }
           std::atomic<bool> gone{false};
-          bool ok = sh->first.is_null() || send(sh->first);
+          bool ok = true;
+          for (const json& j : sh->first) ok = ok && send(j);
           auto r = generate(
               e, *g,
               [&](std::string_view delta) {
@@ -154,8 +160,6 @@ struct HttpServer::Impl {
                 return ok;
               },
               &gone, deadline);
-          if (r.ok())
-            for (const json& chunk : sh->flush()) send(chunk);
           if (!r.ok()) {
             if (ok) send(error_body(r.status()));
             log::info("request {}: {}", id, r.status().to_string());
@@ -163,22 +167,47 @@ struct HttpServer::Impl {
             sink.done();
             return true;
           }
-          json fin = sh->last(r->finish_reason);
-          if (sh->logprobs && !r->logprobs.empty()) fin["choices"][0]["logprobs"] = sh->logprobs(*r);
-          send(fin);
-          if (include_usage) {
-            json u = sh->last("");
-            u["choices"] = json::array();
-            u["usage"] = usage_of(*r);
-            u["timings"] = timings_of(*r);
-            send(u);
+          for (const json& j : sh->finish(*r)) send(j);
+          if (sh->done_marker) {
+            const std::string done = "data: [DONE]\n\n";
+            sink.write(done.data(), done.size());
           }
-          const std::string done = "data: [DONE]\n\n";
-          sink.write(done.data(), done.size());
           finished(id, *r);
           sink.done();
           return true;
         });
+  }
+
+  // A chat request made ready to run: the rendered prompt's ids (with a forced tool-call opening when
+  // tool_choice asks for one) and how to split the output.
+  struct PreparedChat {
+    std::string forced;
+    bool in_reasoning = false;
+    bool use_tools = false;
+  };
+  Result<PreparedChat> prepare_chat(const Engine& e, ChatRequest& cr) {
+    if (e.chat_template == nullptr) return unsupported("the model has no chat template; use /v1/completions");
+    PreparedChat p;
+    // Tools go to the template unless tool_choice is none; required / a named function start the
+    // assistant turn with the call's opening so the model continues a call (forced, not sampled).
+    p.use_tools = !cr.tools.is_null() && cr.tool_choice != "none";
+    DF_ASSIGN_OR_RETURN(std::string prompt,
+                        e.chat_template->render(cr.messages, p.use_tools ? cr.tools : ojson(), true, cr.template_kwargs));
+    if (p.use_tools && cr.tool_choice == "required") p.forced = "<tool_call>\n";
+    if (p.use_tools && cr.tool_choice == "function")
+      p.forced = "<tool_call>\n{\"name\": " + json(cr.tool_name).dump() + ", \"arguments\": ";
+    std::string trimmed = prompt;
+    while (!trimmed.empty() && (trimmed.back() == '\n' || trimmed.back() == ' ')) trimmed.pop_back();
+    p.in_reasoning = trimmed.size() >= 7 && trimmed.compare(trimmed.size() - 7, 7, "<think>") == 0;
+    DF_ASSIGN_OR_RETURN(cr.gen.prompt, e.tokenizer->encode(prompt + p.forced, true));
+    return p;
+  }
+
+  static OutputDelta merged(OutputDelta a, const OutputDelta& b) {
+    a.reasoning += b.reasoning;
+    a.content += b.content;
+    a.tool_calls.insert(a.tool_calls.end(), b.tool_calls.begin(), b.tool_calls.end());
+    return a;
   }
 
   void chat_completions(const httplib::Request& req, httplib::Response& res) {
@@ -190,28 +219,16 @@ struct HttpServer::Impl {
     auto parsed = parse_chat_request(req.body, e->n_ctx);
     if (!parsed.ok()) return send_error(res, parsed.status());
     ChatRequest cr = std::move(parsed).value();
-    if (e->chat_template == nullptr)
-      return send_error(res, unsupported("the model has no chat template; use /v1/completions"));
-    // Tools go to the template unless tool_choice is none; required / a named function start the
-    // assistant turn with the call's opening so the model continues a call (forced, not sampled).
-    const bool use_tools = !cr.tools.is_null() && cr.tool_choice != "none";
-    auto prompt = e->chat_template->render(cr.messages, use_tools ? cr.tools : ojson(), true, cr.template_kwargs);
-    if (!prompt.ok()) return send_error(res, prompt.status());
-    std::string forced;
-    if (use_tools && cr.tool_choice == "required") forced = "<tool_call>\n";
-    if (use_tools && cr.tool_choice == "function")
-      forced = "<tool_call>\n{\"name\": " + json(cr.tool_name).dump() + ", \"arguments\": ";
-    std::string trimmed = *prompt;
-    while (!trimmed.empty() && (trimmed.back() == '\n' || trimmed.back() == ' ')) trimmed.pop_back();
-    const bool in_reasoning = trimmed.size() >= 7 && trimmed.compare(trimmed.size() - 7, 7, "<think>") == 0;
-    auto ids = e->tokenizer->encode(*prompt + forced, true);
-    if (!ids.ok()) return send_error(res, ids.status());
-    cr.gen.prompt = std::move(ids).value();
+    auto prep = prepare_chat(*e, cr);
+    if (!prep.ok()) return send_error(res, prep.status());
+    const std::string forced = prep->forced;
     const std::string id = fmt::format("chatcmpl-{}-{}", unix_now(), next_id.fetch_add(1));
     const int64_t created = unix_now();
     const std::string model = e->model_id;
+    const bool include_usage = cr.include_usage;
     // One splitter per request: reasoning, content and tool calls out of the raw text.
-    auto split = std::make_shared<OutputSplitter>(in_reasoning, use_tools, fmt::format("call_{}_", next_id.load()));
+    auto split = std::make_shared<OutputSplitter>(prep->in_reasoning, prep->use_tools,
+                                                  fmt::format("call_{}_", next_id.load()));
     auto sent_calls = std::make_shared<int>(0);
     auto chunks_of = [=](const OutputDelta& d) {
       std::vector<json> out;
@@ -222,24 +239,76 @@ struct HttpServer::Impl {
     auto finish_of = [split](const std::string& f) {
       return f == "stop" && split->tool_call_count() > 0 ? std::string("tool_calls") : f;
     };
-    Shapes shapes{
-        [=](const GenerationResult& r) {
-          OutputDelta d = split->push(forced + r.text);
-          OutputDelta tail = split->finish();
-          d.reasoning += tail.reasoning;
-          d.content += tail.content;
-          d.tool_calls.insert(d.tool_calls.end(), tail.tool_calls.begin(), tail.tool_calls.end());
-          json c = chat_completion(id, model, created, r, assistant_message(d), finish_of(r.finish_reason));
-          c["choices"][0]["logprobs"] = logprobs_of(r, *e->tokenizer);
-          return c;
-        },
-        [=](const std::string& text) { return chunks_of(split->push(text)); },
-        [=]() { return chunks_of(split->finish()); },
-        [=](const std::string& f) { return chat_chunk(id, model, created, json::object(), f.empty() ? f : finish_of(f)); },
-        chat_chunk(id, model, created, json{{"role", "assistant"}, {"content", ""}}),
-        [e](const GenerationResult& r) { return logprobs_of(r, *e->tokenizer); }};
+    Shapes shapes;
+    shapes.full = [=](const GenerationResult& r) {
+      OutputDelta d = split->push(forced + r.text);  // before finish(): argument order is unspecified
+      d = merged(std::move(d), split->finish());
+      json c = chat_completion(id, model, created, r, assistant_message(d), finish_of(r.finish_reason));
+      c["choices"][0]["logprobs"] = logprobs_of(r, *e->tokenizer);
+      return c;
+    };
+    shapes.first = {chat_chunk(id, model, created, json{{"role", "assistant"}, {"content", ""}})};
+    shapes.delta = [=](const std::string& text) { return chunks_of(split->push(text)); };
+    shapes.finish = [=](const GenerationResult& r) {
+      std::vector<json> out = chunks_of(split->finish());
+      json fin = chat_chunk(id, model, created, json::object(), finish_of(r.finish_reason));
+      if (!r.logprobs.empty()) fin["choices"][0]["logprobs"] = logprobs_of(r, *e->tokenizer);
+      out.push_back(fin);
+      if (include_usage) {
+        json u = chat_chunk(id, model, created, json::object());
+        u["choices"] = json::array();
+        u["usage"] = usage_of(r);
+        u["timings"] = timings_of(r);
+        out.push_back(u);
+      }
+      return out;
+    };
     if (!forced.empty() && cr.stream) split->push(forced);  // the forced opening is not sent as text
-    serve_generation(res, *e, std::move(cr.gen), cr.stream, cr.include_usage, id, arrived, std::move(shapes),
+    serve_generation(res, *e, std::move(cr.gen), cr.stream, id, arrived, std::move(shapes), kDefaultMaxTokens);
+  }
+
+  void responses(const httplib::Request& req, httplib::Response& res) {
+    requests.fetch_add(1);
+    if (!authorized(req, res)) return;
+    const Engine* e = ready(res);
+    if (e == nullptr) return;
+    const auto arrived = std::chrono::steady_clock::now();
+    auto parsed = parse_responses_request(req.body, e->n_ctx);
+    if (!parsed.ok()) return send_error(res, parsed.status());
+    ResponsesRequest rr = std::move(parsed).value();
+    auto prep = prepare_chat(*e, rr.chat);
+    if (!prep.ok()) return send_error(res, prep.status());
+    const std::string forced = prep->forced;
+    const std::string id = fmt::format("resp_{}_{}", unix_now(), next_id.fetch_add(1));
+    const int64_t created = unix_now();
+    const std::string model = e->model_id;
+    const json echo = rr.echo;
+    auto split = std::make_shared<OutputSplitter>(prep->in_reasoning, prep->use_tools, "call_" + id + "_");
+    auto events = std::make_shared<ResponseEvents>(id, model, created, echo);
+    auto all = std::make_shared<OutputDelta>();
+    Shapes shapes;
+    shapes.full = [=](const GenerationResult& r) {
+      OutputDelta d = split->push(forced + r.text);  // before finish(): argument order is unspecified
+      d = merged(std::move(d), split->finish());
+      return response_object(id, model, created, echo, r, d, r.finish_reason == "length" ? "incomplete" : "completed");
+    };
+    shapes.first = events->start();
+    shapes.delta = [=](const std::string& text) {
+      const OutputDelta d = split->push(text);
+      *all = merged(*all, d);
+      return events->delta(d);
+    };
+    shapes.finish = [=](const GenerationResult& r) {
+      const OutputDelta d = split->finish();
+      *all = merged(*all, d);
+      std::vector<json> out = events->delta(d);
+      for (json& j : events->finish(r, *all)) out.push_back(std::move(j));
+      return out;
+    };
+    shapes.named_events = true;
+    shapes.done_marker = false;
+    if (!forced.empty() && rr.chat.stream) split->push(forced);
+    serve_generation(res, *e, std::move(rr.chat.gen), rr.chat.stream, id, arrived, std::move(shapes),
                      kDefaultMaxTokens);
   }
 
@@ -262,11 +331,21 @@ struct HttpServer::Impl {
     const std::string id = fmt::format("cmpl-{}-{}", unix_now(), next_id.fetch_add(1));
     const int64_t created = unix_now();
     const std::string model = e->model_id;
-    Shapes shapes{[=](const GenerationResult& r) { return text_completion(id, model, created, r); },
-                  [=](const std::string& d) { return std::vector<json>{text_chunk(id, model, created, d)}; },
-                  []() { return std::vector<json>(); },
-                  [=](const std::string& f) { return text_chunk(id, model, created, "", f); }, json()};
-    serve_generation(res, *e, std::move(cr.gen), cr.stream, cr.include_usage, id, arrived, std::move(shapes), 16);
+    const bool include_usage = cr.include_usage;
+    Shapes shapes;
+    shapes.full = [=](const GenerationResult& r) { return text_completion(id, model, created, r); };
+    shapes.delta = [=](const std::string& d) { return std::vector<json>{text_chunk(id, model, created, d)}; };
+    shapes.finish = [=](const GenerationResult& r) {
+      std::vector<json> out = {text_chunk(id, model, created, "", r.finish_reason)};
+      if (include_usage) {
+        json u = text_chunk(id, model, created, "");
+        u["choices"] = json::array();
+        u["usage"] = usage_of(r);
+        out.push_back(u);
+      }
+      return out;
+    };
+    serve_generation(res, *e, std::move(cr.gen), cr.stream, id, arrived, std::move(shapes), 16);
   }
 
   void busy(httplib::Response& res) {
@@ -316,6 +395,7 @@ struct HttpServer::Impl {
     });
     http.Post("/v1/chat/completions",
               [this](const httplib::Request& req, httplib::Response& res) { chat_completions(req, res); });
+    http.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) { responses(req, res); });
     http.Post("/v1/completions",
               [this](const httplib::Request& req, httplib::Response& res) { completions(req, res); });
     http.Get("/props", [this](const httplib::Request& req, httplib::Response& res) {

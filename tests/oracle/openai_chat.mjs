@@ -35,6 +35,22 @@ for await (const chunk of stream) {
 }
 out.stream = { content: text, finish_reason: finish, usage, chunks };
 
+const resp = await client.responses.create({
+  model: out.models[0], instructions: 'be brief', input: 'hello there', max_output_tokens: 10, temperature: 0,
+});
+out.responses = { output_text: resp.output_text, status: resp.status };
+let rtext = '';
+let rlast = null;
+const rstream = await client.responses.create({
+  model: out.models[0], instructions: 'be brief', input: 'hello there', max_output_tokens: 10, temperature: 0,
+  stream: true,
+});
+for await (const ev of rstream) {
+  if (ev.type === 'response.output_text.delta') rtext += ev.delta;
+  rlast = ev.type;
+}
+out.responses_stream = { text: rtext, last: rlast };
+
 try {
   await client.chat.completions.create({ model: out.models[0], messages: [], max_tokens: 4 });
   out.error = { status: 200 };

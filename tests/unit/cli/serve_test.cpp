@@ -80,7 +80,9 @@ TEST_F(Serve, chat_completion_plain_and_streamed_agree) {
   EXPECT_GT(plain["usage"]["prompt_tokens"].get<int>(), 3);
   const std::string fr = plain["choices"][0]["finish_reason"];
   EXPECT_TRUE(fr == "length" || fr == "stop");
-  if (fr == "length") EXPECT_EQ(plain["usage"]["completion_tokens"], 12);
+  if (fr == "length") {
+    EXPECT_EQ(plain["usage"]["completion_tokens"], 12);
+  }
 
   // Greedy is deterministic: the same request again, streamed, gives the same text in deltas.
   const std::string sreq = R"({"messages":[{"role":"user","content":"hello there"}],"max_tokens":12,
@@ -224,8 +226,9 @@ TEST_F(Serve, tools_reach_the_template_and_bad_calls_degrade_to_text) {
     ASSERT_EQ(status, 200) << choice << ": " << c.dump();
     const json& msg = c["choices"][0]["message"];
     EXPECT_EQ(msg["role"], "assistant");
-    if (std::string(choice) == "required" && !msg.contains("tool_calls"))
+    if (std::string(choice) == "required" && !msg.contains("tool_calls")) {
       EXPECT_EQ(msg["content"].get<std::string>().rfind("<tool_call>", 0), 0u) << msg.dump();
+    }
   }
   expect_alive();
 }
@@ -284,7 +287,9 @@ TEST_F(Serve, disconnects_cancel_and_a_full_queue_is_503) {
   streamer.join();
   if (first_chunk) {
     EXPECT_TRUE(status == 503 || status == 200) << busy.dump();  // 200 only if the stream had already ended
-    if (status == 503) EXPECT_TRUE(busy.contains("error"));
+    if (status == 503) {
+      EXPECT_TRUE(busy.contains("error"));
+    }
   }
   // The hung-up stream was cancelled: the engine is free again well before 3500 tokens.
   for (int i = 0; i < 50; ++i) {
@@ -296,6 +301,72 @@ TEST_F(Serve, disconnects_cancel_and_a_full_queue_is_503) {
   auto m = client_->Get("/metrics");
   ASSERT_TRUE(m);
   EXPECT_NE(m->body.find("dflash_requests_failed_total 1"), std::string::npos) << m->body;
+  expect_alive();
+}
+
+// The Responses API: the same conversation gives the same text as chat; streams are response.* events.
+TEST_F(Serve, responses_api_plain_streamed_and_items) {
+  start();
+  int status = 0;
+  const json chat = post("/v1/chat/completions",
+                         R"({"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello"}],
+                             "max_tokens":8,"temperature":0})",
+                         &status);
+  ASSERT_EQ(status, 200);
+  const std::string want = chat["choices"][0]["message"]["content"];
+  const json r = post("/v1/responses",
+                      R"({"instructions":"be brief","input":"hello","max_output_tokens":8,"temperature":0})", &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  EXPECT_EQ(r["object"], "response");
+  EXPECT_TRUE(r["status"] == "completed" || r["status"] == "incomplete");
+  ASSERT_EQ(r["output"][0]["type"], "message");
+  EXPECT_EQ(r["output"][0]["content"][0]["type"], "output_text");
+  EXPECT_EQ(r["output"][0]["content"][0]["text"], want);
+  EXPECT_EQ(r["usage"]["input_tokens"], chat["usage"]["prompt_tokens"]);
+  EXPECT_EQ(r["instructions"], "be brief");
+
+  auto s = client_->Post("/v1/responses",
+                         R"({"instructions":"be brief","input":[{"role":"user","content":[{"type":"input_text",
+                             "text":"hello"}]}],"max_output_tokens":8,"temperature":0,"stream":true})",
+                         "application/json");
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->status, 200);
+  std::vector<std::string> types;
+  std::string text;
+  size_t pos = 0;
+  while ((pos = s->body.find("event: ", pos)) != std::string::npos) {
+    const size_t nl = s->body.find('\n', pos);
+    const std::string type = s->body.substr(pos + 7, nl - pos - 7);
+    const size_t data = s->body.find("data: ", nl);
+    const size_t end = s->body.find("\n\n", data);
+    const json ev = json::parse(s->body.substr(data + 6, end - data - 6));
+    EXPECT_EQ(ev["type"], type);
+    EXPECT_EQ(ev["sequence_number"].get<size_t>(), types.size());
+    types.push_back(type);
+    if (type == "response.output_text.delta") text += ev["delta"].get<std::string>();
+    pos = end;
+  }
+  ASSERT_GE(types.size(), 3u);
+  EXPECT_EQ(types.front(), "response.created");
+  EXPECT_TRUE(types.back() == "response.completed" || types.back() == "response.incomplete") << types.back();
+  EXPECT_EQ(s->body.find("[DONE]"), std::string::npos);
+  EXPECT_EQ(text, want);
+
+  // Function call items and their outputs are part of the conversation.
+  post("/v1/responses",
+       R"({"input":[{"role":"user","content":"weather?"},
+                    {"type":"function_call","call_id":"c1","name":"get_weather","arguments":"{\"city\":\"Paris\"}"},
+                    {"type":"function_call_output","call_id":"c1","output":"sunny"}],
+           "tools":[{"type":"function","name":"get_weather","parameters":{"type":"object"}}],
+           "max_output_tokens":4})",
+       &status);
+  EXPECT_EQ(status, 200);
+  for (const char* bad : {R"({"input":"x","previous_response_id":"resp_1"})", R"({"instructions":"x"})",
+                          R"({"input":"x","max_output_tokens":-1})", R"({"input":[{"type":"image"}]})"}) {
+    const json e = post("/v1/responses", bad, &status);
+    EXPECT_EQ(status, 400) << bad;
+    EXPECT_TRUE(e.contains("error")) << bad;
+  }
   expect_alive();
 }
 
@@ -365,6 +436,11 @@ TEST_F(Serve, the_openai_sdk_talks_to_it) {
   EXPECT_GE(out["stream"]["chunks"].get<int>(), 3);
   EXPECT_EQ(out["error"]["status"], 400);
   EXPECT_EQ(out["error"]["type"], "invalid_request_error");
+  // The Responses API through the SDK: the same text as chat (same conversation, greedy).
+  EXPECT_EQ(out["responses"]["output_text"], out["plain"]["content"]);
+  EXPECT_EQ(out["responses_stream"]["text"], out["plain"]["content"]);
+  EXPECT_TRUE(out["responses_stream"]["last"] == "response.completed" ||
+              out["responses_stream"]["last"] == "response.incomplete");
   expect_alive();
 }
 
