@@ -55,10 +55,12 @@ Status serve(ServeOptions opt) {
   const auto t0 = std::chrono::steady_clock::now();
   DF_ASSIGN_OR_RETURN(Tokenizer tok, load_tokenizer(opt.model));
   std::unique_ptr<ChatTemplate> tmpl;
+  bool xml_tool_calls = false;
   if (auto src = load_chat_template(opt.model); src.ok()) {
     auto t = ChatTemplate::create(*src);
     if (!t.ok()) return t.status();
     tmpl = std::make_unique<ChatTemplate>(std::move(t).value());
+    xml_tool_calls = (src->source + src->tool_use_source).find("<function=") != std::string::npos;
   } else {
     log::warn("serve: {} has no chat template ({}); /v1/chat/completions will refuse", opt.model,
               src.status().message());
@@ -71,6 +73,7 @@ Status serve(ServeOptions opt) {
   engine.runner = model.runner.get();
   engine.tokenizer = &tok;
   engine.chat_template = tmpl.get();
+  engine.xml_tool_calls = xml_tool_calls;
   engine.model_id = model_id_of(opt.model);
   engine.device = model.device_name;
   engine.version = DFLASH_VERSION;

@@ -24,6 +24,7 @@ struct Engine {
   Runner* runner = nullptr;
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;  // null: the model has none (chat endpoints refuse)
+  bool xml_tool_calls = false;  // the template writes calls as <function=NAME> (Qwen3.5), not JSON (Qwen3)
   std::string model_id;
   int64_t n_ctx = 0;    // prompt + generated tokens a request may use
   std::string device;   // "cpu", "cuda:0", ... (for /props)

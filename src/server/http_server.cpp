@@ -194,11 +194,14 @@ struct HttpServer::Impl {
     DF_ASSIGN_OR_RETURN(std::string prompt,
                         e.chat_template->render(cr.messages, p.use_tools ? cr.tools : ojson(), true, cr.template_kwargs));
     if (p.use_tools && cr.tool_choice == "required") p.forced = "<tool_call>\n";
-    if (p.use_tools && cr.tool_choice == "function")
-      p.forced = "<tool_call>\n{\"name\": " + json(cr.tool_name).dump() + ", \"arguments\": ";
+    if (p.use_tools && cr.tool_choice == "function")  // the model's own call syntax (Qwen3.5 XML or Qwen3 JSON)
+      p.forced = e.xml_tool_calls ? "<tool_call>\n<function=" + cr.tool_name + ">\n"
+                     : "<tool_call>\n{\"name\": " + json(cr.tool_name).dump() + ", \"arguments\": ";
     std::string trimmed = prompt;
     while (!trimmed.empty() && (trimmed.back() == '\n' || trimmed.back() == ' ')) trimmed.pop_back();
     p.in_reasoning = trimmed.size() >= 7 && trimmed.compare(trimmed.size() - 7, 7, "<think>") == 0;
+    // A forced call cannot start inside an open think block (Qwen3.5's prompt ends in "<think>\n"): close it.
+    if (!p.forced.empty() && p.in_reasoning) p.forced = "</think>\n\n" + p.forced;
     DF_ASSIGN_OR_RETURN(cr.gen.prompt, e.tokenizer->encode(prompt + p.forced, true));
     return p;
   }

@@ -19,6 +19,44 @@ size_t partial_tag(std::string_view s, std::string_view tag) {
   return 0;
 }
 
+std::string_view trim(std::string_view v) {
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\n' || v.front() == '\r' || v.front() == '\t'))
+    v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\n' || v.back() == '\r' || v.back() == '\t')) v.remove_suffix(1);
+  return v;
+}
+
+// Qwen3.5 / Qwen3-Coder form: <function=NAME> <parameter=KEY>VALUE</parameter> ... </function>. A value
+// that parses as JSON (number, object, ...) keeps its type; anything else is a string (one newline on each
+// side dropped).
+bool parse_xml_call(std::string_view body, std::string* name, nlohmann::ordered_json* args) {
+  body = trim(body);
+  constexpr std::string_view kFn = "<function=", kFnEnd = "</function>", kP = "<parameter=", kPEnd = "</parameter>";
+  if (body.substr(0, kFn.size()) != kFn || body.size() < kFnEnd.size() ||
+      body.substr(body.size() - kFnEnd.size()) != kFnEnd)
+    return false;
+  const size_t gt = body.find('>');
+  *name = std::string(trim(body.substr(kFn.size(), gt - kFn.size())));
+  if (name->empty()) return false;
+  std::string_view rest = body.substr(gt + 1, body.size() - kFnEnd.size() - gt - 1);
+  *args = nlohmann::ordered_json::object();
+  for (;;) {
+    rest = trim(rest);
+    if (rest.empty()) return true;
+    if (rest.substr(0, kP.size()) != kP) return false;
+    const size_t pgt = rest.find('>');
+    const size_t end = rest.find(kPEnd);
+    if (pgt == std::string_view::npos || end == std::string_view::npos || end < pgt) return false;
+    const std::string key(trim(rest.substr(kP.size(), pgt - kP.size())));
+    std::string_view value = rest.substr(pgt + 1, end - pgt - 1);
+    if (!value.empty() && value.front() == '\n') value.remove_prefix(1);
+    if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
+    nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(value, nullptr, false);
+    (*args)[key] = parsed.is_discarded() || parsed.is_string() ? nlohmann::ordered_json(std::string(value)) : parsed;
+    rest = rest.substr(end + kPEnd.size());
+  }
+}
+
 }  // namespace
 
 OutputSplitter::OutputSplitter(bool in_reasoning, bool parse_tools, std::string id_prefix)
@@ -113,15 +151,23 @@ void OutputSplitter::run(OutputDelta& out, bool final) {
         const std::string body = buf_.substr(0, at);
         buf_.erase(0, at + kToolClose.size());
         state_ = State::kContent;
-        const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
-        if (j.is_object() && j.contains("name") && j["name"].is_string()) {
+        const nlohmann::ordered_json j = nlohmann::ordered_json::parse(body, nullptr, false);
+        std::string xml_name;
+        nlohmann::ordered_json xml_args;
+        const bool json_call = j.is_object() && j.contains("name") && j["name"].is_string();
+        if (json_call || parse_xml_call(body, &xml_name, &xml_args)) {
           ToolCall call;
           call.id = id_prefix_ + std::to_string(calls_++);
-          call.name = j["name"].get<std::string>();
-          const auto args = j.find("arguments");
-          if (args == j.end() || args->is_null()) call.arguments = "{}";
-          else if (args->is_string()) call.arguments = args->get<std::string>();
-          else call.arguments = args->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+          if (json_call) {
+            call.name = j["name"].get<std::string>();
+            const auto args = j.find("arguments");
+            if (args == j.end() || args->is_null()) call.arguments = "{}";
+            else if (args->is_string()) call.arguments = args->get<std::string>();
+            else call.arguments = args->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+          } else {
+            call.name = xml_name;
+            call.arguments = xml_args.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+          }
           out.tool_calls.push_back(std::move(call));
           trim_newlines_ = true;  // the newline between consecutive calls
         } else {

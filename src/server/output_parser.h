@@ -1,6 +1,7 @@
 // Splits a chat model's raw output into what the OpenAI API returns separately: reasoning (Qwen3's
-// <think>...</think>) into reasoning_content, tool calls (Qwen3's <tool_call>{"name", "arguments"}
-// </tool_call>, JSON inside) into tool_calls with arguments as a JSON string, the rest into content.
+// <think>...</think>) into reasoning_content, tool calls into tool_calls with arguments as a JSON string
+// (inside <tool_call>...</tool_call>: Qwen3's JSON {"name", "arguments"}, or Qwen3.5's XML
+// <function=NAME><parameter=KEY>VALUE</parameter></function>), the rest into content.
 // Incremental, for streaming: text that could still be the start of a tag is held back until it is
 // decided. A tool call whose body is not a JSON object with a string "name" stays text (never an error).
 #pragma once

@@ -6,6 +6,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 
@@ -24,10 +27,10 @@ class Serve : public ::testing::Test {
   void start(std::vector<std::string> extra = {}) {
     port_ = test::free_port();
     ASSERT_GT(port_, 0);
-    std::vector<std::string> argv = {DFLASH_BIN, "serve", test::fixture_path("models/tiny-qwen3"), "--port",
+    std::vector<std::string> argv = {DFLASH_BIN, "serve", model_.empty() ? test::fixture_path("models/tiny-qwen3") : model_, "--port",
                                      std::to_string(port_), "--threads", "1"};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    log_ = test::scratch_dir() + "/serve.log";
+    log_ = scratch() + "/serve.log";
     proc_ = std::make_unique<test::ChildProcess>(argv, log_);
     ASSERT_TRUE(proc_->started());
     client_ = std::make_unique<httplib::Client>("127.0.0.1", port_);
@@ -56,7 +59,14 @@ class Serve : public ::testing::Test {
     EXPECT_TRUE(proc_->running());
   }
 
+  // The test's scratch directory (made once: test::scratch_dir() starts it afresh).
+  const std::string& scratch() {
+    if (scratch_.empty()) scratch_ = test::scratch_dir();
+    return scratch_;
+  }
+  std::string scratch_;
   int port_ = 0;
+  std::string model_;  // default: the tiny Qwen3 fixture
   std::string log_;
   std::unique_ptr<test::ChildProcess> proc_;
   std::unique_ptr<httplib::Client> client_;
@@ -370,6 +380,34 @@ TEST_F(Serve, responses_api_plain_streamed_and_items) {
   expect_alive();
 }
 
+// With a Qwen3.5 template (XML tool calls), a named tool_choice opens the call in that form.
+TEST_F(Serve, named_tool_choice_uses_the_templates_call_syntax) {
+  namespace fs = std::filesystem;
+  const std::string dir = scratch() + "/qwen35-template";
+  fs::create_directories(dir);
+  const std::string src = test::fixture_path("models/tiny-qwen3");
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"})
+    fs::copy_file(src + "/" + f, dir + "/" + f, fs::copy_options::overwrite_existing);
+  std::ifstream tin(test::fixture_path("templates/qwen3.5.jinja"));
+  const std::string tmpl((std::istreambuf_iterator<char>(tin)), std::istreambuf_iterator<char>());
+  std::ifstream cin(src + "/tokenizer_config.json");
+  json cfg = json::parse(cin);
+  cfg["chat_template"] = tmpl;
+  std::ofstream(dir + "/tokenizer_config.json") << cfg.dump();
+  model_ = dir;
+  start();
+  int status = 0;
+  const json c = post("/v1/chat/completions",
+                      R"({"messages":[{"role":"user","content":"weather?"}],"max_tokens":3,"temperature":0,
+                          "tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}],
+                          "tool_choice":{"type":"function","function":{"name":"get_weather"}}})",
+                      &status);
+  ASSERT_EQ(status, 200) << c.dump();
+  const json& msg = c["choices"][0]["message"];
+  if (!msg.contains("tool_calls"))
+    EXPECT_EQ(msg["content"].get<std::string>().rfind("<tool_call>\n<function=get_weather>", 0), 0u) << msg.dump();
+}
+
 TEST_F(Serve, malformed_requests_get_openai_errors_and_the_server_stays_up) {
   start({"--ctx", "256"});
   const std::pair<const char*, int> cases[] = {
@@ -448,7 +486,7 @@ TEST_F(Serve, a_taken_port_is_a_clear_error) {
   start();
   test::ChildProcess second({DFLASH_BIN, "serve", test::fixture_path("models/tiny-qwen3"), "--port",
                              std::to_string(port_)},
-                            test::scratch_dir() + "/serve2.log");
+                            scratch() + "/serve2.log");
   for (int i = 0; i < 100 && second.running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_FALSE(second.running());
   EXPECT_NE(second.stop(), 0);

@@ -92,6 +92,25 @@ TEST(OutputSplitter, tool_calls_are_parsed_and_malformed_ones_stay_text) {
   EXPECT_EQ(all_at_once(call, false, true).tool_calls.at(0).arguments, "{}");
 }
 
+// Qwen3.5's XML call form: parameters become JSON arguments (JSON values keep their type).
+TEST(OutputSplitter, qwen35_xml_tool_calls) {
+  const std::string text =
+      "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+      "<parameter=days>\n3\n</parameter>\n<parameter=opts>\n{\"unit\": \"C\"}\n</parameter>\n</function>\n</tool_call>";
+  for (bool bytes : {false, true}) {
+    const OutputDelta d = (bytes ? byte_by_byte : all_at_once)(text, false, true);
+    EXPECT_EQ(d.content, "Checking.\n");
+    ASSERT_EQ(d.tool_calls.size(), 1u);
+    EXPECT_EQ(d.tool_calls[0].name, "get_weather");
+    EXPECT_EQ(d.tool_calls[0].arguments, R"({"city":"Paris","days":3,"opts":{"unit":"C"}})");
+  }
+  // No parameters; malformed XML stays text.
+  EXPECT_EQ(all_at_once("<tool_call><function=ping></function></tool_call>", false, true).tool_calls.at(0).arguments,
+            "{}");
+  const std::string bad = "<tool_call><function=f><parameter=a>1</function></tool_call>";
+  EXPECT_EQ(all_at_once(bad, false, true).content, bad);
+}
+
 TEST(OutputSplitter, byte_by_byte_equals_all_at_once_on_mixed_text) {
   const std::string samples[] = {
       "<think>a</think>b<tool_call>{\"name\":\"x\",\"arguments\":{\"k\":[1,2]}}</tool_call>c",
