@@ -1,6 +1,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <ctime>
@@ -43,6 +44,7 @@ struct HttpServer::Impl {
   std::thread thread;
   std::atomic<const Engine*> engine{nullptr};
   std::atomic<uint64_t> next_id{1};
+  socket_t listen_socket = -1;  // set when httplib makes it (its accept backlog of 5 is raised after bind)
   // /metrics counters.
   std::atomic<uint64_t> requests{0}, completed{0}, failed{0}, prompt_tokens{0}, generated_tokens{0}, prefill_us{0},
       decode_us{0};
@@ -370,11 +372,17 @@ struct HttpServer::Impl {
   void routes() {
     // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which lets a second server bind a port
     // that is in use instead of failing.
-    http.set_socket_options([](socket_t sock) {
+    http.set_socket_options([this](socket_t sock) {
       int yes = 1;
       setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof(yes));
+      listen_socket = sock;
     });
     http.set_payload_max_length(opt.max_body_bytes);
+    // Every request waiting its turn holds a connection thread (streams for their whole length): enough
+    // threads for the running one, a full queue, and a few for /health, /metrics and refusals, so that
+    // waiting requests are never starved of a thread (httplib's default is 8).
+    const size_t threads = static_cast<size_t>(std::min<int64_t>(opt.max_queue, 1024)) + 16;
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     if (!opt.cors_origin.empty()) {
       http.set_default_headers({{"Access-Control-Allow-Origin", opt.cors_origin},
                                 {"Access-Control-Allow-Headers", "Authorization, Content-Type, X-Api-Key"},
@@ -519,6 +527,9 @@ Status HttpServer::start() {
                       impl_->opt.port);
     port_ = impl_->opt.port;
   }
+  // httplib listens with a backlog of 5: a burst of clients overflows it and connections get reset.
+  // listen() again on the bound socket raises it (Linux updates the backlog of a listening socket).
+  if (impl_->listen_socket >= 0) ::listen(impl_->listen_socket, 1024);
   impl_->thread = std::thread([this] { impl_->http.listen_after_bind(); });
   return Status();
 }

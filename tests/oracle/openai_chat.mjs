@@ -51,6 +51,22 @@ for await (const ev of rstream) {
 }
 out.responses_stream = { text: rtext, last: rlast };
 
+const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object' } } }];
+out.tools = {};
+for (const choice of ['auto', 'required', { type: 'function', function: { name: 'get_weather' } }]) {
+  const r = await client.chat.completions.create({
+    model: out.models[0], messages: [{ role: 'user', content: 'weather in Paris?' }], tools, tool_choice: choice,
+    max_tokens: 6, temperature: 0,
+  });
+  const m = r.choices[0].message;
+  out.tools[typeof choice === 'string' ? choice : 'named'] = {
+    role: m.role, content: m.content, tool_calls: m.tool_calls ?? null, finish_reason: r.choices[0].finish_reason,
+  };
+}
+
+const cmpl = await client.completions.create({ model: out.models[0], prompt: 'The capital of', max_tokens: 5, temperature: 0 });
+out.completion = { text: cmpl.choices[0].text, finish_reason: cmpl.choices[0].finish_reason, usage: cmpl.usage };
+
 try {
   await client.chat.completions.create({ model: out.models[0], messages: [], max_tokens: 4 });
   out.error = { status: 200 };

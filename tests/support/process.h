@@ -27,6 +27,7 @@ class ChildProcess {
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
   bool started() const { return pid_ > 0; }
+  int pid() const { return pid_; }
   // True while the process has not exited.
   bool running();
   // Sends SIGTERM and waits up to `seconds`; returns the exit code (-1 if killed or still running).

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -408,6 +409,161 @@ TEST_F(Serve, named_tool_choice_uses_the_templates_call_syntax) {
     EXPECT_EQ(msg["content"].get<std::string>().rfind("<tool_call>\n<function=get_weather>", 0), 0u) << msg.dump();
 }
 
+// Greedy output over HTTP equals `dflash run` on the same prompt (same template arguments).
+TEST_F(Serve, greedy_output_equals_dflash_run) {
+  start();
+  int status = 0;
+  const json c = post("/v1/chat/completions",
+                      R"({"messages":[{"role":"user","content":"hello there"}],"max_tokens":12,"temperature":0,
+                          "chat_template_kwargs":{"enable_thinking":false}})",
+                      &status);
+  ASSERT_EQ(status, 200) << c.dump();
+  const auto r = test::run_command(std::string(DFLASH_BIN) + " run --model " +
+                                   test::shell_quote(test::fixture_path("models/tiny-qwen3")) +
+                                   " --chat -p 'hello there' -n 12 --temperature 0 --threads 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string out = r.out;
+  if (!out.empty() && out.back() == '\n') out.pop_back();  // run ends its output with a newline
+  EXPECT_EQ(c["choices"][0]["message"]["content"].get<std::string>(), out);
+}
+
+// A corpus of malformed requests (every field of a valid request given bad values, broken bodies, other
+// routes): each gets its 4xx and an OpenAI error body, and the server stays up.
+TEST_F(Serve, a_hundred_malformed_requests) {
+  start({"--ctx", "512", "--max-body", "65536"});
+  struct Bad {
+    std::string path, body;
+    int status;
+  };
+  std::vector<Bad> corpus;
+  const json valid = {{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"max_tokens", 4}};
+  const std::vector<std::pair<std::string, std::vector<json>>> fields = {
+      {"messages", {nullptr, json::array(), "hi", 5, json::array({1}), json::array({{{"role", 1}}}),
+                    json::array({{{"role", "robot"}, {"content", "x"}}}), json::array({{{"content", "x"}}}),
+                    json::array({{{"role", "user"}, {"content", 7}}}),
+                    json::array({{{"role", "user"}, {"content", json::array({{{"type", "image_url"}}})}}})}},
+      {"max_tokens", {-1, 0, "ten", 1.5, 100000, true}},
+      {"max_completion_tokens", {-3, "x", 1e12}},
+      {"temperature", {-0.1, 2.5, "warm", json::array()}},
+      {"top_p", {0, -1, 1.5, "x"}},
+      {"top_k", {-1, "x", 2.5}},
+      {"min_p", {-0.5, 2, "x"}},
+      {"presence_penalty", {3, -3, "x"}},
+      {"frequency_penalty", {3, -3, "x"}},
+      {"seed", {"x", 1.5, json::object()}},
+      {"stop", {5, json::array({1}), json::array({"a", "b", "c", "d", "e"}), json::object()}},
+      {"n", {0, 2, "1"}},
+      {"stream", {"yes", 1, json::object()}},
+      {"stream_options", {"x", json{{"include_usage", "yes"}}}},
+      {"tools", {json::object(), json::array({1}), json::array({{{"type", "retrieval"}}}),
+                 json::array({{{"type", "function"}, {"function", {{"name", 3}}}}})}},
+      {"tool_choice", {"sometimes", 3, json{{"type", "function"}}}},
+      {"logprobs", {"yes", 3}},
+      {"top_logprobs", {-1, 21, "x"}},
+      {"response_format", {json{{"type", "json_schema"}}, "json"}},
+      {"chat_template_kwargs", {json::array(), "x"}},
+      {"reasoning_effort", {"extreme", 3}},
+      {"model", {3, json::array()}},
+  };
+  for (const auto& [field, values] : fields)
+    for (const json& v : values) {
+      json b = valid;
+      b[field] = v;
+      if (field == "top_logprobs") b["logprobs"] = true;
+      corpus.push_back({"/v1/chat/completions", b.dump(), 400});
+    }
+  for (const char* body : {"", "{", "[]", "null", "42", "\"text\"", "{\"messages\": [}", "{'messages': []}"})
+    for (const char* path : {"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+      corpus.push_back({path, body, 400});
+  for (const char* body : {R"({"prompt":5})", R"({"prompt":[]})", R"({"prompt":[1.5]})", R"({})",
+                           R"({"prompt":"x","max_tokens":-1})", R"({"prompt":"x","echo":true})",
+                           R"({"prompt":"x","best_of":3})", R"({"prompt":"x","logprobs":2})",
+                           R"({"prompt":[999999999999]})"})
+    corpus.push_back({"/v1/completions", body, 400});
+  for (const char* body : {R"({"input":5})", R"({"instructions":"x"})", R"({"input":[{"type":"image"}]})",
+                           R"({"input":"x","previous_response_id":"r"})", R"({"input":"x","max_output_tokens":0})",
+                           R"({"input":[{"type":"function_call"}]})", R"({"input":"x","tools":[{"type":"web_search"}]})",
+                           R"({"input":"x","text":{"format":{"type":"json_schema"}}})"})
+    corpus.push_back({"/v1/responses", body, 400});
+  for (const char* body : {R"({})", R"({"content":5})", R"({"tokens":"x"})", R"({"tokens":[-1]})"}) {
+    corpus.push_back({"/tokenize", body, 400});
+    corpus.push_back({"/detokenize", body, 400});
+  }
+  corpus.push_back({"/v1/nothing", "{}", 404});
+  corpus.push_back({"/v1/chat/completions", std::string(70000, ' '), 413});
+  std::string long_prompt;
+  for (int i = 0; i < 700; ++i) long_prompt += "word ";
+  corpus.push_back({"/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", long_prompt}}}}}.dump(), 400});
+  ASSERT_GE(corpus.size(), 100u);
+  int checked = 0;
+  for (const Bad& b : corpus) {
+    int status = 0;
+    const json e = post(b.path, b.body, &status);
+    EXPECT_EQ(status, b.status) << b.path << " " << b.body.substr(0, 200);
+    EXPECT_TRUE(e.is_object() && e.contains("error") && e["error"].contains("message"))
+        << b.path << " " << b.body.substr(0, 200) << " -> " << e.dump();
+    if (++checked % 20 == 0) expect_alive();
+  }
+  expect_alive();
+  std::printf("malformed corpus: %d requests\n", checked);
+}
+
+// 32 streaming clients at once, every fourth hanging up midway: all finish or are cancelled, the
+// engine serves them one at a time in turn, and the server's memory stays level over rounds.
+TEST_F(Serve, thirty_two_concurrent_streams_with_disconnects) {
+  start({"--max-queue", "64"});
+  auto rss_kb = [&]() {
+    std::ifstream st("/proc/" + std::to_string(proc_->pid()) + "/status");
+    std::string line;
+    while (std::getline(st, line))
+      if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+    return 0L;
+  };
+  long first_round_rss = 0;
+  for (int round = 0; round < 3; ++round) {
+    std::atomic<int> done{0}, hung_up{0}, failed{0};
+    std::vector<std::thread> clients;
+    for (int c = 0; c < 32; ++c)
+      clients.emplace_back([&, c] {
+        httplib::Client cl("127.0.0.1", port_);
+        cl.set_read_timeout(120, 0);
+        httplib::Request req;
+        req.method = "POST";
+        req.path = "/v1/chat/completions";
+        req.body = json{{"messages", {{{"role", "user"}, {"content", "client " + std::to_string(c)}}}},
+                        {"max_tokens", 48},
+                        {"stream", true},
+                        {"seed", c}}
+                       .dump();
+        req.set_header("Content-Type", "application/json");
+        std::string body;
+        const bool hang_up = c % 4 == 3;
+        int reads = 0;
+        req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+          body.append(d, n);
+          return !(hang_up && ++reads >= 2);
+        };
+        auto res = cl.send(req);
+        if (hang_up) {
+          ++hung_up;
+        } else if (res && res->status == 200 && body.find("data: [DONE]") != std::string::npos) {
+          ++done;
+        } else {
+          ++failed;
+          std::fprintf(stderr, "client %d: %s status %d body %.200s\n", c, res ? "response" : httplib::to_string(res.error()).c_str(),
+                       res ? res->status : -1, body.c_str());
+        }
+      });
+    for (auto& t : clients) t.join();
+    EXPECT_EQ(done.load(), 24) << "round " << round;
+    EXPECT_EQ(failed.load(), 0) << "round " << round;
+    expect_alive();
+    const long rss = rss_kb();
+    if (round == 0) first_round_rss = rss;
+    else EXPECT_LT(rss, first_round_rss + 20 * 1024) << "round " << round << ": RSS grew from " << first_round_rss;
+  }
+}
+
 TEST_F(Serve, malformed_requests_get_openai_errors_and_the_server_stays_up) {
   start({"--ctx", "256"});
   const std::pair<const char*, int> cases[] = {
@@ -474,6 +630,18 @@ TEST_F(Serve, the_openai_sdk_talks_to_it) {
   EXPECT_GE(out["stream"]["chunks"].get<int>(), 3);
   EXPECT_EQ(out["error"]["status"], 400);
   EXPECT_EQ(out["error"]["type"], "invalid_request_error");
+  // Tools, auto and forced: an assistant message either way (this random model writes no valid call; a
+  // forced one comes back as the call's text).
+  for (const char* k : {"auto", "required", "named"}) {
+    EXPECT_EQ(out["tools"][k]["role"], "assistant") << k;
+  }
+  EXPECT_EQ(out["tools"]["required"]["content"].get<std::string>().rfind("<tool_call>", 0), 0u)
+      << out["tools"].dump();
+  EXPECT_EQ(out["tools"]["named"]["content"].get<std::string>().rfind("<tool_call>\n{\"name\": \"get_weather\"", 0),
+            0u)
+      << out["tools"].dump();
+  EXPECT_TRUE(out["completion"]["text"].is_string());
+  EXPECT_GT(out["completion"]["usage"]["prompt_tokens"].get<int>(), 0);
   // The Responses API through the SDK: the same text as chat (same conversation, greedy).
   EXPECT_EQ(out["responses"]["output_text"], out["plain"]["content"]);
   EXPECT_EQ(out["responses_stream"]["text"], out["plain"]["content"]);
