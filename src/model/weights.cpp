@@ -2,9 +2,11 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "base/file_io.h"
+#include "base/log.h"
 #include "model/hf_to_gguf.h"
 #include "model/tensor_shapes.h"
 #include "tensor/quant.h"
@@ -87,6 +89,10 @@ Result<Weights> Weights::to_backend(Backend& be) const {
   out.path_ = path_;
   out.bytes_ = bytes_;
   std::vector<float> staging;
+  // Progress in tenths of the bytes, for big models on slow links (one log line each).
+  uint64_t copied = 0;
+  int reported = 0;
+  const double total = std::max<double>(1.0, static_cast<double>(bytes_));
   for (const auto& [name, view] : tensors_) {
     const uint64_t bytes = *row_bytes(view.type, static_cast<uint64_t>(view.cols)) * static_cast<uint64_t>(view.rows);
     const int64_t floats = static_cast<int64_t>((bytes + 3) / 4);
@@ -98,6 +104,13 @@ Result<Weights> Weights::to_backend(Backend& be) const {
     v.data = buf.data();
     out.tensors_[name] = v;
     out.on_backend_.push_back(std::move(buf));
+    copied += bytes;
+    const int tenth = static_cast<int>(10.0 * static_cast<double>(copied) / total);
+    if (tenth > reported && bytes_ > (uint64_t{256} << 20)) {
+      reported = tenth;
+      log::info("loading weights onto {}: {}% ({:.0f} of {:.0f} MiB)", be.name(), std::min(100, 10 * tenth),
+                static_cast<double>(copied) / 1048576.0, total / 1048576.0);
+    }
   }
   return out;
 }
