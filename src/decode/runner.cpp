@@ -88,14 +88,15 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
   // The recording does not run the host side of the layers: reserve this position's KV chunks first.
   for (int64_t L = 0; L < s.n_layers; ++L)
     if (!s.is_recurrent(L)) DF_RETURN_IF_ERROR(state.reserve_kv(L, pos + 1));
-  Recorded& r = recorded_[state.id()];
-  r.last_use = ++uses_;
-  if (r.id >= 0 && r.layout != state.layout_version()) {
-    be_->drop_step(r.id);
-    r.id = -1;
+  // One entry for the sequence; std::map references stay valid (eviction skips this sequence).
+  Recorded& rec = recorded_[state.id()];
+  rec.last_use = ++uses_;
+  if (rec.id >= 0 && rec.layout != state.layout_version()) {
+    be_->drop_step(rec.id);
+    rec.id = -1;
   }
-  if (r.id < 0) {
-    if (r.failures >= kMaxFailures) return StepOutput{};
+  if (rec.id < 0) {
+    if (rec.failures >= kMaxFailures) return StepOutput{};
     if (recorded_.size() > kMaxRecorded) {  // forget the least recently used other sequence
       auto victim = recorded_.end();
       for (auto it = recorded_.begin(); it != recorded_.end(); ++it)
@@ -106,7 +107,6 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
         recorded_.erase(victim);
       }
     }
-    Recorded& rec = recorded_[state.id()];
     auto logits = be_->alloc(s.vocab);
     if (!logits.ok()) return logits.status();
     if (!be_->begin_step_capture().ok()) {
@@ -132,7 +132,6 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
     rec.layout = state.layout_version();
     rec.logits = std::move(logits).value();
   }
-  Recorded& rec = recorded_[state.id()];
   const Status st = be_->replay_step(rec.id, step.tokens[0], pos);
   if (st.code() == ErrorCode::kNotFound) {  // invalidated: record again next step, run this one eagerly
     rec.id = -1;

@@ -187,14 +187,21 @@ struct HttpServer::Impl {
     bool in_reasoning = false;
     bool use_tools = false;
   };
-  Result<PreparedChat> prepare_chat(const Engine& e, ChatRequest& cr) {
+  // Tools go to the template unless tool_choice is none.
+  static bool uses_tools(const ChatRequest& cr) { return !cr.tools.is_null() && cr.tool_choice != "none"; }
+
+  // The prompt a chat request renders to (what /apply-template returns).
+  static Result<std::string> render_prompt(const Engine& e, const ChatRequest& cr) {
     if (e.chat_template == nullptr) return unsupported("the model has no chat template; use /v1/completions");
+    return e.chat_template->render(cr.messages, uses_tools(cr) ? cr.tools : ojson(), true, cr.template_kwargs);
+  }
+
+  Result<PreparedChat> prepare_chat(const Engine& e, ChatRequest& cr) {
     PreparedChat p;
-    // Tools go to the template unless tool_choice is none; required / a named function start the
-    // assistant turn with the call's opening so the model continues a call (forced, not sampled).
-    p.use_tools = !cr.tools.is_null() && cr.tool_choice != "none";
-    DF_ASSIGN_OR_RETURN(std::string prompt,
-                        e.chat_template->render(cr.messages, p.use_tools ? cr.tools : ojson(), true, cr.template_kwargs));
+    // Required / a named function start the assistant turn with the call's opening so the model
+    // continues a call (forced, not sampled).
+    p.use_tools = uses_tools(cr);
+    DF_ASSIGN_OR_RETURN(std::string prompt, render_prompt(e, cr));
     if (p.use_tools && cr.tool_choice == "required") p.forced = "<tool_call>\n";
     if (p.use_tools && cr.tool_choice == "function")  // the model's own call syntax (Qwen3.5 XML or Qwen3 JSON)
       p.forced = e.xml_tool_calls ? "<tool_call>\n<function=" + cr.tool_name + ">\n"
@@ -206,13 +213,6 @@ struct HttpServer::Impl {
     if (!p.forced.empty() && p.in_reasoning) p.forced = "</think>\n\n" + p.forced;
     DF_ASSIGN_OR_RETURN(cr.gen.prompt, e.tokenizer->encode(prompt + p.forced, true));
     return p;
-  }
-
-  static OutputDelta merged(OutputDelta a, const OutputDelta& b) {
-    a.reasoning += b.reasoning;
-    a.content += b.content;
-    a.tool_calls.insert(a.tool_calls.end(), b.tool_calls.begin(), b.tool_calls.end());
-    return a;
   }
 
   void chat_completions(const httplib::Request& req, httplib::Response& res) {
@@ -246,8 +246,8 @@ struct HttpServer::Impl {
     };
     Shapes shapes;
     shapes.full = [=](const GenerationResult& r) {
-      OutputDelta d = split->push(forced + r.text);  // before finish(): argument order is unspecified
-      d = merged(std::move(d), split->finish());
+      OutputDelta d = split->push(forced + r.text);
+      d.append(split->finish());
       json c = chat_completion(id, model, created, r, assistant_message(d), finish_of(r.finish_reason));
       c["choices"][0]["logprobs"] = logprobs_of(r, *e->tokenizer);
       return c;
@@ -293,19 +293,19 @@ struct HttpServer::Impl {
     auto all = std::make_shared<OutputDelta>();
     Shapes shapes;
     shapes.full = [=](const GenerationResult& r) {
-      OutputDelta d = split->push(forced + r.text);  // before finish(): argument order is unspecified
-      d = merged(std::move(d), split->finish());
+      OutputDelta d = split->push(forced + r.text);
+      d.append(split->finish());
       return response_object(id, model, created, echo, r, d, r.finish_reason == "length" ? "incomplete" : "completed");
     };
     shapes.first = events->start();
     shapes.delta = [=](const std::string& text) {
       const OutputDelta d = split->push(text);
-      *all = merged(*all, d);
+      all->append(d);
       return events->delta(d);
     };
     shapes.finish = [=](const GenerationResult& r) {
       const OutputDelta d = split->finish();
-      *all = merged(*all, d);
+      all->append(d);
       std::vector<json> out = events->delta(d);
       for (json& j : events->finish(r, *all)) out.push_back(std::move(j));
       return out;
@@ -492,10 +492,7 @@ struct HttpServer::Impl {
       if (e == nullptr) return;
       auto parsed = parse_chat_request(req.body, e->n_ctx);
       if (!parsed.ok()) return send_error(res, parsed.status());
-      if (e->chat_template == nullptr) return send_error(res, unsupported("the model has no chat template"));
-      const bool use_tools = !parsed->tools.is_null() && parsed->tool_choice != "none";
-      auto prompt = e->chat_template->render(parsed->messages, use_tools ? parsed->tools : ojson(), true,
-                                             parsed->template_kwargs);
+      auto prompt = render_prompt(*e, *parsed);
       if (!prompt.ok()) return send_error(res, prompt.status());
       send_json(res, 200, json{{"prompt", *prompt}});
     });

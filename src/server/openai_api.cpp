@@ -9,17 +9,14 @@ namespace {
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-Status bad(const std::string& param, const std::string& what) {
-  return invalid_argument("'{}' {}", param, what);
-}
 
 // A number field in [lo, hi] (finite), or absent.
 Status number_in(const ojson& body, const char* key, double lo, double hi, float* out) {
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return Status();
-  if (!it->is_number()) return bad(key, "must be a number");
+  if (!it->is_number()) return field_error(key, "must be a number");
   const double v = it->get<double>();
-  if (!(v >= lo && v <= hi)) return bad(key, fmt::format("must be between {} and {}", lo, hi));
+  if (!(v >= lo && v <= hi)) return field_error(key, fmt::format("must be between {} and {}", lo, hi));
   *out = static_cast<float>(v);
   return Status();
 }
@@ -28,17 +25,17 @@ Result<std::string> content_text(const ojson& content, size_t i) {
   const std::string param = fmt::format("messages[{}].content", i);
   if (content.is_null()) return std::string();
   if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) return bad(param, "must be a string or an array of content parts");
+  if (!content.is_array()) return field_error(param, "must be a string or an array of content parts");
   std::string text;
   for (size_t k = 0; k < content.size(); ++k) {
     const ojson& part = content[k];
     if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
-      return bad(fmt::format("{}[{}]", param, k), "must be an object with a string 'type'");
+      return field_error(fmt::format("{}[{}]", param, k), "must be an object with a string 'type'");
     const std::string type = part["type"].get<std::string>();
     if (type != "text")
-      return bad(fmt::format("{}[{}].type", param, k), fmt::format("'{}' is not supported (text only)", type));
+      return field_error(fmt::format("{}[{}].type", param, k), fmt::format("'{}' is not supported (text only)", type));
     if (!part.contains("text") || !part["text"].is_string())
-      return bad(fmt::format("{}[{}].text", param, k), "must be a string");
+      return field_error(fmt::format("{}[{}].text", param, k), "must be a string");
     text += part["text"].get<std::string>();
   }
   return text;
@@ -54,7 +51,7 @@ Result<ojson> parse_body(const std::string& text, std::string* model) {
   }
   if (!body.is_object()) return invalid_argument("the body must be a JSON object");
   if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
-    if (!it->is_string()) return bad("model", "must be a string");
+    if (!it->is_string()) return field_error("model", "must be a string");
     *model = it->get<std::string>();
   }
   return body;
@@ -67,13 +64,13 @@ Status parse_common(const ojson& body, int64_t n_ctx, GenerationRequest& gen, bo
   if (body.contains("functions") && !body["functions"].is_null())
     return unsupported("'functions' (the legacy form) is not supported; use 'tools'");
   if (auto lp = body.find("logprobs"); lp != body.end() && !lp->is_null()) {
-    if (!lp->is_boolean()) return bad("logprobs", "must be a boolean");
+    if (!lp->is_boolean()) return field_error("logprobs", "must be a boolean");
     if (lp->get<bool>()) gen.top_logprobs = 0;
   }
   if (auto tl = body.find("top_logprobs"); tl != body.end() && !tl->is_null()) {
     if (!tl->is_number_integer() || tl->get<int64_t>() < 0 || tl->get<int64_t>() > 20)
-      return bad("top_logprobs", "must be an integer from 0 to 20");
-    if (gen.top_logprobs < 0) return bad("top_logprobs", "needs 'logprobs': true");
+      return field_error("top_logprobs", "must be an integer from 0 to 20");
+    if (gen.top_logprobs < 0) return field_error("top_logprobs", "needs 'logprobs': true");
     gen.top_logprobs = static_cast<int>(tl->get<int64_t>());
   }
   if (auto rf = body.find("response_format"); rf != body.end() && !rf->is_null()) {
@@ -81,17 +78,17 @@ Status parse_common(const ojson& body, int64_t n_ctx, GenerationRequest& gen, bo
       return unsupported("'response_format': only {{\"type\": \"text\"}} is supported yet");
   }
   if (auto n = body.find("n"); n != body.end() && !n->is_null()) {
-    if (!n->is_number_integer() || n->get<int64_t>() != 1) return bad("n", "must be 1");
+    if (!n->is_number_integer() || n->get<int64_t>() != 1) return field_error("n", "must be 1");
   }
   // Stream.
   if (auto s = body.find("stream"); s != body.end() && !s->is_null()) {
-    if (!s->is_boolean()) return bad("stream", "must be a boolean");
+    if (!s->is_boolean()) return field_error("stream", "must be a boolean");
     stream = s->get<bool>();
   }
   if (auto so = body.find("stream_options"); so != body.end() && !so->is_null()) {
-    if (!so->is_object()) return bad("stream_options", "must be an object");
+    if (!so->is_object()) return field_error("stream_options", "must be an object");
     if (auto iu = so->find("include_usage"); iu != so->end() && !iu->is_null()) {
-      if (!iu->is_boolean()) return bad("stream_options.include_usage", "must be a boolean");
+      if (!iu->is_boolean()) return field_error("stream_options.include_usage", "must be a boolean");
       include_usage = iu->get<bool>();
     }
   }
@@ -100,18 +97,18 @@ Status parse_common(const ojson& body, int64_t n_ctx, GenerationRequest& gen, bo
   sp.temperature = 1.0f;  // OpenAI's default
   DF_RETURN_IF_ERROR(number_in(body, "temperature", 0.0, 2.0, &sp.temperature));
   DF_RETURN_IF_ERROR(number_in(body, "top_p", 0.0, 1.0, &sp.top_p));
-  if (sp.top_p == 0.0f) return bad("top_p", "must be greater than 0");
+  if (sp.top_p == 0.0f) return field_error("top_p", "must be greater than 0");
   DF_RETURN_IF_ERROR(number_in(body, "min_p", 0.0, 1.0, &sp.min_p));
   DF_RETURN_IF_ERROR(number_in(body, "presence_penalty", -2.0, 2.0, &sp.presence_penalty));
   DF_RETURN_IF_ERROR(number_in(body, "frequency_penalty", -2.0, 2.0, &sp.frequency_penalty));
   DF_RETURN_IF_ERROR(number_in(body, "repetition_penalty", 0.01, 10.0, &sp.repetition_penalty));
   if (auto k = body.find("top_k"); k != body.end() && !k->is_null()) {
     if (!k->is_number_integer() || k->get<int64_t>() < 0 || k->get<int64_t>() > (1 << 30))
-      return bad("top_k", "must be a non-negative integer");
+      return field_error("top_k", "must be a non-negative integer");
     sp.top_k = static_cast<int32_t>(k->get<int64_t>());
   }
   if (auto seed = body.find("seed"); seed != body.end() && !seed->is_null()) {
-    if (!seed->is_number_integer()) return bad("seed", "must be an integer");
+    if (!seed->is_number_integer()) return field_error("seed", "must be an integer");
     sp.seed = static_cast<uint64_t>(seed->get<int64_t>());
   }
   // Length.
@@ -119,8 +116,8 @@ Status parse_common(const ojson& body, int64_t n_ctx, GenerationRequest& gen, bo
   for (const char* key : {"max_completion_tokens", "max_tokens"}) {
     auto it = body.find(key);
     if (it == body.end() || it->is_null()) continue;
-    if (!it->is_number_integer() || it->get<int64_t>() < 1) return bad(key, "must be a positive integer");
-    if (it->get<int64_t>() > n_ctx) return bad(key, fmt::format("exceeds the context of {} tokens", n_ctx));
+    if (!it->is_number_integer() || it->get<int64_t>() < 1) return field_error(key, "must be a positive integer");
+    if (it->get<int64_t>() > n_ctx) return field_error(key, fmt::format("exceeds the context of {} tokens", n_ctx));
     max_tokens = it->get<int64_t>();
     break;
   }
@@ -130,19 +127,23 @@ Status parse_common(const ojson& body, int64_t n_ctx, GenerationRequest& gen, bo
     if (st->is_string()) {
       gen.stop.push_back(st->get<std::string>());
     } else if (st->is_array()) {
-      if (st->size() > 4) return bad("stop", "takes at most 4 strings");
+      if (st->size() > 4) return field_error("stop", "takes at most 4 strings");
       for (const auto& s : *st) {
-        if (!s.is_string()) return bad("stop", "must be a string or an array of strings");
+        if (!s.is_string()) return field_error("stop", "must be a string or an array of strings");
         gen.stop.push_back(s.get<std::string>());
       }
     } else {
-      return bad("stop", "must be a string or an array of strings");
+      return field_error("stop", "must be a string or an array of strings");
     }
   }
   return sp.validate();
 }
 
 }  // namespace
+
+Status field_error(const std::string& param, const std::string& what) {
+  return invalid_argument("'{}' {}", param, what);
+}
 
 int http_status_for(const Status& st) {
   switch (st.code()) {
@@ -171,30 +172,30 @@ Result<ChatRequest> parse_chat_request(const std::string& body_text, int64_t n_c
   DF_ASSIGN_OR_RETURN(ojson body, parse_body(body_text, &req.model));
   // Messages.
   auto msgs = body.find("messages");
-  if (msgs == body.end() || !msgs->is_array() || msgs->empty()) return bad("messages", "must be a non-empty array");
+  if (msgs == body.end() || !msgs->is_array() || msgs->empty()) return field_error("messages", "must be a non-empty array");
   req.messages = ojson::array();
   for (size_t i = 0; i < msgs->size(); ++i) {
     const ojson& m = (*msgs)[i];
-    if (!m.is_object()) return bad(fmt::format("messages[{}]", i), "must be an object");
+    if (!m.is_object()) return field_error(fmt::format("messages[{}]", i), "must be an object");
     auto role = m.find("role");
-    if (role == m.end() || !role->is_string()) return bad(fmt::format("messages[{}].role", i), "must be a string");
+    if (role == m.end() || !role->is_string()) return field_error(fmt::format("messages[{}].role", i), "must be a string");
     std::string r = role->get<std::string>();
     if (r == "developer") r = "system";
     if (r != "system" && r != "user" && r != "assistant" && r != "tool")
-      return bad(fmt::format("messages[{}].role", i), fmt::format("'{}' is not one of system, developer, user, "
+      return field_error(fmt::format("messages[{}].role", i), fmt::format("'{}' is not one of system, developer, user, "
                                                                   "assistant, tool", r));
     DF_ASSIGN_OR_RETURN(std::string text, content_text(m.contains("content") ? m["content"] : ojson(), i));
     ojson msg = {{"role", r}, {"content", text}};
     if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
       const std::string param = fmt::format("messages[{}].tool_calls", i);
-      if (r != "assistant") return bad(param, "belongs to assistant messages");
-      if (!tc->is_array()) return bad(param, "must be an array");
+      if (r != "assistant") return field_error(param, "belongs to assistant messages");
+      if (!tc->is_array()) return field_error(param, "must be an array");
       ojson calls = ojson::array();
       for (size_t k = 0; k < tc->size(); ++k) {
         const ojson& c = (*tc)[k];
         if (!c.is_object() || !c.contains("function") || !c["function"].is_object() ||
             !c["function"].contains("name") || !c["function"]["name"].is_string())
-          return bad(fmt::format("{}[{}]", param, k), "must be {\"type\": \"function\", \"function\": {\"name\", "
+          return field_error(fmt::format("{}[{}]", param, k), "must be {\"type\": \"function\", \"function\": {\"name\", "
                                                      "\"arguments\"}}");
         ojson fn = {{"name", c["function"]["name"]}};
         // Templates print a mapping with tojson; clients send arguments as a JSON string.
@@ -217,21 +218,21 @@ Result<ChatRequest> parse_chat_request(const std::string& body_text, int64_t n_c
   }
   // Tools.
   if (auto tools = body.find("tools"); tools != body.end() && !tools->is_null()) {
-    if (!tools->is_array()) return bad("tools", "must be an array");
+    if (!tools->is_array()) return field_error("tools", "must be an array");
     for (size_t k = 0; k < tools->size(); ++k) {
       const ojson& t = (*tools)[k];
       if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
           !t["function"].is_object() || !t["function"].contains("name") || !t["function"]["name"].is_string())
-        return bad(fmt::format("tools[{}]", k), "must be {\"type\": \"function\", \"function\": {\"name\", ...}}");
+        return field_error(fmt::format("tools[{}]", k), "must be {\"type\": \"function\", \"function\": {\"name\", ...}}");
       if (t["function"].contains("parameters") && !t["function"]["parameters"].is_object())
-        return bad(fmt::format("tools[{}].function.parameters", k), "must be a JSON schema object");
+        return field_error(fmt::format("tools[{}].function.parameters", k), "must be a JSON schema object");
     }
     if (!tools->empty()) req.tools = *tools;
   }
   if (auto tc = body.find("tool_choice"); tc != body.end() && !tc->is_null()) {
     if (tc->is_string()) {
       const std::string c = tc->get<std::string>();
-      if (c != "auto" && c != "none" && c != "required") return bad("tool_choice", "must be auto, none, required or "
+      if (c != "auto" && c != "none" && c != "required") return field_error("tool_choice", "must be auto, none, required or "
                                                                                "{\"type\": \"function\", ...}");
       req.tool_choice = c;
     } else if (tc->is_object() && tc->contains("function") && (*tc)["function"].is_object() &&
@@ -240,24 +241,24 @@ Result<ChatRequest> parse_chat_request(const std::string& body_text, int64_t n_c
       req.tool_name = (*tc)["function"]["name"].get<std::string>();
       bool known = false;
       for (const auto& t : req.tools) known = known || t["function"]["name"] == req.tool_name;
-      if (!known) return bad("tool_choice", fmt::format("names '{}', which is not in 'tools'", req.tool_name));
+      if (!known) return field_error("tool_choice", fmt::format("names '{}', which is not in 'tools'", req.tool_name));
     } else {
-      return bad("tool_choice", "must be auto, none, required or {\"type\": \"function\", \"function\": {\"name\"}}");
+      return field_error("tool_choice", "must be auto, none, required or {\"type\": \"function\", \"function\": {\"name\"}}");
     }
     if (req.tool_choice != "auto" && req.tool_choice != "none" && req.tools.is_null())
-      return bad("tool_choice", "needs 'tools'");
+      return field_error("tool_choice", "needs 'tools'");
   }
   DF_RETURN_IF_ERROR(parse_common(body, n_ctx, req.gen, req.stream, req.include_usage));
   // Template arguments.
   if (auto kw = body.find("chat_template_kwargs"); kw != body.end() && !kw->is_null()) {
-    if (!kw->is_object()) return bad("chat_template_kwargs", "must be an object");
+    if (!kw->is_object()) return field_error("chat_template_kwargs", "must be an object");
     req.template_kwargs = *kw;
   }
   if (auto re = body.find("reasoning_effort"); re != body.end() && !re->is_null()) {
-    if (!re->is_string()) return bad("reasoning_effort", "must be a string");
+    if (!re->is_string()) return field_error("reasoning_effort", "must be a string");
     const std::string effort = re->get<std::string>();
     if (effort != "none" && effort != "minimal" && effort != "low" && effort != "medium" && effort != "high")
-      return bad("reasoning_effort", "must be none, minimal, low, medium or high");
+      return field_error("reasoning_effort", "must be none, minimal, low, medium or high");
     if (!req.template_kwargs.contains("enable_thinking"))
       req.template_kwargs["enable_thinking"] = effort != "none" && effort != "minimal";
   }
@@ -268,7 +269,7 @@ Result<CompletionRequest> parse_completion_request(const std::string& body_text,
   CompletionRequest req;
   DF_ASSIGN_OR_RETURN(ojson body, parse_body(body_text, &req.model));
   auto p = body.find("prompt");
-  if (p == body.end() || p->is_null()) return bad("prompt", "is required");
+  if (p == body.end() || p->is_null()) return field_error("prompt", "is required");
   if (p->is_string()) {
     req.prompt_text = p->get<std::string>();
   } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
@@ -278,12 +279,12 @@ Result<CompletionRequest> parse_completion_request(const std::string& body_text,
              })) {
     for (const auto& v : *p) {
       const int64_t id = v.get<int64_t>();
-      if (id < 0 || id > INT32_MAX) return bad("prompt", "holds a token id out of range");
+      if (id < 0 || id > INT32_MAX) return field_error("prompt", "holds a token id out of range");
       req.prompt_ids.push_back(static_cast<int32_t>(id));
     }
     req.has_ids = true;
   } else {
-    return bad("prompt", "must be a string, an array of one string, or an array of token ids");
+    return field_error("prompt", "must be a string, an array of one string, or an array of token ids");
   }
   if (body.contains("tools") && !body["tools"].is_null()) return unsupported("'tools' belong to chat completions");
   if (auto lp = body.find("logprobs"); lp != body.end() && !lp->is_null())
@@ -292,7 +293,7 @@ Result<CompletionRequest> parse_completion_request(const std::string& body_text,
     if (body.contains(key) && !body[key].is_null() && !(body[key].is_boolean() && !body[key].get<bool>()))
       return unsupported("'{}' is not supported yet", key);
   if (auto bo = body.find("best_of"); bo != body.end() && !bo->is_null() && (!bo->is_number_integer() || *bo != 1))
-    return bad("best_of", "must be 1");
+    return field_error("best_of", "must be 1");
   DF_RETURN_IF_ERROR(parse_common(body, n_ctx, req.gen, req.stream, req.include_usage));
   if (req.gen.max_tokens < 0) req.gen.max_tokens = 16;  // OpenAI's default for completions
   return req;

@@ -13,6 +13,9 @@
 
 namespace dflash::server {
 
+// The invalid-argument error of a request field: "'param' what".
+Status field_error(const std::string& param, const std::string& what);
+
 // HTTP status for a Status (400 invalid argument, 404 not found, 413/501 as fitting, 500 otherwise).
 int http_status_for(const Status& st);
 // {"error": {"message", "type", "param", "code"}}; type from the status (invalid_request_error,

@@ -23,6 +23,12 @@ struct OutputDelta {
   std::string content;
   std::vector<ToolCall> tool_calls;
   bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty(); }
+  // Appends a later piece of the same output.
+  void append(const OutputDelta& later) {
+    reasoning += later.reasoning;
+    content += later.content;
+    tool_calls.insert(tool_calls.end(), later.tool_calls.begin(), later.tool_calls.end());
+  }
 };
 
 class OutputSplitter {

@@ -6,19 +6,18 @@ namespace {
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-Status bad(const std::string& param, const std::string& what) { return invalid_argument("'{}' {}", param, what); }
 
 // Text of an input item's content: a string or input_text / output_text parts.
 Result<std::string> item_text(const ojson& content, const std::string& param) {
   if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) return bad(param, "must be a string or an array of input_text parts");
+  if (!content.is_array()) return field_error(param, "must be a string or an array of input_text parts");
   std::string text;
   for (size_t k = 0; k < content.size(); ++k) {
     const ojson& p = content[k];
     const std::string type = p.is_object() && p.contains("type") && p["type"].is_string() ? p["type"].get<std::string>()
                                                                                         : "";
     if ((type != "input_text" && type != "output_text" && type != "text") || !p.contains("text") || !p["text"].is_string())
-      return bad(fmt::format("{}[{}]", param, k), "must be {\"type\": \"input_text\", \"text\": ...} (text only)");
+      return field_error(fmt::format("{}[{}]", param, k), "must be {\"type\": \"input_text\", \"text\": ...} (text only)");
     text += p["text"].get<std::string>();
   }
   return text;
@@ -64,27 +63,27 @@ Result<ResponsesRequest> parse_responses_request(const std::string& body_text, i
   ojson chat = ojson::object();
   ojson messages = ojson::array();
   if (auto ins = body.find("instructions"); ins != body.end() && !ins->is_null()) {
-    if (!ins->is_string()) return bad("instructions", "must be a string");
+    if (!ins->is_string()) return field_error("instructions", "must be a string");
     messages.push_back({{"role", "system"}, {"content", *ins}});
   }
   auto input = body.find("input");
-  if (input == body.end() || input->is_null()) return bad("input", "is required");
+  if (input == body.end() || input->is_null()) return field_error("input", "is required");
   if (input->is_string()) {
     messages.push_back({{"role", "user"}, {"content", *input}});
   } else if (input->is_array()) {
     for (size_t i = 0; i < input->size(); ++i) {
       const ojson& it = (*input)[i];
       const std::string param = fmt::format("input[{}]", i);
-      if (!it.is_object()) return bad(param, "must be an object");
+      if (!it.is_object()) return field_error(param, "must be an object");
       const std::string type = it.contains("type") && it["type"].is_string() ? it["type"].get<std::string>() : "message";
       if (type == "message") {
-        if (!it.contains("role") || !it["role"].is_string()) return bad(param + ".role", "must be a string");
+        if (!it.contains("role") || !it["role"].is_string()) return field_error(param + ".role", "must be a string");
         DF_ASSIGN_OR_RETURN(std::string text, item_text(it.contains("content") ? it["content"] : ojson(""),
                                                         param + ".content"));
         messages.push_back({{"role", it["role"]}, {"content", text}});
       } else if (type == "function_call") {
         if (!it.contains("name") || !it["name"].is_string() || !it.contains("call_id") || !it["call_id"].is_string())
-          return bad(param, "needs string 'name' and 'call_id'");
+          return field_error(param, "needs string 'name' and 'call_id'");
         const ojson args = it.contains("arguments") ? it["arguments"] : ojson("{}");
         ojson call = {{"id", it["call_id"]}, {"type", "function"},
                       {"function", {{"name", it["name"]}, {"arguments", args}}}};
@@ -94,7 +93,7 @@ Result<ResponsesRequest> parse_responses_request(const std::string& body_text, i
           messages.push_back({{"role", "assistant"}, {"content", ""}, {"tool_calls", ojson::array({call})}});
         }
       } else if (type == "function_call_output") {
-        if (!it.contains("call_id") || !it["call_id"].is_string()) return bad(param + ".call_id", "must be a string");
+        if (!it.contains("call_id") || !it["call_id"].is_string()) return field_error(param + ".call_id", "must be a string");
         std::string out;
         if (it.contains("output") && it["output"].is_string()) out = it["output"].get<std::string>();
         else if (it.contains("output")) out = it["output"].dump();
@@ -102,22 +101,22 @@ Result<ResponsesRequest> parse_responses_request(const std::string& body_text, i
       } else if (type == "reasoning") {
         continue;  // earlier reasoning is not fed back
       } else {
-        return bad(param + ".type", fmt::format("'{}' is not supported (message, function_call, "
+        return field_error(param + ".type", fmt::format("'{}' is not supported (message, function_call, "
                                                 "function_call_output)", type));
       }
     }
   } else {
-    return bad("input", "must be a string or an array of items");
+    return field_error("input", "must be a string or an array of items");
   }
   chat["messages"] = messages;
   // Flat function tools -> chat tools.
   if (auto tools = body.find("tools"); tools != body.end() && !tools->is_null()) {
-    if (!tools->is_array()) return bad("tools", "must be an array");
+    if (!tools->is_array()) return field_error("tools", "must be an array");
     ojson ct = ojson::array();
     for (size_t k = 0; k < tools->size(); ++k) {
       const ojson& t = (*tools)[k];
       if (!t.is_object() || t.value("type", "") != "function" || !t.contains("name") || !t["name"].is_string())
-        return bad(fmt::format("tools[{}]", k), "must be {\"type\": \"function\", \"name\": ...} (function tools only)");
+        return field_error(fmt::format("tools[{}]", k), "must be {\"type\": \"function\", \"name\": ...} (function tools only)");
       ojson fn = {{"name", t["name"]}};
       for (const char* key : {"description", "parameters", "strict"})
         if (t.contains(key)) fn[key] = t[key];

@@ -19,6 +19,14 @@ namespace {
 
 constexpr size_t kPinnedBytes = size_t{4} << 20;
 
+// Slots [first, first + n) must lie in the chunks the KV store has.
+Status check_kv_slots(const cpu::KvView& kv, int64_t first, int64_t n, const char* what) {
+  if (first < 0 || n < 0 || (first + n + kv.chunk_tokens - 1) / kv.chunk_tokens > static_cast<int64_t>(kv.k_chunks.size()))
+    return invalid_argument("{}: slots {}..{} are past the store's {} chunks", what, first, first + n - 1,
+                            kv.k_chunks.size());
+  return Status();
+}
+
 Status check(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return Status();
   return internal_error("{}: {}", what, cudaGetErrorString(err));
@@ -428,9 +436,7 @@ Status CudaBackend::attention_prep(float* q, float* k, const float* v, int64_t n
     return Backend::attention_prep(q, k, v, n, nh, nkv, hd, q_norm, k_norm, eps, rot, positions, theta, freq_scale, kv,
                                    first_slot);
   if (static_cast<int64_t>(positions.size()) != n) return invalid_argument("{} positions for {} tokens", positions.size(), n);
-  if (first_slot < 0 || (first_slot + n + kv.chunk_tokens - 1) / kv.chunk_tokens > static_cast<int64_t>(kv.k_chunks.size()))
-    return invalid_argument("attention_prep: slots {}..{} are past the store's {} chunks", first_slot, first_slot + n - 1,
-                            kv.k_chunks.size());
+  DF_RETURN_IF_ERROR(check_kv_slots(kv, first_slot, n, "attention_prep"));
   DF_ASSIGN_OR_RETURN(const double* table, rope_table(theta, freq_scale, rot));
   cuda::QkPrepArgs a{.q = q, .k = k, .v = v, .n = n, .nh = nh, .nkv = nkv, .hd = hd, .rot = rot,
                      .q_norm = q_norm, .k_norm = k_norm, .eps = eps, .inv_freq = table, .positions = nullptr,
@@ -453,10 +459,7 @@ Status CudaBackend::kv_write(const cpu::KvView& kv, int64_t first_pos, const flo
     if (capturing_) return unsupported("a recorded step needs the KV tables on the device");
     return Backend::kv_write(kv, first_pos, k, v, n);
   }
-  if (first_pos < 0 || n < 0 || (first_pos + n + kv.chunk_tokens - 1) / kv.chunk_tokens >
-                                   static_cast<int64_t>(kv.k_chunks.size()))
-    return invalid_argument("kv_write: positions {}..{} are past the store's {} chunks", first_pos, first_pos + n - 1,
-                            kv.k_chunks.size());
+  DF_RETURN_IF_ERROR(check_kv_slots(kv, first_pos, n, "kv_write"));
   const int32_t* first_dev = nullptr;
   if (capturing_) {
     if (n != 1) return unsupported("a recorded step has one token");

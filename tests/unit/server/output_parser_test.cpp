@@ -12,23 +12,15 @@ namespace {
 OutputDelta all_at_once(std::string_view text, bool in_reasoning, bool tools) {
   OutputSplitter s(in_reasoning, tools);
   OutputDelta d = s.push(text);
-  OutputDelta t = s.finish();
-  d.reasoning += t.reasoning;
-  d.content += t.content;
-  d.tool_calls.insert(d.tool_calls.end(), t.tool_calls.begin(), t.tool_calls.end());
+  d.append(s.finish());
   return d;
 }
 
 OutputDelta byte_by_byte(std::string_view text, bool in_reasoning, bool tools) {
   OutputSplitter s(in_reasoning, tools);
   OutputDelta d;
-  auto add = [&d](const OutputDelta& x) {
-    d.reasoning += x.reasoning;
-    d.content += x.content;
-    d.tool_calls.insert(d.tool_calls.end(), x.tool_calls.begin(), x.tool_calls.end());
-  };
-  for (char c : text) add(s.push(std::string_view(&c, 1)));
-  add(s.finish());
+  for (char c : text) d.append(s.push(std::string_view(&c, 1)));
+  d.append(s.finish());
   return d;
 }
 
