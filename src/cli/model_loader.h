@@ -25,4 +25,12 @@ struct LoadedModel {
 // `device`: "cpu" (default) or "cuda:N" (when this build has CUDA).
 Result<LoadedModel> load_model(const std::string& path, const std::string& device, int threads);
 
+// The bundled default model's file name (models/ of the source tree; docs/default-model.md).
+inline constexpr const char* kDefaultModelFile = "default-coder-19m-q8_0.gguf";
+
+// Where the bundled default model is, for `serve` and `run` without a model: $DFLASH_DEFAULT_MODEL when
+// set, else the first of <exe>/../share/dflash/models, <exe>/../../models (a build tree), <exe>/models,
+// and the source tree's models/ that holds the file. Not found: an error that says what to pass instead.
+Result<std::string> default_model_path();
+
 }  // namespace dflash::cli

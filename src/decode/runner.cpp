@@ -81,7 +81,9 @@ Status Runner::run_layers(SequenceState& state, const Step& step, std::span<cons
 
 Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& step, bool* used) {
   constexpr int kMaxFailures = 3;
-  constexpr size_t kMaxRecorded = 8;  // sequences with a recording; the least recently used goes first
+  // Sequences with a recording (at least serve's --parallel maximum, so round-robin slots keep theirs);
+  // the least recently used goes first.
+  constexpr size_t kMaxRecorded = 64;
   *used = false;
   const ModelSpec& s = w_.spec();
   const int64_t pos = state.n_past();

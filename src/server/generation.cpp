@@ -4,9 +4,6 @@
 #include <cmath>
 #include <numeric>
 
-#include "state/sequence_state.h"
-#include "tokenizer/stream_detokenizer.h"
-
 namespace dflash::server {
 namespace {
 
@@ -80,76 +77,136 @@ std::string StopMatcher::flush() {
   return stopped_ ? std::string() : out;
 }
 
+Generation::Generation(const Engine& engine, GenerationRequest req, TextSink sink, const std::atomic<bool>* cancel,
+                       std::chrono::steady_clock::time_point deadline)
+    : engine_(engine),
+      req_(std::move(req)),
+      sink_(std::move(sink)),
+      cancel_(cancel),
+      deadline_(deadline),
+      stops_(req_.stop) {}
+
+Status Generation::start(SequenceState& state) {
+  if (engine_.runner == nullptr || engine_.tokenizer == nullptr) return internal_error("the engine is not loaded");
+  DF_RETURN_IF_ERROR(req_.sampling.validate());
+  if (req_.top_logprobs > 20) return invalid_argument("top_logprobs must be at most 20");
+  const auto n_prompt = static_cast<int64_t>(req_.prompt.size());
+  if (n_prompt == 0) return invalid_argument("the prompt is empty");
+  if (req_.max_tokens < 1) return invalid_argument("max_tokens must be at least 1");
+  if (n_prompt + req_.max_tokens > engine_.n_ctx)
+    return invalid_argument("the prompt ({} tokens) plus max_tokens ({}) exceed the context of {} tokens", n_prompt,
+                            req_.max_tokens, engine_.n_ctx);
+  const int64_t vocab = engine_.runner->spec().vocab;
+  for (int32_t t : req_.prompt)
+    if (t < 0 || t >= vocab) return invalid_argument("token id {} is outside the vocabulary of {}", t, vocab);
+  DF_RETURN_IF_ERROR(state.status());
+  if (state.n_past() != 0) return internal_error("a generation needs an empty sequence ({} tokens in it)", state.n_past());
+  DF_ASSIGN_OR_RETURN(Sampler sampler, Sampler::create(req_.sampling));
+  sampler_.emplace(std::move(sampler));
+  json_.reset();
+  if (req_.json_object) {
+    if (engine_.json != nullptr)
+      json_.emplace(*engine_.json);
+    else
+      json_.emplace(*engine_.tokenizer);
+  }
+  detok_.emplace(*engine_.tokenizer, /*skip_special=*/true);
+  eog_ = engine_.tokenizer->vocab().end_of_generation_ids();
+  history_ = req_.prompt;
+  state_ = &state;
+  res_ = GenerationResult();
+  res_.prompt_tokens = n_prompt;
+  res_.finish_reason = "length";
+  prefilled_ = 0;
+  return Status();
+}
+
+Status Generation::check_live() const {
+  if (cancel_ != nullptr && cancel_->load()) return Status(ErrorCode::kCancelled, "the client went away");
+  if (std::chrono::steady_clock::now() > deadline_) return Status(ErrorCode::kCancelled, "the request deadline passed");
+  return Status();
+}
+
+Status Generation::emit(const std::string& text) {
+  if (text.empty()) return Status();
+  res_.text += text;
+  if (!sink_ || sink_(text)) return Status();
+  return Status(ErrorCode::kCancelled, "the client went away");
+}
+
+Status Generation::finish() {
+  if (stops_.stopped()) return Status();
+  DF_RETURN_IF_ERROR(emit(stops_.push(detok_->finish())));
+  if (stops_.stopped()) res_.finish_reason = "stop";
+  return emit(stops_.flush());
+}
+
+Result<bool> Generation::step() {
+  if (state_ == nullptr) return internal_error("Generation::step() before a successful start()");
+  DF_RETURN_IF_ERROR(check_live());
+  Runner& runner = *engine_.runner;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (prefilling()) {
+    // One chunk of the prompt; the last chunk leaves the logits the first token is sampled from.
+    const auto n_prompt = static_cast<int64_t>(req_.prompt.size());
+    const int64_t len = std::min(kPrefillChunk, n_prompt - prefilled_);
+    const auto chunk = std::span<const int32_t>(req_.prompt).subspan(static_cast<size_t>(prefilled_),
+                                                                     static_cast<size_t>(len));
+    DF_ASSIGN_OR_RETURN(logits_, runner.prefill(*state_, chunk, kPrefillChunk));
+    prefilled_ += len;
+    res_.prefill_ms += ms_since(t0);
+    return false;
+  }
+  // One token: the loop body of a plain decode loop (sample, account, emit, feed back).
+  bool done = false;
+  {
+    // Under response_format json_object the token is drawn from the tokens that keep the output a JSON
+    // object prefix; logprobs stay those of the model's raw distribution.
+    int32_t next = 0;
+    if (json_) {
+      DF_ASSIGN_OR_RETURN(next, constrained_sample(*sampler_, *json_, logits_, history_, &masked_));
+      DF_RETURN_IF_ERROR(json_->accept(next));
+    } else {
+      DF_ASSIGN_OR_RETURN(next, sampler_->sample(logits_, history_));
+    }
+    if (req_.top_logprobs >= 0) res_.logprobs.push_back(logprob_of(logits_, next, req_.top_logprobs));
+    history_.push_back(next);
+    ++res_.completion_tokens;
+    if (std::find(eog_.begin(), eog_.end(), next) != eog_.end()) {
+      res_.finish_reason = "stop";
+      done = true;
+    } else {
+      DF_RETURN_IF_ERROR(emit(stops_.push(detok_->push(next))));
+      if (stops_.stopped()) {
+        res_.finish_reason = "stop";
+        done = true;
+      } else if (res_.completion_tokens == req_.max_tokens) {
+        done = true;
+      }
+    }
+  }
+  if (done) {
+    DF_RETURN_IF_ERROR(finish());
+  } else {
+    Step step;
+    step.tokens = std::span<const int32_t>(&history_.back(), 1);
+    DF_ASSIGN_OR_RETURN(StepOutput out, runner.forward(*state_, step));
+    logits_ = std::move(out.logits);
+  }
+  res_.decode_ms += ms_since(t0);
+  return done;
+}
+
 Result<GenerationResult> generate(const Engine& engine, const GenerationRequest& req, const TextSink& sink,
                                   const std::atomic<bool>* cancel, std::chrono::steady_clock::time_point deadline) {
   if (engine.runner == nullptr || engine.tokenizer == nullptr) return internal_error("the engine is not loaded");
-  DF_RETURN_IF_ERROR(req.sampling.validate());
-  if (req.top_logprobs > 20) return invalid_argument("top_logprobs must be at most 20");
-  const auto n_prompt = static_cast<int64_t>(req.prompt.size());
-  if (n_prompt == 0) return invalid_argument("the prompt is empty");
-  if (req.max_tokens < 1) return invalid_argument("max_tokens must be at least 1");
-  if (n_prompt + req.max_tokens > engine.n_ctx)
-    return invalid_argument("the prompt ({} tokens) plus max_tokens ({}) exceed the context of {} tokens", n_prompt,
-                            req.max_tokens, engine.n_ctx);
-  Runner& runner = *engine.runner;
-  const int64_t vocab = runner.spec().vocab;
-  for (int32_t t : req.prompt)
-    if (t < 0 || t >= vocab) return invalid_argument("token id {} is outside the vocabulary of {}", t, vocab);
-  auto check_live = [&]() -> Status {
-    if (cancel != nullptr && cancel->load()) return Status(ErrorCode::kCancelled, "the client went away");
-    if (std::chrono::steady_clock::now() > deadline) return Status(ErrorCode::kCancelled, "the request deadline passed");
-    return Status();
-  };
-
-  GenerationResult res;
-  res.prompt_tokens = n_prompt;
-  DF_ASSIGN_OR_RETURN(Sampler sampler, Sampler::create(req.sampling));
-  SequenceState state(runner.spec(), runner.backend());
-  DF_RETURN_IF_ERROR(state.status());
-  const auto t0 = std::chrono::steady_clock::now();
-  DF_ASSIGN_OR_RETURN(std::vector<float> logits, runner.prefill(state, req.prompt));
-  res.prefill_ms = ms_since(t0);
-
-  const std::vector<int32_t> eog = engine.tokenizer->vocab().end_of_generation_ids();
-  StreamDetokenizer detok(*engine.tokenizer, /*skip_special=*/true);
-  StopMatcher stops(req.stop);
-  std::vector<int32_t> history = req.prompt;
-  auto emit = [&](const std::string& text) -> Status {
-    if (text.empty()) return Status();
-    res.text += text;
-    if (!sink || sink(text)) return Status();
-    return Status(ErrorCode::kCancelled, "the client went away");
-  };
-  res.finish_reason = "length";
-  const auto t1 = std::chrono::steady_clock::now();
-  while (res.completion_tokens < req.max_tokens) {
-    DF_RETURN_IF_ERROR(check_live());
-    DF_ASSIGN_OR_RETURN(int32_t next, sampler.sample(logits, history));
-    if (req.top_logprobs >= 0) res.logprobs.push_back(logprob_of(logits, next, req.top_logprobs));
-    history.push_back(next);
-    ++res.completion_tokens;
-    if (std::find(eog.begin(), eog.end(), next) != eog.end()) {
-      res.finish_reason = "stop";
-      break;
-    }
-    DF_RETURN_IF_ERROR(emit(stops.push(detok.push(next))));
-    if (stops.stopped()) {
-      res.finish_reason = "stop";
-      break;
-    }
-    if (res.completion_tokens == req.max_tokens) break;
-    Step step;
-    step.tokens = std::span<const int32_t>(&history.back(), 1);
-    DF_ASSIGN_OR_RETURN(StepOutput out, runner.forward(state, step));
-    logits = std::move(out.logits);
+  Generation gen(engine, req, sink, cancel, deadline);
+  SequenceState state(engine.runner->spec(), engine.runner->backend());
+  DF_RETURN_IF_ERROR(gen.start(state));
+  for (;;) {
+    DF_ASSIGN_OR_RETURN(bool done, gen.step());
+    if (done) return gen.take_result();
   }
-  if (!stops.stopped()) {
-    DF_RETURN_IF_ERROR(emit(stops.push(detok.finish())));
-    if (stops.stopped()) res.finish_reason = "stop";
-    DF_RETURN_IF_ERROR(emit(stops.flush()));
-  }
-  res.decode_ms = ms_since(t1);
-  return res;
 }
 
 }  // namespace dflash::server

@@ -1,20 +1,25 @@
 // One completion on the engine: prefill of the prompt, then the decode loop with sampling, end-of-generation
 // tokens, stop strings, a token budget, a deadline and cancellation; text leaves through a sink as soon
-// as no stop string can still claim it. Used by every generating endpoint of the server.
+// as no stop string can still claim it. `Generation` runs it a step at a time (what the scheduler
+// interleaves across slots); `generate()` runs one to the end on a fresh sequence.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "base/status.h"
+#include "decode/json_constraint.h"
 #include "decode/runner.h"
 #include "decode/sampler.h"
+#include "state/sequence_state.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/stream_detokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dflash::server {
@@ -29,6 +34,9 @@ struct Engine {
   int64_t n_ctx = 0;    // prompt + generated tokens a request may use
   std::string device;   // "cpu", "cuda:0", ... (for /props)
   std::string version;  // dflash's version (for /props)
+  // The tokenizer's JSON constraint, built once (its token table) and copied per json_object request;
+  // null: built per request.
+  const JsonConstraint* json = nullptr;
 };
 
 struct GenerationRequest {
@@ -37,6 +45,8 @@ struct GenerationRequest {
   int64_t max_tokens = 0;          // generated tokens at most (>= 1)
   std::vector<std::string> stop;   // stop strings (not included in the output)
   int top_logprobs = -1;           // -1: no logprobs; 0..20: each token's and this many alternatives
+  bool json_object = false;        // response_format json_object: every token keeps the output a prefix of
+                                   // one JSON object (JsonConstraint); the object's end allows only EOG
 };
 
 // A generated token's log-probability under the model (log-softmax of its raw logits) and the most
@@ -52,8 +62,8 @@ struct GenerationResult {
   std::string finish_reason;  // "stop" (end of generation or a stop string) or "length"
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
-  double prefill_ms = 0;
-  double decode_ms = 0;
+  double prefill_ms = 0;  // time spent in this request's prefill steps (not in other slots' steps between them)
+  double decode_ms = 0;   // likewise for its decode steps
   std::vector<TokenLogprob> logprobs;  // per generated token, when asked for
 };
 
@@ -79,9 +89,61 @@ class StopMatcher {
   bool stopped_ = false;
 };
 
-// Runs the request on a fresh sequence. Errors: invalid parameters or a prompt plus max_tokens beyond
-// n_ctx (kInvalidArgument), the sink refusing text, *cancel set, or the deadline passing (kCancelled,
-// checked every step), engine failures.
+// One request's generation, advanced a step at a time so that one thread can interleave several.
+// start() checks the request and binds it to a sequence; each step() then does one piece of work: a
+// chunk of the prompt (kPrefillChunk tokens), or one generated token (sampled, emitted through the sink,
+// and fed back). The forwards are exactly those of Runner::prefill followed by one-token decode steps,
+// so the output does not depend on how steps of different generations interleave.
+// Not thread-safe: one thread drives a Generation (the sink runs on that thread).
+class Generation {
+ public:
+  static constexpr int64_t kPrefillChunk = 256;  // Runner::prefill's default chunk
+
+  // `cancel` (may be null) must outlive the generation; the engine too.
+  Generation(const Engine& engine, GenerationRequest req, TextSink sink, const std::atomic<bool>* cancel = nullptr,
+             std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
+  Generation(const Generation&) = delete;
+  Generation& operator=(const Generation&) = delete;
+
+  // Checks the request (the errors generate() lists, but no engine work) and binds the generation to
+  // `state`, which must be empty (n_past 0, as after SequenceState::reset()) and outlive it.
+  Status start(SequenceState& state);
+  // One step; true when the generation has finished (result() is complete). Errors (the sink refusing
+  // text, cancellation or the deadline, checked before every step; engine failures) end the generation:
+  // step() must not be called again after an error or after true.
+  Result<bool> step();
+  bool prefilling() const { return prefilled_ < static_cast<int64_t>(req_.prompt.size()); }
+  const GenerationRequest& request() const { return req_; }
+  const GenerationResult& result() const { return res_; }
+  GenerationResult take_result() { return std::move(res_); }
+
+ private:
+  Status check_live() const;
+  Status emit(const std::string& text);
+  // The end of a generation: the detokenizer's and the stop matcher's held-back text.
+  Status finish();
+
+  const Engine& engine_;
+  GenerationRequest req_;
+  TextSink sink_;
+  const std::atomic<bool>* cancel_;
+  std::chrono::steady_clock::time_point deadline_;
+  SequenceState* state_ = nullptr;
+  std::optional<Sampler> sampler_;
+  std::optional<JsonConstraint> json_;  // json_object requests: what the output may continue with
+  std::vector<float> masked_;           // constrained_sample's scratch row
+  std::optional<StreamDetokenizer> detok_;
+  StopMatcher stops_;
+  std::vector<int32_t> eog_;
+  std::vector<int32_t> history_;  // prompt + generated ids (the sampler's penalty window)
+  std::vector<float> logits_;     // [V] of the last evaluated token: what the next token is sampled from
+  int64_t prefilled_ = 0;         // prompt tokens evaluated so far
+  GenerationResult res_;
+};
+
+// Runs the request on a fresh sequence (a Generation stepped to its end). Errors: invalid parameters or a
+// prompt plus max_tokens beyond n_ctx (kInvalidArgument), the sink refusing text, *cancel set, or the
+// deadline passing (kCancelled, checked every step), engine failures.
 Result<GenerationResult> generate(const Engine& engine, const GenerationRequest& req, const TextSink& sink,
                                   const std::atomic<bool>* cancel = nullptr,
                                   std::chrono::steady_clock::time_point deadline =

@@ -3,9 +3,14 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <ctime>
+#include <deque>
 #include <functional>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +18,7 @@
 #include "base/log.h"
 #include "server/openai_api.h"
 #include "server/responses_api.h"
+#include "server/scheduler.h"
 
 namespace dflash::server {
 namespace {
@@ -36,6 +42,35 @@ void send_error(httplib::Response& res, const Status& st, int status = 0) {
 
 int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
 
+// What the scheduler thread hands a request's HTTP thread: text deltas in order, then the outcome. The
+// scheduler only appends and notifies, so a slow client never stalls it; the deltas held are at most the
+// text of the request's max_tokens tokens (bounded by the context): one delta a token at most, and the
+// held-back tail at the end.
+struct Channel {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::string> deltas;
+  std::optional<Result<GenerationResult>> result;
+  std::shared_ptr<std::atomic<bool>> cancel = std::make_shared<std::atomic<bool>>(false);
+
+  // The job's sink (streams only) and completion, both called on the scheduler thread.
+  bool push(std::string_view delta) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      deltas.emplace_back(delta);
+    }
+    cv.notify_one();
+    return !cancel->load();
+  }
+  void finish(Result<GenerationResult> r) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      result.emplace(std::move(r));
+    }
+    cv.notify_one();
+  }
+};
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -48,34 +83,15 @@ struct HttpServer::Impl {
   // /metrics counters.
   std::atomic<uint64_t> requests{0}, completed{0}, failed{0}, prompt_tokens{0}, generated_tokens{0}, prefill_us{0},
       decode_us{0};
-  // FIFO admission: tickets are served in order, one at a time.
-  std::mutex mu;
-  std::condition_variable cv;
-  uint64_t next_ticket = 0, serving = 0;
+  // The slots generations run in (made with the engine, stopped when it goes); handlers hold a
+  // reference while they submit.
+  std::mutex scheduler_mu;
+  std::shared_ptr<Scheduler> scheduler;
 
-  // Waits for this request's turn; false (503) when the queue is full.
-  class Turn {
-   public:
-    explicit Turn(Impl& s) : s_(s) {
-      std::unique_lock<std::mutex> lock(s_.mu);
-      if (static_cast<int64_t>(s_.next_ticket - s_.serving) > s_.opt.max_queue) return;
-      ticket_ = s_.next_ticket++;
-      admitted_ = true;
-      s_.cv.wait(lock, [&] { return s_.serving == ticket_; });
-    }
-    ~Turn() {
-      if (!admitted_) return;
-      std::lock_guard<std::mutex> lock(s_.mu);
-      ++s_.serving;
-      s_.cv.notify_all();
-    }
-    bool admitted() const { return admitted_; }
-
-   private:
-    Impl& s_;
-    uint64_t ticket_ = 0;
-    bool admitted_ = false;
-  };
+  std::shared_ptr<Scheduler> current_scheduler() {
+    std::lock_guard<std::mutex> lock(scheduler_mu);
+    return scheduler;
+  }
 
   bool authorized(const httplib::Request& req, httplib::Response& res) {
     if (opt.api_key.empty()) return true;
@@ -125,19 +141,31 @@ struct HttpServer::Impl {
                                               n_prompt, gen.max_tokens, e.n_ctx));
     const auto deadline = arrived + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                         std::chrono::duration<double>(opt.request_timeout_s));
+    // The generation runs on the scheduler's thread; this thread waits for its text and its outcome.
+    auto ch = std::make_shared<Channel>();
+    GenerationJob job;
+    job.request = std::move(gen);
+    if (stream) job.sink = [ch](std::string_view delta) { return ch->push(delta); };
+    job.cancel = ch->cancel;
+    job.deadline = deadline;
+    job.done = [ch](Result<GenerationResult> r) { ch->finish(std::move(r)); };
+    const std::shared_ptr<Scheduler> sched = current_scheduler();
+    const auto admission = sched ? sched->submit(std::move(job)) : Scheduler::Admission::kStopped;
+    if (admission == Scheduler::Admission::kFull) return busy(res);
+    if (admission == Scheduler::Admission::kStopped) return unavailable(res, "the server is shutting down");
     if (!stream) {
-      Turn turn(*this);
-      if (!turn.admitted()) return busy(res);
-      auto r = generate(e, gen, nullptr, nullptr, deadline);
+      std::unique_lock<std::mutex> lock(ch->mu);
+      ch->cv.wait(lock, [&] { return ch->result.has_value(); });
+      const Result<GenerationResult>& r = *ch->result;
       if (!r.ok()) return send_error(res, r.status());
       finished(id, *r);
       return send_json(res, 200, shapes.full(*r));
     }
-    auto g = std::make_shared<GenerationRequest>(std::move(gen));
     auto sh = std::make_shared<Shapes>(std::move(shapes));
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
-        "text/event-stream", [this, &e, g, sh, id, deadline](size_t, httplib::DataSink& sink) {
+        "text/event-stream",
+        [this, ch, sh, id](size_t, httplib::DataSink& sink) {
           auto send = [&sink, &sh](const json& j) {
             std::string line;
             if (sh->named_events && j.contains("type") && j["type"].is_string())
@@ -145,39 +173,41 @@ struct HttpServer::Impl {
             line += "data: " + dump(j) + "\n\n";
             return sink.write(line.data(), line.size());
           };
-          Turn turn(*this);
-          if (!turn.admitted()) {
-            send(error_body(Status(ErrorCode::kCancelled, "the server is busy: the request queue is full")));
-            sink.done();
-            return true;
-          }
-          std::atomic<bool> gone{false};
           bool ok = true;
           for (const json& j : sh->first) ok = ok && send(j);
-          auto r = generate(
-              e, *g,
-              [&](std::string_view delta) {
-                for (const json& chunk : sh->delta(std::string(delta))) ok = ok && send(chunk);
-                if (!ok) gone = true;
-                return ok;
-              },
-              &gone, deadline);
-          if (!r.ok()) {
-            if (ok) send(error_body(r.status()));
-            log::info("request {}: {}", id, r.status().to_string());
-            failed.fetch_add(1);
+          for (;;) {
+            std::deque<std::string> deltas;
+            std::optional<Result<GenerationResult>> r;
+            {
+              std::unique_lock<std::mutex> lock(ch->mu);
+              ch->cv.wait(lock, [&] { return !ch->deltas.empty() || ch->result.has_value(); });
+              deltas.swap(ch->deltas);
+              r.swap(ch->result);  // every delta of the generation came before its outcome
+            }
+            for (const std::string& delta : deltas)
+              for (const json& chunk : sh->delta(delta)) ok = ok && send(chunk);
+            if (!ok) r = Status(ErrorCode::kCancelled, "the client went away");
+            if (!r) continue;
+            if (!r->ok()) {
+              ch->cancel->store(true);  // the scheduler drops it at its next step (if it still runs)
+              if (ok) send(error_body(r->status()));
+              log::info("request {}: {}", id, r->status().to_string());
+              failed.fetch_add(1);
+              sink.done();
+              return true;
+            }
+            for (const json& j : sh->finish(**r)) send(j);
+            if (sh->done_marker) {
+              const std::string done = "data: [DONE]\n\n";
+              sink.write(done.data(), done.size());
+            }
+            finished(id, **r);
             sink.done();
             return true;
           }
-          for (const json& j : sh->finish(*r)) send(j);
-          if (sh->done_marker) {
-            const std::string done = "data: [DONE]\n\n";
-            sink.write(done.data(), done.size());
-          }
-          finished(id, *r);
-          sink.done();
-          return true;
-        });
+        },
+        // Whether or not the provider ran (a client gone before the headers): the generation stops.
+        [ch](bool) { ch->cancel->store(true); });
   }
 
   // A chat request made ready to run: the rendered prompt's ids (with a forced tool-call opening when
@@ -201,6 +231,10 @@ struct HttpServer::Impl {
     // Required / a named function start the assistant turn with the call's opening so the model
     // continues a call (forced, not sampled).
     p.use_tools = uses_tools(cr);
+    // json_object: the reply is the object alone, so no tool calls and no thinking before it.
+    if (cr.gen.json_object && p.use_tools)
+      return field_error("response_format", "json_object cannot be combined with tools (unless tool_choice is none)");
+    if (cr.gen.json_object) cr.template_kwargs["enable_thinking"] = false;
     DF_ASSIGN_OR_RETURN(std::string prompt, render_prompt(e, cr));
     if (p.use_tools && cr.tool_choice == "required") p.forced = "<tool_call>\n";
     if (p.use_tools && cr.tool_choice == "function")  // the model's own call syntax (Qwen3.5 XML or Qwen3 JSON)
@@ -211,6 +245,8 @@ struct HttpServer::Impl {
     p.in_reasoning = trimmed.size() >= 7 && trimmed.compare(trimmed.size() - 7, 7, "<think>") == 0;
     // A forced call cannot start inside an open think block (Qwen3.5's prompt ends in "<think>\n"): close it.
     if (!p.forced.empty() && p.in_reasoning) p.forced = "</think>\n\n" + p.forced;
+    // Likewise a JSON reply from a template that opens a think block regardless of enable_thinking.
+    if (cr.gen.json_object && p.in_reasoning) p.forced = "</think>\n\n";
     DF_ASSIGN_OR_RETURN(cr.gen.prompt, e.tokenizer->encode(prompt + p.forced, true));
     return p;
   }
@@ -353,10 +389,11 @@ struct HttpServer::Impl {
     serve_generation(res, *e, std::move(cr.gen), cr.stream, id, arrived, std::move(shapes), 16);
   }
 
-  void busy(httplib::Response& res) {
+  void busy(httplib::Response& res) { unavailable(res, "the server is busy: the request queue is full"); }
+
+  void unavailable(httplib::Response& res, const std::string& why) {
     res.set_header("Retry-After", "1");
-    send_json(res, 503, json{{"error", {{"message", "the server is busy: the request queue is full"},
-                                        {"type", "unavailable"}, {"param", nullptr}, {"code", nullptr}}}});
+    send_json(res, 503, json{{"error", {{"message", why}, {"type", "unavailable"}, {"param", nullptr}, {"code", nullptr}}}});
   }
 
   void finished(const std::string& id, const GenerationResult& r) {
@@ -378,10 +415,10 @@ struct HttpServer::Impl {
       listen_socket = sock;
     });
     http.set_payload_max_length(opt.max_body_bytes);
-    // Every request waiting its turn holds a connection thread (streams for their whole length): enough
-    // threads for the running one, a full queue, and a few for /health, /metrics and refusals, so that
-    // waiting requests are never starved of a thread (httplib's default is 8).
-    const size_t threads = static_cast<size_t>(std::min<int64_t>(opt.max_queue, 1024)) + 16;
+    // Every request in a slot or waiting for one holds a connection thread (streams for their whole
+    // length): enough threads for the slots, a full queue, and a few for /health, /metrics and refusals,
+    // so that admitted requests are never starved of a thread (httplib's default is 8).
+    const size_t threads = static_cast<size_t>(std::min<int64_t>(opt.max_queue, 1024) + opt.parallel) + 16;
     http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     if (!opt.cors_origin.empty()) {
       http.set_default_headers({{"Access-Control-Allow-Origin", opt.cors_origin},
@@ -416,6 +453,7 @@ struct HttpServer::Impl {
       send_json(res, 200,
                 json{{"model", e->model_id},
                      {"n_ctx", e->n_ctx},
+                     {"total_slots", opt.parallel},
                      {"default_generation_settings",
                       {{"temperature", 1.0}, {"top_p", 1.0}, {"top_k", 0}, {"min_p", 0.0}, {"max_tokens", kDefaultMaxTokens}}},
                      {"chat_template", e->chat_template != nullptr},
@@ -433,10 +471,10 @@ struct HttpServer::Impl {
     });
     http.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
       if (!authorized(req, res)) return;
-      uint64_t queued = 0;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        queued = next_ticket - serving;
+      int64_t busy_slots = 0, waiting = 0;
+      if (const std::shared_ptr<Scheduler> sched = current_scheduler()) {
+        busy_slots = sched->busy();
+        waiting = sched->waiting();
       }
       std::string m;
       auto metric = [&m](const char* name, const char* type, const char* help, double v) {
@@ -448,7 +486,11 @@ struct HttpServer::Impl {
       metric("dflash_requests_failed_total", "counter", "Streamed generations that failed or were cancelled.",
              static_cast<double>(failed.load()));
       metric("dflash_queue_depth", "gauge", "Requests admitted and not finished (running + waiting).",
-             static_cast<double>(queued));
+             static_cast<double>(busy_slots + waiting));
+      metric("dflash_queue_waiting", "gauge", "Requests waiting for a free slot.", static_cast<double>(waiting));
+      metric("dflash_slots_busy", "gauge", "Slots running a generation.", static_cast<double>(busy_slots));
+      metric("dflash_slots_total", "gauge", "Slots (--parallel): generations interleaved step by step.",
+             static_cast<double>(opt.parallel));
       metric("dflash_prompt_tokens_total", "counter", "Prompt tokens processed.",
              static_cast<double>(prompt_tokens.load()));
       metric("dflash_prompt_cached_tokens_total", "counter", "Prompt tokens restored from the prefix cache.", 0.0);
@@ -509,7 +551,10 @@ struct HttpServer::Impl {
   }
 };
 
-HttpServer::HttpServer(ServerOptions opt) : impl_(std::make_unique<Impl>()) { impl_->opt = std::move(opt); }
+HttpServer::HttpServer(ServerOptions opt) : impl_(std::make_unique<Impl>()) {
+  impl_->opt = std::move(opt);
+  impl_->opt.parallel = std::max(impl_->opt.parallel, 1);
+}
 
 HttpServer::~HttpServer() { stop(); }
 
@@ -531,10 +576,27 @@ Status HttpServer::start() {
   return Status();
 }
 
-void HttpServer::set_engine(const Engine* engine) { impl_->engine.store(engine); }
+void HttpServer::set_engine(const Engine* engine) {
+  std::shared_ptr<Scheduler> old;
+  {
+    std::lock_guard<std::mutex> lock(impl_->scheduler_mu);
+    old = std::move(impl_->scheduler);
+    if (engine != nullptr)
+      impl_->scheduler = std::make_shared<Scheduler>(*engine, impl_->opt.parallel, impl_->opt.max_queue);
+    impl_->engine.store(engine);
+  }
+  // Cancels the old engine's requests and frees its sequences before the caller may destroy it.
+  if (old) old->stop();
+}
 
 void HttpServer::stop() {
   if (!impl_) return;
+  std::shared_ptr<Scheduler> sched;
+  {
+    std::lock_guard<std::mutex> lock(impl_->scheduler_mu);
+    sched = std::move(impl_->scheduler);
+  }
+  if (sched) sched->stop();  // running requests end (cancelled), so their connection threads are free
   impl_->http.stop();
   if (impl_->thread.joinable()) impl_->thread.join();
 }

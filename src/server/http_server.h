@@ -1,14 +1,11 @@
-// dflash's HTTP front: OpenAI-compatible routes over one Engine, a bounded FIFO of requests served one
-// generation at a time (fair: first come, first served), API-key checks, CORS, a body size limit, and
-// one log line per request. Listening starts before the model is loaded: /health answers 503 until
+// dflash's HTTP front: OpenAI-compatible routes over one Engine, generations run by a Scheduler
+// (`parallel` slots interleaved step by step, a bounded FIFO of waiting requests, 503 beyond it),
+// API-key checks, CORS, a body size limit, and one log line per request. Listening starts before the model is loaded: /health answers 503 until
 // set_engine() is called.
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "base/status.h"
@@ -25,7 +22,8 @@ struct ServerOptions {
   int port = 8080;
   std::string api_key;          // empty: no key required
   std::string cors_origin;      // empty: no CORS headers; "*" or an origin
-  int64_t max_queue = 64;       // requests waiting for the engine beyond the one running; more get 503
+  int parallel = 1;             // slots: requests generating at once (interleaved a step at a time)
+  int64_t max_queue = 64;       // requests waiting for a free slot beyond those running; more get 503
   size_t max_body_bytes = 8u << 20;
   double request_timeout_s = 600;  // a generation's deadline, from its arrival
 };
@@ -36,9 +34,10 @@ class HttpServer {
   ~HttpServer();
   // Binds the socket (error when the address is taken) and serves on a background thread.
   Status start();
-  // The engine requests run on; until it is set, generating routes and /health answer 503.
+  // The engine requests run on; until it is set, generating routes and /health answer 503. Setting it
+  // (or null) cancels the previous engine's requests and frees its sequences before returning.
   void set_engine(const Engine* engine);
-  // Stops listening and waits for the serving thread (idempotent).
+  // Cancels running and waiting generations, stops listening and waits for the serving thread (idempotent).
   void stop();
   int port() const { return port_; }
 

@@ -57,6 +57,29 @@ Result<ojson> parse_body(const std::string& text, std::string* model) {
   return body;
 }
 
+// response_format: {"type": "text"} (the default) or {"type": "json_object"} (output constrained to one
+// JSON object: decode/json_constraint.h). json_schema is refused until schemas are enforced: accepting it
+// and checking nothing would hand back output that does not match.
+Status parse_response_format(const ojson& body, bool* json_object) {
+  auto rf = body.find("response_format");
+  if (rf == body.end() || rf->is_null()) return Status();
+  if (!rf->is_object())
+    return field_error("response_format", "must be an object: {\"type\": \"text\"} or {\"type\": \"json_object\"}");
+  auto type = rf->find("type");
+  if (type == rf->end() || !type->is_string())
+    return field_error("response_format", "needs a string 'type': text or json_object");
+  const std::string t = type->get<std::string>();
+  if (t == "text") return Status();
+  if (t == "json_object") {
+    *json_object = true;
+    return Status();
+  }
+  if (t == "json_schema")
+    return field_error("response_format", "type 'json_schema' is not supported yet; use {\"type\": \"json_object\"} "
+                                          "(any JSON object) and describe the schema in the prompt");
+  return field_error("response_format", fmt::format("type '{}' is not one of text, json_object", t));
+}
+
 // Fields every generating route shares: sampling, length, stop strings, stream options, and the refusals
 // of what is not implemented yet.
 Status parse_common(const ojson& body, int64_t n_ctx, GenerationRequest& gen, bool& stream, bool& include_usage) {
@@ -72,10 +95,6 @@ Status parse_common(const ojson& body, int64_t n_ctx, GenerationRequest& gen, bo
       return field_error("top_logprobs", "must be an integer from 0 to 20");
     if (gen.top_logprobs < 0) return field_error("top_logprobs", "needs 'logprobs': true");
     gen.top_logprobs = static_cast<int>(tl->get<int64_t>());
-  }
-  if (auto rf = body.find("response_format"); rf != body.end() && !rf->is_null()) {
-    if (!rf->is_object() || !rf->contains("type") || (*rf)["type"] != "text")
-      return unsupported("'response_format': only {{\"type\": \"text\"}} is supported yet");
   }
   if (auto n = body.find("n"); n != body.end() && !n->is_null()) {
     if (!n->is_number_integer() || n->get<int64_t>() != 1) return field_error("n", "must be 1");
@@ -160,10 +179,17 @@ int http_status_for(const Status& st) {
 json error_body(const Status& st, const std::string& param) {
   const int code = http_status_for(st);
   const char* type = code == 404 ? "not_found_error" : code < 500 ? "invalid_request_error" : "server_error";
+  // Without an explicit param, a client error that opens with a quoted field name (field_error's
+  // "'param' what") names that field, as OpenAI's "param" does.
+  std::string named = param;
+  if (named.empty() && code < 500 && st.message().size() > 2 && st.message()[0] == '\'') {
+    const size_t close = st.message().find('\'', 1);
+    if (close != std::string::npos && close > 1) named = st.message().substr(1, close - 1);
+  }
   return json{{"error",
                {{"message", st.message()},
                 {"type", type},
-                {"param", param.empty() ? json(nullptr) : json(param)},
+                {"param", named.empty() ? json(nullptr) : json(named)},
                 {"code", nullptr}}}};
 }
 
@@ -249,6 +275,7 @@ Result<ChatRequest> parse_chat_request(const std::string& body_text, int64_t n_c
       return field_error("tool_choice", "needs 'tools'");
   }
   DF_RETURN_IF_ERROR(parse_common(body, n_ctx, req.gen, req.stream, req.include_usage));
+  DF_RETURN_IF_ERROR(parse_response_format(body, &req.gen.json_object));
   // Template arguments.
   if (auto kw = body.find("chat_template_kwargs"); kw != body.end() && !kw->is_null()) {
     if (!kw->is_object()) return field_error("chat_template_kwargs", "must be an object");
@@ -295,6 +322,7 @@ Result<CompletionRequest> parse_completion_request(const std::string& body_text,
   if (auto bo = body.find("best_of"); bo != body.end() && !bo->is_null() && (!bo->is_number_integer() || *bo != 1))
     return field_error("best_of", "must be 1");
   DF_RETURN_IF_ERROR(parse_common(body, n_ctx, req.gen, req.stream, req.include_usage));
+  DF_RETURN_IF_ERROR(parse_response_format(body, &req.gen.json_object));
   if (req.gen.max_tokens < 0) req.gen.max_tokens = 16;  // OpenAI's default for completions
   return req;
 }

@@ -19,7 +19,8 @@ Status field_error(const std::string& param, const std::string& what);
 // HTTP status for a Status (400 invalid argument, 404 not found, 413/501 as fitting, 500 otherwise).
 int http_status_for(const Status& st);
 // {"error": {"message", "type", "param", "code"}}; type from the status (invalid_request_error,
-// not_found_error, server_error, ...).
+// not_found_error, server_error, ...); param, when not given, is the field a client error's message
+// opens with ("'response_format' must be ..." -> "response_format").
 nlohmann::json error_body(const Status& st, const std::string& param = {});
 
 struct ChatRequest {
@@ -35,8 +36,9 @@ struct ChatRequest {
 };
 
 // Parses a /v1/chat/completions body. max_tokens defaults to what is left of n_ctx (at most 4096);
-// stop takes a string or up to 4 strings; n must be 1. Fields this server does not implement yet
-// (tools, logprobs, response_format other than text) are refused with a clear message.
+// stop takes a string or up to 4 strings; n must be 1. response_format is {"type": "text"} (default) or
+// {"type": "json_object"} (gen.json_object = true); json_schema and anything else are a 400 naming
+// 'response_format'. Fields this server does not implement yet are refused with a clear message.
 Result<ChatRequest> parse_chat_request(const std::string& body, int64_t n_ctx);
 
 struct CompletionRequest {

@@ -135,9 +135,22 @@ Result<ResponsesRequest> parse_responses_request(const std::string& body_text, i
   if (body.contains("max_output_tokens")) chat["max_tokens"] = body["max_output_tokens"];
   if (auto r = body.find("reasoning"); r != body.end() && r->is_object() && r->contains("effort"))
     chat["reasoning_effort"] = (*r)["effort"];
-  if (auto t = body.find("text"); t != body.end() && t->is_object() && t->contains("format")) {
-    const ojson& f = (*t)["format"];
-    if (!f.is_object() || f.value("type", "") != "text") return unsupported("'text.format': only text is supported yet");
+  // text.format: {"type": "text"} (the default) or {"type": "json_object"}, passed on as chat's
+  // response_format; json_schema is refused until schemas are enforced.
+  std::string text_format = "text";
+  if (auto t = body.find("text"); t != body.end() && !t->is_null()) {
+    if (!t->is_object()) return field_error("text", "must be an object: {\"format\": {\"type\": \"text\"}}");
+    if (auto f = t->find("format"); f != t->end() && !f->is_null()) {
+      if (!f->is_object() || !f->contains("type") || !(*f)["type"].is_string())
+        return field_error("text.format", "must be {\"type\": \"text\"} or {\"type\": \"json_object\"}");
+      text_format = (*f)["type"].get<std::string>();
+      if (text_format == "json_schema")
+        return field_error("text.format", "type 'json_schema' is not supported yet; use {\"type\": \"json_object\"} "
+                                          "(any JSON object) and describe the schema in the instructions");
+      if (text_format != "text" && text_format != "json_object")
+        return field_error("text.format", fmt::format("type '{}' is not one of text, json_object", text_format));
+      if (text_format == "json_object") chat["response_format"] = {{"type", "json_object"}};
+    }
   }
   auto parsed = parse_chat_request(chat.dump(), n_ctx);
   if (!parsed.ok()) {
@@ -157,6 +170,7 @@ Result<ResponsesRequest> parse_responses_request(const std::string& body_text, i
                   {"top_p", body.contains("top_p") ? json(body["top_p"]) : json(1.0)},
                   {"max_output_tokens", body.contains("max_output_tokens") ? json(body["max_output_tokens"]) : json(nullptr)},
                   {"previous_response_id", nullptr},
+                  {"text", {{"format", {{"type", text_format}}}}},
                   {"parallel_tool_calls", true},
                   {"store", false}};
   return req;

@@ -21,7 +21,9 @@ struct ResponsesRequest {
 };
 
 // Parses a /v1/responses body. previous_response_id and non-function tools are refused (this server keeps
-// no responses); max_output_tokens maps to max_tokens.
+// no responses); max_output_tokens maps to max_tokens; text.format {"type": "json_object"} sets
+// chat.gen.json_object ({"type": "text"} is the default; json_schema and other types are a 400 naming
+// 'text.format').
 Result<ResponsesRequest> parse_responses_request(const std::string& body, int64_t n_ctx);
 
 // The response object for a finished generation split into reasoning / text / tool calls.

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "decode/json_constraint.h"
 #include "support/process.h"
 #include "support/test_paths.h"
 
@@ -28,8 +29,9 @@ class Serve : public ::testing::Test {
   void start(std::vector<std::string> extra = {}) {
     port_ = test::free_port();
     ASSERT_GT(port_, 0);
-    std::vector<std::string> argv = {DFLASH_BIN, "serve", model_.empty() ? test::fixture_path("models/tiny-qwen3") : model_, "--port",
-                                     std::to_string(port_), "--threads", "1"};
+    std::vector<std::string> argv = {DFLASH_BIN, "serve"};
+    if (!bundled_) argv.push_back(model_.empty() ? test::fixture_path("models/tiny-qwen3") : model_);
+    argv.insert(argv.end(), {"--port", std::to_string(port_), "--threads", "1"});
     argv.insert(argv.end(), extra.begin(), extra.end());
     log_ = scratch() + "/serve.log";
     proc_ = std::make_unique<test::ChildProcess>(argv, log_);
@@ -68,6 +70,7 @@ class Serve : public ::testing::Test {
   std::string scratch_;
   int port_ = 0;
   std::string model_;  // default: the tiny Qwen3 fixture
+  bool bundled_ = false;  // no model argument: the bundled default model
   std::string log_;
   std::unique_ptr<test::ChildProcess> proc_;
   std::unique_ptr<httplib::Client> client_;
@@ -564,6 +567,88 @@ TEST_F(Serve, thirty_two_concurrent_streams_with_disconnects) {
   }
 }
 
+// With --parallel 2, a short stream that arrives while a long one runs is served next to it, a token of
+// each in turn: its text arrives, and it ends, while the long stream is still going. With both slots busy
+// and no waiting allowed (--max-queue 0) a third request gets 503. /props and /metrics report the slots.
+TEST_F(Serve, parallel_slots_interleave_a_short_stream_with_a_long_one) {
+  start({"--parallel", "2", "--max-queue", "0"});
+  auto props = client_->Get("/props");
+  ASSERT_TRUE(props);
+  EXPECT_EQ(json::parse(props->body)["total_slots"], 2);
+  // A stream of /v1/completions (every data event but [DONE] carries text); flags as its events arrive.
+  struct Stream {
+    std::atomic<bool> text{false}, done{false}, hang_up{false};
+    std::string body;
+  };
+  auto run_stream = [this](Stream& st, const std::string& prompt, int max_tokens) {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(60, 0);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = json{{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"stream", true}}.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&st](const char* d, size_t n, uint64_t, uint64_t) {
+      st.body.append(d, n);
+      if (st.body.find("data: {") != std::string::npos) st.text = true;
+      if (st.body.find("data: [DONE]") != std::string::npos) st.done = true;
+      return !st.hang_up.load();
+    };
+    c.send(req);
+  };
+  auto wait_for = [](const std::atomic<bool>& flag) {
+    for (int i = 0; i < 3000 && !flag; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return flag.load();
+  };
+  // Greedy on this model runs to max_tokens (no end-of-generation token): 3000 tokens take seconds.
+  Stream a, b, c;
+  std::thread ta([&] { run_stream(a, "go", 3000); });
+  ASSERT_TRUE(wait_for(a.text));
+  bool b_text_while_a_runs = false;
+  std::thread tb([&] {
+    run_stream(b, "hello there", 8);
+    b_text_while_a_runs = b.text && !a.done;
+  });
+  tb.join();
+  EXPECT_TRUE(b.done) << b.body;
+  EXPECT_TRUE(b_text_while_a_runs) << "the short stream waited for the long one";
+  EXPECT_FALSE(a.done) << "the long stream ended before the short one";
+  // Both slots busy (a second long stream), none may wait: 503.
+  std::thread tc([&] { run_stream(c, "The capital of", 3000); });
+  ASSERT_TRUE(wait_for(c.text));
+  auto m = client_->Get("/metrics");
+  ASSERT_TRUE(m);
+  int status = 0;
+  const json busy = post("/v1/completions", R"({"prompt":"x","max_tokens":2})", &status);
+  if (!a.done && !c.done) {  // (a 3000-token stream ending by now would be a surprise, not a failure)
+    EXPECT_EQ(status, 503) << busy.dump();
+    EXPECT_NE(m->body.find("dflash_slots_busy 2"), std::string::npos) << m->body;
+  }
+  EXPECT_NE(m->body.find("dflash_slots_total 2"), std::string::npos) << m->body;
+  // Hanging up frees the slots.
+  a.hang_up = true;
+  c.hang_up = true;
+  ta.join();
+  tc.join();
+  for (int i = 0; i < 100; ++i) {
+    post("/v1/completions", R"({"prompt":"x","max_tokens":2})", &status);
+    if (status == 200) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(status, 200);
+  expect_alive();
+}
+
+TEST(ServeFlags, parallel_outside_1_to_64_is_refused_before_listening) {
+  for (const char* n : {"0", "65", "-2"}) {
+    const auto r = test::run_command(std::string(DFLASH_BIN) + " serve " +
+                                     test::shell_quote(test::fixture_path("models/tiny-qwen3")) +
+                                     " --port 0 --parallel " + n);
+    EXPECT_NE(r.exit_code, 0) << n;
+    EXPECT_NE((r.out + r.err).find("--parallel must be 1..64"), std::string::npos) << n << ": " << r.out << r.err;
+  }
+}
+
 TEST_F(Serve, malformed_requests_get_openai_errors_and_the_server_stays_up) {
   start({"--ctx", "256"});
   const std::pair<const char*, int> cases[] = {
@@ -647,6 +732,98 @@ TEST_F(Serve, the_openai_sdk_talks_to_it) {
   EXPECT_EQ(out["responses_stream"]["text"], out["plain"]["content"]);
   EXPECT_TRUE(out["responses_stream"]["last"] == "response.completed" ||
               out["responses_stream"]["last"] == "response.incomplete");
+  expect_alive();
+}
+
+// The bundled default model: `dflash serve` (and `run`) with no model argument use it, and it answers a
+// request like those it was trained on with the function asked for (greedy: the reply is fixed).
+TEST_F(Serve, no_model_argument_serves_the_bundled_default_model) {
+  bundled_ = true;
+  start();
+  auto models = client_->Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "default-coder-19m-q8_0.gguf");
+  const std::string ask = "Write a Python function `add(a, b)` that returns the sum of a and b.";
+  int status = 0;
+  const json off = post("/v1/chat/completions",
+                        json{{"messages", {{{"role", "user"}, {"content", ask}}}}, {"max_tokens", 24},
+                             {"temperature", 0}, {"chat_template_kwargs", {{"enable_thinking", false}}}}
+                            .dump(),
+                        &status);
+  ASSERT_EQ(status, 200) << off.dump();
+  const std::string code = off["choices"][0]["message"]["content"];
+  EXPECT_EQ(code.rfind("```python\ndef add(a, b):", 0), 0u) << code;
+  // Thinking on (the template's default): a sentence of reasoning, then the same kind of reply.
+  const json on = post("/v1/chat/completions",
+                       json{{"messages", {{{"role", "user"}, {"content", ask}}}}, {"max_tokens", 60},
+                            {"temperature", 0}}.dump(),
+                       &status);
+  ASSERT_EQ(status, 200) << on.dump();
+  const json& msg = on["choices"][0]["message"];
+  ASSERT_TRUE(msg.contains("reasoning_content")) << on.dump();
+  EXPECT_NE(msg["reasoning_content"].get<std::string>().find("add"), std::string::npos) << on.dump();
+  EXPECT_NE(msg["content"].get<std::string>().find("def add("), std::string::npos) << on.dump();
+
+  const auto r = test::run_command(std::string(DFLASH_BIN) + " run --chat -p " + test::shell_quote(ask) +
+                                   " -n 24 --temperature 0 --threads 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string out = r.out;
+  if (!out.empty() && out.back() == '\n') out.pop_back();
+  EXPECT_EQ(out, code);
+  EXPECT_NE(r.err.find("bundled default model"), std::string::npos) << r.err;
+}
+
+// response_format json_object: whatever the model would have said, the reply is one JSON object (or, cut
+// by max_tokens, a prefix of one), plain, streamed and sampled alike; with tools it is refused.
+TEST_F(Serve, json_object_replies_are_json_objects) {
+  bundled_ = true;
+  start();
+  int complete = 0;
+  const std::vector<std::string> asks = {
+      "Return a JSON object with keys name and age for a person called Ann who is 31.",
+      "Give me a JSON object describing the function add(a, b).", "Hello! Who are you?"};
+  for (const auto& ask : asks) {
+    for (int seed = -1; seed < 3; ++seed) {  // -1: greedy
+      json body = {{"messages", {{{"role", "user"}, {"content", ask}}}},
+                   {"max_tokens", 160},
+                   {"response_format", {{"type", "json_object"}}},
+                   {"temperature", seed < 0 ? 0.0 : 1.0}};
+      if (seed >= 0) body["seed"] = seed;
+      int status = 0;
+      const json c = post("/v1/chat/completions", body.dump(), &status);
+      ASSERT_EQ(status, 200) << c.dump();
+      const std::string text = c["choices"][0]["message"]["content"];
+      EXPECT_FALSE(c["choices"][0]["message"].contains("reasoning_content")) << c.dump();
+      if (c["choices"][0]["finish_reason"] == "stop") {
+        const json parsed = json::parse(text, nullptr, false);
+        EXPECT_TRUE(parsed.is_object()) << ask << " seed " << seed << ": " << text;
+        ++complete;
+      } else {
+        JsonObjectPrefix prefix;
+        EXPECT_EQ(prefix.push(text), text.size()) << ask << " seed " << seed << ": " << text;
+      }
+      if (seed < 0) {  // streamed: the same text
+        body["stream"] = true;
+        auto r = client_->Post("/v1/chat/completions", body.dump(), "application/json");
+        ASSERT_TRUE(r);
+        std::string streamed;
+        for (size_t pos = 0; (pos = r->body.find("data: {", pos)) != std::string::npos; ++pos) {
+          const json chunk = json::parse(r->body.substr(pos + 6, r->body.find("\n\n", pos) - pos - 6));
+          const json& d = chunk["choices"][0]["delta"];
+          if (d.contains("content")) streamed += d["content"].get<std::string>();
+        }
+        EXPECT_EQ(streamed, text);
+      }
+    }
+  }
+  EXPECT_GE(complete, 3) << "too few replies closed their object within max_tokens";
+  int status = 0;
+  const json tools = post("/v1/chat/completions",
+                          R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"},
+                              "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]})",
+                          &status);
+  EXPECT_EQ(status, 400) << tools.dump();
+  EXPECT_EQ(tools["error"]["param"], "response_format") << tools.dump();
   expect_alive();
 }
 

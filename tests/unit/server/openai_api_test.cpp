@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "server/responses_api.h"
+
 #include <string>
 
 namespace dflash::server {
@@ -99,6 +101,95 @@ TEST(ChatRequest, malformed_requests_are_client_errors_naming_the_field) {
     const json e = error_body(r.status());
     EXPECT_EQ(e["error"]["type"], "invalid_request_error") << body;
   }
+}
+
+// response_format: text (the default) or json_object; json_schema and anything else are a 400 whose
+// error body names the param.
+TEST(ChatRequest, response_format_is_text_or_json_object) {
+  const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
+  auto plain = parse_chat_request("{" + msgs + "}", 4096);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->gen.json_object);
+  for (const char* rf : {R"({"type":"text"})", "null"}) {
+    auto r = parse_chat_request("{" + msgs + R"(,"response_format":)" + rf + "}", 4096);
+    ASSERT_TRUE(r.ok()) << rf << ": " << r.status().to_string();
+    EXPECT_FALSE(r->gen.json_object) << rf;
+  }
+  auto j = parse_chat_request("{" + msgs + R"(,"response_format":{"type":"json_object"}})", 4096);
+  ASSERT_TRUE(j.ok()) << j.status().to_string();
+  EXPECT_TRUE(j->gen.json_object);
+  auto c = parse_completion_request(R"({"prompt":"x","response_format":{"type":"json_object"}})", 4096);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_TRUE(c->gen.json_object);
+  auto ct = parse_completion_request(R"({"prompt":"x","response_format":{"type":"text"}})", 4096);
+  ASSERT_TRUE(ct.ok());
+  EXPECT_FALSE(ct->gen.json_object);
+
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"type":"json_schema","json_schema":{"name":"n","schema":{"type":"object"}}})", "not supported yet"},
+      {R"("json_object")", "must be an object"},
+      {R"([{"type":"json_object"}])", "must be an object"},
+      {R"({})", "'type'"},
+      {R"({"type":5})", "'type'"},
+      {R"({"type":"xml"})", "'xml' is not one of text, json_object"},
+  };
+  for (const auto& [rf, needle] : bad) {
+    for (bool chat : {true, false}) {
+      const std::string body = chat ? "{" + msgs + R"(,"response_format":)" + rf + "}"
+                                    : std::string(R"({"prompt":"x","response_format":)") + rf + "}";
+      const Status st = chat ? parse_chat_request(body, 4096).status() : parse_completion_request(body, 4096).status();
+      ASSERT_FALSE(st.ok()) << body;
+      EXPECT_EQ(http_status_for(st), 400) << body;
+      EXPECT_NE(st.message().find("'response_format'"), std::string::npos) << st.message();
+      EXPECT_NE(st.message().find(needle), std::string::npos) << body << " -> " << st.message();
+      const json e = error_body(st);
+      EXPECT_EQ(e["error"]["type"], "invalid_request_error") << body;
+      EXPECT_EQ(e["error"]["param"], "response_format") << body;
+    }
+  }
+  // json_schema's message points to what works.
+  auto schema = parse_chat_request("{" + msgs + R"(,"response_format":{"type":"json_schema"}})", 4096);
+  EXPECT_NE(schema.status().message().find("json_object"), std::string::npos) << schema.status().message();
+}
+
+TEST(ErrorBody, names_the_param_of_a_field_error_unless_given) {
+  EXPECT_EQ(error_body(field_error("top_k", "must be a non-negative integer"))["error"]["param"], "top_k");
+  EXPECT_EQ(error_body(field_error("top_k", "x"), "other")["error"]["param"], "other");
+  EXPECT_TRUE(error_body(invalid_argument("the body is not valid JSON"))["error"]["param"].is_null());
+  EXPECT_TRUE(error_body(internal_error("'x' broke"))["error"]["param"].is_null());  // not a client error
+}
+
+TEST(ResponsesRequest, text_format_is_text_or_json_object) {
+  const std::string input = R"("input":"give me JSON")";
+  for (const char* text : {"", R"(,"text":{"format":{"type":"text"}})", R"(,"text":{})", R"(,"text":null)"}) {
+    auto r = parse_responses_request("{" + input + text + "}", 4096);
+    ASSERT_TRUE(r.ok()) << text << ": " << r.status().to_string();
+    EXPECT_FALSE(r->chat.gen.json_object) << text;
+    EXPECT_EQ(r->echo["text"]["format"]["type"], "text");
+  }
+  auto j = parse_responses_request("{" + input + R"(,"text":{"format":{"type":"json_object"}}})", 4096);
+  ASSERT_TRUE(j.ok()) << j.status().to_string();
+  EXPECT_TRUE(j->chat.gen.json_object);
+  EXPECT_EQ(j->echo["text"]["format"]["type"], "json_object");  // the response object reports it
+
+  const std::pair<const char*, const char*> bad[] = {
+      {R"("text":"json")", "'text'"},
+      {R"("text":{"format":{"type":"json_schema","name":"n","schema":{"type":"object"}}})", "'text.format'"},
+      {R"("text":{"format":"json_object"})", "'text.format'"},
+      {R"("text":{"format":{}})", "'text.format'"},
+      {R"("text":{"format":{"type":"yaml"}})", "'text.format'"},
+  };
+  for (const auto& [field, needle] : bad) {
+    const std::string body = "{" + input + "," + field + "}";
+    auto r = parse_responses_request(body, 4096);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(http_status_for(r.status()), 400) << body;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << body << " -> " << r.status().message();
+    EXPECT_EQ(error_body(r.status())["error"]["type"], "invalid_request_error");
+  }
+  auto schema = parse_responses_request("{" + input + R"(,"text":{"format":{"type":"json_schema"}}})", 4096);
+  EXPECT_NE(schema.status().message().find("not supported yet"), std::string::npos) << schema.status().message();
+  EXPECT_EQ(error_body(schema.status())["error"]["param"], "text.format");
 }
 
 TEST(ChatRequest, tools_tool_choice_and_tool_messages) {

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# `dflash serve --device cuda:0` end to end on the GPU machine, with the bundled default model (or $1):
+# two slots, two concurrent greedy chat requests plus a json_object one; each greedy reply must equal
+# `dflash run --device cuda:0` on the same prompt (and how far it agrees with the CPU engine is printed),
+# and the json_object reply must parse. Prints one
+# line per check and "serve smoke: PASS|FAIL". Run from the repository root with a GPU bundle built by
+# tests/gpu/run_gpu_tests.sh bundle:   DFLASH_GPU_BUILD=build tests/gpu/serve_smoke.sh
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+build="${DFLASH_GPU_BUILD:-build-gpu}"
+[[ "$build" = /* ]] || build="$root/$build"
+bin="$build/bundle/bin/dflash"
+export LD_LIBRARY_PATH="$build/bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+model=("$@")
+port=18765
+log="${OUT:-/tmp}/serve_smoke.log"
+fail=0
+
+"$bin" serve "${model[@]}" --device cuda:0 --parallel 2 --port "$port" >"$log" 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null' EXIT
+for _ in $(seq 100); do
+  curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+  sleep 0.2
+done
+
+ask() {  # ask PROMPT MAX_TOKENS [EXTRA_JSON] -> the reply's content
+  python3 - "$port" "$1" "$2" "${3:-{\}}" <<'PY'
+import json, sys, urllib.request
+port, prompt, n, extra = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": n, "temperature": 0,
+        "chat_template_kwargs": {"enable_thinking": False}, **extra}
+req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
+                             {"Content-Type": "application/json"})
+print(json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]["message"]["content"], end="")
+PY
+}
+
+p1='Write a Python function `is_prime(n)` that returns True when n is a prime number.'
+p2='Write a Python function `add(a, b)` that returns the sum of a and b.'
+ask "$p1" 96 >/tmp/r1 &
+a=$!
+ask "$p2" 64 >/tmp/r2 &
+b=$!
+wait $a $b
+for i in 1 2; do
+  p=p$i
+  n=$([ $i = 1 ] && echo 96 || echo 64)
+  "$bin" run "${model[@]}" --device cuda:0 --chat -p "${!p}" -n "$n" --temperature 0 2>/dev/null | head -c -1 >/tmp/g$i
+  "$bin" run "${model[@]}" --chat -p "${!p}" -n "$n" --temperature 0 2>/dev/null | head -c -1 >/tmp/c$i
+  if cmp -s /tmp/r$i /tmp/g$i; then echo "greedy reply $i (serve, 2 slots at once) == dflash run on cuda:0: ok"
+  else echo "greedy reply $i (serve) differs from dflash run on cuda:0:"; diff /tmp/r$i /tmp/g$i | head -8; fail=1; fi
+  python3 - "$i" <<'PY'
+import sys
+i = sys.argv[1]
+g, c = open(f"/tmp/g{i}").read(), open(f"/tmp/c{i}").read()
+k = next((j for j, (x, y) in enumerate(zip(g, c)) if x != y), min(len(g), len(c)))
+print(f"  cuda vs cpu greedy (int8 activations vs f32): {k} of {max(len(g), len(c))} characters agree")
+PY
+done
+ask 'Return a JSON object with keys name and age for a person called Ann who is 31.' 160 \
+  '{"response_format":{"type":"json_object"}}' >/tmp/rj
+if python3 -c 'import json,sys; d=json.load(open("/tmp/rj")); sys.exit(0 if isinstance(d, dict) else 1)'; then
+  echo "json_object reply parses: ok ($(head -c 80 /tmp/rj | tr '\n' ' '))"
+else echo "json_object reply is not a JSON object: $(head -c 200 /tmp/rj)"; fail=1; fi
+grep -h "request \|ready" "$log" | sed 's/^/  log: /'
+[ $fail = 0 ] && echo "serve smoke: PASS" || echo "serve smoke: FAIL"
+exit $fail
