@@ -52,6 +52,11 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device) {
   DF_RETURN_IF_ERROR(check(cudaMalloc(reinterpret_cast<void**>(&be->step_params_), 4 * sizeof(int32_t)), "cudaMalloc"));
   DF_RETURN_IF_ERROR(check(cudaMemset(be->step_params_, 0, 4 * sizeof(int32_t)), "cudaMemset"));
   DF_RETURN_IF_ERROR(check(cudaEventCreateWithFlags(&be->params_copied_, cudaEventDisableTiming), "cudaEventCreate"));
+  constexpr size_t kQ = static_cast<size_t>(kQ8SideElems);
+  uint8_t* q8 = nullptr;
+  DF_RETURN_IF_ERROR(check(cudaMalloc(reinterpret_cast<void**>(&q8), kQ + kQ / 8 + kQ / 4), "cudaMalloc"));
+  be->q8_buf_ = cuda::Q8Out{reinterpret_cast<int8_t*>(q8), reinterpret_cast<float*>(q8 + kQ),
+                            reinterpret_cast<int*>(q8 + kQ + kQ / 8)};
   return be;
 }
 
@@ -66,6 +71,7 @@ CudaBackend::~CudaBackend() {
   if (pinned_) cudaFreeHost(pinned_);
   if (step_params_host_) cudaFreeHost(step_params_host_);
   if (step_params_) cudaFree(step_params_);
+  if (q8_buf_.xq) cudaFree(q8_buf_.xq);
   if (params_copied_) cudaEventDestroy(params_copied_);
   for (auto& [key, table] : rope_tables_) cudaFree(table);
   for (cudaEvent_t e : marks_) cudaEventDestroy(e);
@@ -75,6 +81,7 @@ CudaBackend::~CudaBackend() {
 // ---- step recording
 
 Status CudaBackend::begin_step_capture() {
+  forget_q8();
   if (capturing_) return internal_error("a step is already being recorded");
   DF_RETURN_IF_ERROR(check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture"));
   capturing_ = true;
@@ -83,6 +90,7 @@ Status CudaBackend::begin_step_capture() {
 }
 
 void CudaBackend::abort_step_capture() {
+  forget_q8();
   if (!capturing_) return;
   cudaGraph_t graph = nullptr;
   cudaStreamEndCapture(stream_, &graph);
@@ -94,6 +102,7 @@ void CudaBackend::abort_step_capture() {
 }
 
 Result<int64_t> CudaBackend::end_step_capture() {
+  forget_q8();
   if (!capturing_) return internal_error("no step is being recorded");
   cudaGraph_t graph = nullptr;
   const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
@@ -128,6 +137,7 @@ void CudaBackend::drop_step(int64_t id) {
 }
 
 Status CudaBackend::replay_step(int64_t id, int32_t token, int64_t pos) {
+  forget_q8();
   auto it = graphs_.find(id);
   if (it == graphs_.end()) return not_found("no recorded step {}", id);
   if (it->second.epoch != epoch_) {
@@ -155,6 +165,7 @@ MemoryStats CudaBackend::memory_stats() const {
   m.buffers_cached = cached_bytes_;
   for (const Scratch* s : {&positions_, &parents_, &chunk_table_, &rows_, &workspace_, &embed_rows_}) m.scratch += s->bytes;
   for (const auto& [key, table] : rope_tables_) m.scratch += static_cast<uint64_t>(key.rot_dims / 2) * sizeof(double);
+  m.scratch += static_cast<uint64_t>(kQ8SideElems) * 11 / 8;
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
     m.device_total = total_b;
@@ -294,6 +305,7 @@ void CudaBackend::free_list_push(float* p) {
 }
 
 Status CudaBackend::upload(float* dst, const float* src, int64_t n) {
+  forget_q8();
   if (capturing_) return unsupported("upload while a step is recorded");
   DF_RETURN_IF_ERROR(check(
       cudaMemcpyAsync(dst, src, sizeof(float) * static_cast<size_t>(n), cudaMemcpyHostToDevice, stream_), "upload"));
@@ -306,6 +318,7 @@ Status CudaBackend::download(float* dst, const float* src, int64_t n) {
   return synchronize();
 }
 Status CudaBackend::copy(float* dst, const float* src, int64_t n) {
+  forget_q8();
   return check(cudaMemcpyAsync(dst, src, sizeof(float) * static_cast<size_t>(n), cudaMemcpyDeviceToDevice, stream_),
                "device copy");
 }
@@ -331,6 +344,7 @@ Status CudaBackend::matmul_group(std::span<const cpu::WeightView* const> ws, con
     targets.push_back({w->type, w->data, w->rows, nullptr});
   }
   constexpr int64_t kSlice = cuda::kGemvMaxTokens;
+  const bool side = q8_side_.src == x && q8_side_.elems == n * cols;  // x's producer quantized it already
   if (n > kSlice && tensor_core_prefill_) {
     for (size_t i = 0; i < ws.size(); ++i)
       DF_RETURN_IF_ERROR(cuda::matmul(ws[i]->type, ws[i]->data, ws[i]->rows, cols, x, n, ys[i], stream_,
@@ -340,13 +354,18 @@ Status CudaBackend::matmul_group(std::span<const cpu::WeightView* const> ws, con
   for (int64_t t0 = 0; t0 < n; t0 += kSlice) {
     const int64_t m = std::min(kSlice, n - t0);
     for (size_t i = 0; i < ws.size(); ++i) targets[i].y = ys[i] + t0 * ws[i]->rows;
-    DF_RETURN_IF_ERROR(cuda::matmul_group(targets, cols, x + t0 * cols, m, stream_));
+    const int64_t e = t0 * cols;
+    const cuda::Q8Out pre{q8_buf_.xq + e, q8_buf_.xd + e / 32, q8_buf_.xs + e / 16};
+    DF_RETURN_IF_ERROR(
+        cuda::matmul_group(targets, cols, x + t0 * cols, m, stream_, cuda::MatmulPath::kAuto, side ? &pre : nullptr));
+    q8_side_uses_ += side;
   }
   return Status();
 }
 
 // Row bytes of the ids gathered on the device into scratch, then dequantized there (one launch each).
 Status CudaBackend::embedding(const cpu::WeightView& table, std::span<const int32_t> ids, float* out) {
+  forget_q8();
   DF_ASSIGN_OR_RETURN(const uint64_t rb, row_bytes(table.type, static_cast<uint64_t>(table.cols)));
   if (ids.empty()) return Status();
   for (int32_t id : ids)
@@ -368,12 +387,23 @@ Status CudaBackend::embedding(const cpu::WeightView& table, std::span<const int3
   return cuda::dequantize_rows_to_f32(table.type, rows, out, n, table.cols, stream_);
 }
 
+cuda::Q8Out CudaBackend::q8_for(const float* y, int64_t elems) {
+  if (elems <= 0 || elems > kQ8SideElems || elems % cuda::kQ8Block != 0) {
+    forget_q8();
+    return cuda::Q8Out{};
+  }
+  q8_side_ = Q8Side{y, elems};
+  return q8_buf_;
+}
+
 Status CudaBackend::rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* y) {
+  forget_q8();
   return check(cuda::rms_norm(x, w, eps, n, dim, y, stream_), "rms_norm");
 }
 
 Status CudaBackend::rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
                               std::span<const int32_t> positions, double theta, double freq_scale) {
+  forget_q8();
   DF_ASSIGN_OR_RETURN(const double* table, rope_table(theta, freq_scale, rot_dims));
   const void* pos = step_params_ + 1;  // a recorded step's position
   if (capturing_) {
@@ -388,6 +418,7 @@ Status CudaBackend::rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head
 
 Status CudaBackend::attention(const float* q, int64_t n_q, int64_t n_heads, const cpu::KvView& kv,
                               const cpu::AttentionMask& mask, float scale, float* out) {
+  forget_q8();
   const float* const* k_table = kv.device_k_table;
   const float* const* v_table = kv.device_v_table;
   if (k_table == nullptr || v_table == nullptr) {
@@ -432,6 +463,7 @@ Status CudaBackend::attention_prep(float* q, float* k, const float* v, int64_t n
                                    const float* q_norm, const float* k_norm, float eps, int64_t rot,
                                    std::span<const int32_t> positions, double theta, double freq_scale,
                                    const cpu::KvView& kv, int64_t first_slot) {
+  forget_q8();
   if (!cuda::qk_prep_supported(hd, rot) || kv.device_k_table == nullptr || kv.device_v_table == nullptr)
     return Backend::attention_prep(q, k, v, n, nh, nkv, hd, q_norm, k_norm, eps, rot, positions, theta, freq_scale, kv,
                                    first_slot);
@@ -455,6 +487,7 @@ Status CudaBackend::attention_prep(float* q, float* k, const float* v, int64_t n
 }
 
 Status CudaBackend::kv_write(const cpu::KvView& kv, int64_t first_pos, const float* k, const float* v, int64_t n) {
+  forget_q8();
   if (kv.device_k_table == nullptr || kv.device_v_table == nullptr) {
     if (capturing_) return unsupported("a recorded step needs the KV tables on the device");
     return Backend::kv_write(kv, first_pos, k, v, n);
@@ -473,6 +506,7 @@ Status CudaBackend::kv_write(const cpu::KvView& kv, int64_t first_pos, const flo
 Status CudaBackend::gated_delta_net(const float* q, const float* k, const float* v, const float* g, const float* beta,
                                     int64_t n, const cpu::DeltaNetShape& s, float* state, float* out,
                                     float* per_token_states, std::span<const int32_t> parents, bool chunked) {
+  forget_q8();
   const cuda::DeltaNetDims dims{s.n_k_heads, s.n_v_heads, s.d_k, s.d_v};
   if (chunked) {
     if (per_token_states != nullptr || !parents.empty())
@@ -488,6 +522,7 @@ Status CudaBackend::gated_delta_net(const float* q, const float* k, const float*
 
 Status CudaBackend::causal_conv1d_silu(const float* x, int64_t n, int64_t channels, const float* w, int64_t kernel,
                                        float* conv_state, float* out, std::span<const int32_t> parents) {
+  forget_q8();
   DF_ASSIGN_OR_RETURN(const void* par, stage(parents_, parents.data(), parents.size_bytes()));
   return cuda::run_causal_conv1d_silu(x, n, channels, w, kernel, conv_state, out, static_cast<const int32_t*>(par),
                                       stream_);
@@ -495,27 +530,46 @@ Status CudaBackend::causal_conv1d_silu(const float* x, int64_t n, int64_t channe
 
 Status CudaBackend::add_rms_norm(float* x, const float* delta, const float* w, float eps, int64_t n, int64_t dim,
                                  float* y) {
+  forget_q8();
   return check(cuda::add_rms_norm(x, delta, w, eps, n, dim, y, stream_), "add_rms_norm");
 }
-Status CudaBackend::add_inplace(float* y, const float* x, int64_t n) { return check(cuda::add(y, x, y, n, stream_), "add"); }
-Status CudaBackend::mul_inplace(float* y, const float* x, int64_t n) { return check(cuda::mul(y, x, y, n, stream_), "mul"); }
-Status CudaBackend::silu_inplace(float* x, int64_t n) { return check(cuda::silu_inplace(x, n, stream_), "silu"); }
-Status CudaBackend::sigmoid_inplace(float* x, int64_t n) { return check(cuda::sigmoid_inplace(x, n, stream_), "sigmoid"); }
+Status CudaBackend::add_inplace(float* y, const float* x, int64_t n) {
+  forget_q8();
+  return check(cuda::add(y, x, y, n, stream_), "add");
+}
+Status CudaBackend::mul_inplace(float* y, const float* x, int64_t n) {
+  forget_q8();
+  return check(cuda::mul(y, x, y, n, stream_), "mul");
+}
+Status CudaBackend::silu_inplace(float* x, int64_t n) {
+  forget_q8();
+  return check(cuda::silu_inplace(x, n, stream_), "silu");
+}
+Status CudaBackend::sigmoid_inplace(float* x, int64_t n) {
+  forget_q8();
+  return check(cuda::sigmoid_inplace(x, n, stream_), "sigmoid");
+}
 Status CudaBackend::swiglu(const float* gate, const float* up, float* out, int64_t n) {
-  return check(cuda::swiglu(gate, up, out, n, stream_), "swiglu");
+  Status st = check(cuda::swiglu(gate, up, out, n, stream_, q8_for(out, n)), "swiglu");
+  if (!st.ok()) forget_q8();
+  return st;
 }
 Status CudaBackend::slice_columns(const float* src, int64_t rows, int64_t src_width, int64_t offset, int64_t width,
                                   float* dst) {
+  forget_q8();
   return check(cuda::slice_columns(src, rows, src_width, offset, width, dst, stream_), "slice_columns");
 }
 Status CudaBackend::l2_norm_rows(float* x, int64_t rows, int64_t dim, float eps, float scale) {
+  forget_q8();
   return check(cuda::l2_norm_rows(x, rows, dim, eps, scale, stream_), "l2_norm_rows");
 }
 Status CudaBackend::deltanet_gates(float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a,
                                    int64_t n, int64_t n_heads) {
+  forget_q8();
   return check(cuda::deltanet_gates(alpha_to_decay, beta, dt_bias, ssm_a, n, n_heads, stream_), "deltanet_gates");
 }
 Status CudaBackend::gather_rows(const float* x, int64_t dim, std::span<const int64_t> rows, float* out) {
+  forget_q8();
   bool consecutive = !rows.empty();
   for (size_t i = 1; i < rows.size() && consecutive; ++i) consecutive = rows[i] == rows[0] + static_cast<int64_t>(i);
   if (consecutive)  // one copy, nothing to stage

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ops/backend.h"
+#include "ops/cuda/gemv_q8.h"
 
 namespace dflash {
 
@@ -104,6 +105,25 @@ class CudaBackend final : public Backend {
     std::vector<float*> owned;
   };
   void free_list_push(float* p);
+  // The int8 form of the last SwiGLU output (gemv_q8.h), written by that kernel beside its
+  // f32 output so that the GEMV reading it needs no quantize launch. It describes `src` only until the
+  // next op that writes device memory (every such op but matmul/matmul_group calls forget_q8() first),
+  // and the GEMV uses it only for the same pointer and size. Outputs up to kQ8SideElems elements (decode
+  // and verify steps); the buffer is allocated once, so recorded steps keep pointing at it.
+  static constexpr int64_t kQ8SideElems = int64_t{16} << 16;
+  struct Q8Side {
+    const float* src = nullptr;
+    int64_t elems = 0;
+  };
+  // Where a producer of `elems` floats at y writes y's int8 form, recorded as the side; none (and no
+  // side) when it does not qualify.
+  cuda::Q8Out q8_for(const float* y, int64_t elems);
+  void forget_q8() { q8_side_ = Q8Side{}; }
+ public:
+  // GEMV calls that read a producer's int8 side output (for tests).
+  int64_t q8_side_uses() const { return q8_side_uses_; }
+
+ private:
   // The device table of RoPE frequencies for this shape (made and uploaded on first use).
   Result<const double*> rope_table(double theta, double freq_scale, int64_t rot_dims);
 
@@ -135,6 +155,9 @@ class CudaBackend final : public Backend {
   uint64_t allocated_bytes_ = 0;  // every buffer cudaMalloc'ed by alloc() and not yet freed (live + cached)
   uint64_t peak_live_ = 0;
   Scratch positions_, parents_, chunk_table_, rows_, workspace_, embed_rows_;
+  Q8Side q8_side_;
+  int64_t q8_side_uses_ = 0;
+  cuda::Q8Out q8_buf_;  // kQ8SideElems int8 codes, then their scales and half-block sums (one allocation)
   // RoPE frequency tables on the device, by (theta, freq_scale, rot_dims): made once, kept.
   struct RopeKey {
     double theta, freq_scale;

@@ -16,6 +16,7 @@
 #include "ops/cuda/matmul.h"
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/quant_blocks.cuh"
+#include "ops/cuda/quantize_q8.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -24,7 +25,6 @@ using qblocks::fp16_to_f32;
 
 using gemv_common::kThreads;
 using gemv_common::kWarps;
-constexpr unsigned kFull = 0xffffffffu;
 constexpr int kOnes = 0x01010101;
 
 struct Part {
@@ -299,24 +299,11 @@ cudaError_t launch(const Args& a, cudaStream_t stream) {
 }
 
 // One warp per 32-element block.
-__global__ void __launch_bounds__(kThreads) quantize_q8_kernel(const float* x, int64_t blocks, int8_t* xq, float* xd,
-                                                               int* xs) {
+__global__ void __launch_bounds__(kThreads) quantize_q8_kernel(const float* x, int64_t blocks, Q8Out out) {
   const int64_t blk = int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5);
   const int lane = static_cast<int>(threadIdx.x) & 31;
   if (blk >= blocks) return;
-  const float v = x[blk * 32 + lane];
-  const bool bad = __any_sync(kFull, !isfinite(v));
-  float amax = fabsf(v);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
-  int q = 0;
-  if (!bad && amax > 0.0f) q = __float2int_rn(__fmul_rn(v, __fdiv_rn(127.0f, amax)));
-  xq[blk * 32 + lane] = static_cast<int8_t>(q);
-  if (lane == 0) xd[blk] = bad ? __int_as_float(0x7fc00000) : __fdiv_rn(amax, 127.0f);
-  int sum = q;
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(kFull, sum, o);  // within each half of the warp
-  if ((lane & 15) == 0) xs[blk * 2 + lane / 16] = sum;
+  quantize_q8_block(x[blk * 32 + lane], lane, blk, out);
 }
 
 bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
@@ -342,7 +329,7 @@ cudaError_t quantize_q8_rows(const float* x, int64_t n, int64_t cols, int8_t* xq
   if (x == nullptr || xq == nullptr || xd == nullptr || xs == nullptr) return cudaErrorInvalidValue;
   const int64_t grid = (blocks + kWarps - 1) / kWarps;
   if (grid > INT_MAX) return cudaErrorInvalidValue;
-  quantize_q8_kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(x, blocks, xq, xd, xs);
+  quantize_q8_kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(x, blocks, Q8Out{xq, xd, xs});
   return cudaGetLastError();
 }
 

@@ -37,6 +37,16 @@ bool gemv_q8_supported(DType type);
 cudaError_t quantize_q8_rows(const float* x, int64_t n, int64_t cols, int8_t* xq, float* xd, int* xs,
                              cudaStream_t stream = nullptr);
 
+// Where a producer writes the int8 form of its f32 output beside it (the layout quantize_q8_rows writes):
+// xq [elems] int8, xd [elems / 32] f32, xs [elems / 16] int32. SwiGLU (norm_rope.h) takes one,
+// so the GEMV that reads its output needs no quantize launch. Null xq: no int8 output.
+struct Q8Out {
+  int8_t* xq = nullptr;
+  float* xd = nullptr;
+  int* xs = nullptr;
+  __host__ __device__ bool on() const { return xq != nullptr; }
+};
+
 // One weight of a grouped product: y [n, rows] (y[t * rows + r]) = x' w^T, w rows x cols of `type`.
 struct Q8Part {
   const void* w;

@@ -137,20 +137,32 @@ bool q8_applies(DType wtype, const void* w, int64_t cols, int64_t n, MatmulPath 
   return reinterpret_cast<uintptr_t>(w) % (k4 ? 16 : 2) == 0;
 }
 
-// The integer-dot path for targets that all qualify: x quantized once, launches of up to 4 weights.
-Status run_q8(std::span<const MatmulTarget> targets, int64_t cols, const float* x, int64_t n, cudaStream_t stream) {
+// The integer-dot path for targets that all qualify: x quantized once (unless its producer did: xq8),
+// launches of up to 4 weights.
+Status run_q8(std::span<const MatmulTarget> targets, int64_t cols, const float* x, int64_t n, cudaStream_t stream,
+              const Q8Out* xq8) {
   const std::string_view name = dtype_name(targets[0].type);
   const int64_t rows0 = targets[0].rows;
-  keep_pool_memory();
-  // One scratch: xq (n cols bytes, a multiple of 32), then xd (n cols / 32 floats), then xs (n cols / 16 ints).
-  const size_t q_bytes = static_cast<size_t>(n * cols), d_bytes = q_bytes / 8, s_bytes = q_bytes / 4;
   uint8_t* scratch = nullptr;
-  DF_RETURN_IF_ERROR(cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&scratch), q_bytes + d_bytes + s_bytes, stream),
-                                 "scratch for int8 x", name, rows0, cols, n));
-  auto* xq = reinterpret_cast<int8_t*>(scratch);
-  auto* xd = reinterpret_cast<float*>(scratch + q_bytes);
-  auto* xs = reinterpret_cast<int*>(scratch + q_bytes + d_bytes);
-  Status st = cuda_status(quantize_q8_rows(x, n, cols, xq, xd, xs, stream), "x to int8", name, rows0, cols, n);
+  const int8_t* xq = nullptr;
+  const float* xd = nullptr;
+  const int* xs = nullptr;
+  Status st;
+  if (xq8 != nullptr && xq8->on()) {
+    xq = xq8->xq, xd = xq8->xd, xs = xq8->xs;
+  } else {
+    keep_pool_memory();
+    // One scratch: xq (n cols bytes, a multiple of 32), then xd (n cols / 32 floats), then xs (n cols / 16 ints).
+    const size_t q_bytes = static_cast<size_t>(n * cols), d_bytes = q_bytes / 8, s_bytes = q_bytes / 4;
+    DF_RETURN_IF_ERROR(cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&scratch), q_bytes + d_bytes + s_bytes,
+                                                   stream),
+                                   "scratch for int8 x", name, rows0, cols, n));
+    auto* q = reinterpret_cast<int8_t*>(scratch);
+    auto* d = reinterpret_cast<float*>(scratch + q_bytes);
+    auto* s = reinterpret_cast<int*>(scratch + q_bytes + d_bytes);
+    st = cuda_status(quantize_q8_rows(x, n, cols, q, d, s, stream), "x to int8", name, rows0, cols, n);
+    xq = q, xd = d, xs = s;
+  }
   for (size_t i = 0; st.ok() && i < targets.size();) {
     Q8Part parts[kQ8MaxParts];
     int np = 0;
@@ -160,7 +172,7 @@ Status run_q8(std::span<const MatmulTarget> targets, int64_t cols, const float* 
     st = cuda_status(gemv_q8(type, parts, np, cols, xq, xd, xs, n, stream), "integer-dot gemv launch",
                      dtype_name(type), parts[0].rows, cols, n);
   }
-  cudaFreeAsync(scratch, stream);
+  if (scratch != nullptr) cudaFreeAsync(scratch, stream);
   return st;
 }
 
@@ -172,7 +184,7 @@ Status run_one(DType wtype, const void* w, int64_t rows, int64_t cols, const flo
                        rows, cols, n);
   if (q8_applies(wtype, w, cols, n, path)) {
     const MatmulTarget t{wtype, w, rows, y};
-    return run_q8(std::span<const MatmulTarget>(&t, 1), cols, x, n, stream);
+    return run_q8(std::span<const MatmulTarget>(&t, 1), cols, x, n, stream, nullptr);
   }
   if (path == MatmulPath::kGemvQ8)
     return invalid_argument("matmul {}: the integer-dot GEMV needs {}-byte aligned weights", name,
@@ -194,7 +206,7 @@ Status matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const floa
 }
 
 Status matmul_group(std::span<const MatmulTarget> targets, int64_t cols, const float* x, int64_t n,
-                    cudaStream_t stream, MatmulPath path) {
+                    cudaStream_t stream, MatmulPath path, const Q8Out* xq8) {
   std::vector<MatmulTarget> q8, other;
   for (const MatmulTarget& t : targets) {
     bool empty = false;
@@ -205,7 +217,7 @@ Status matmul_group(std::span<const MatmulTarget> targets, int64_t cols, const f
   if (!q8.empty()) {
     std::stable_sort(q8.begin(), q8.end(),
                      [](const MatmulTarget& a, const MatmulTarget& b) { return a.type < b.type; });
-    DF_RETURN_IF_ERROR(run_q8(q8, cols, x, n, stream));
+    DF_RETURN_IF_ERROR(run_q8(q8, cols, x, n, stream, xq8));
   }
   for (const MatmulTarget& t : other) DF_RETURN_IF_ERROR(run_one(t.type, t.w, t.rows, cols, x, n, t.y, stream, path));
   return Status();

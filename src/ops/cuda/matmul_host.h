@@ -22,6 +22,7 @@
 #include <span>
 
 #include "base/status.h"
+#include "ops/cuda/gemv_q8.h"
 #include "tensor/dtype.h"
 
 namespace dflash::cuda {
@@ -51,7 +52,10 @@ struct MatmulTarget {
 // y_i = x W_i^T for every target (all cols wide), as matmul(..., path) each; where the integer-dot path
 // applies to all of them, x is quantized once and the targets run in grouped launches (up to 4 weights
 // a launch), so a layer's q/k/v or gate/up cost one launch.
+// `xq8` (optional): x's int8 form already written by x's producer (gemv_q8.h Q8Out, e.g. by rms_norm
+// with q8 on); the integer-dot path reads it instead of quantizing x (same numbers, no quantize launch,
+// no scratch). The other paths ignore it.
 Status matmul_group(std::span<const MatmulTarget> targets, int64_t cols, const float* x, int64_t n,
-                    cudaStream_t stream = nullptr, MatmulPath path = MatmulPath::kAuto);
+                    cudaStream_t stream = nullptr, MatmulPath path = MatmulPath::kAuto, const Q8Out* xq8 = nullptr);
 
 }  // namespace dflash::cuda

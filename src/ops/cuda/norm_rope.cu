@@ -4,6 +4,8 @@
 // cannot fuse them into FMAs.
 #include "ops/cuda/norm_rope.h"
 
+#include "ops/cuda/quantize_q8.cuh"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -187,9 +189,13 @@ __global__ void sigmoid_kernel(float* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x[i])));
 }
-__global__ void swiglu_kernel(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = __fmul_rn(silu_f(gate[i]), up[i]);
+// With q8 on (n a multiple of 32): each warp holds whole 32-element blocks, quantized as they are stored.
+__global__ void swiglu_kernel(const float* gate, const float* up, float* out, int64_t n, Q8Out q8) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float o = __fmul_rn(silu_f(gate[i]), up[i]);
+    out[i] = o;
+    if (q8.on()) quantize_q8_block(o, threadIdx.x % 32, i / 32, q8);
+  }
 }
 __global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -391,10 +397,11 @@ cudaError_t sigmoid_inplace(float* x, int64_t n, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t swiglu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {
+cudaError_t swiglu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream, const Q8Out& q8) {
   if (n < 0 || (n > 0 && (gate == nullptr || up == nullptr || out == nullptr))) return cudaErrorInvalidValue;
+  if (q8.on() && (n % 32 != 0 || q8.xd == nullptr || q8.xs == nullptr)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  swiglu_kernel<<<grid_for(n), kThreads, 0, stream>>>(gate, up, out, n);
+  swiglu_kernel<<<grid_for(n), kThreads, 0, stream>>>(gate, up, out, n, q8);
   return cudaGetLastError();
 }
 

@@ -25,6 +25,8 @@
 
 #include <cstdint>
 
+#include "ops/cuda/gemv_q8.h"
+
 namespace dflash::cuda {
 
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w for n rows of `dim` (w null: no scale).
@@ -80,7 +82,11 @@ cudaError_t rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head_dim, in
 cudaError_t silu_inplace(float* x, int64_t n, cudaStream_t stream = nullptr);
 cudaError_t sigmoid_inplace(float* x, int64_t n, cudaStream_t stream = nullptr);
 // out[i] = silu(gate[i]) * up[i]; out may alias gate or up.
-cudaError_t swiglu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream = nullptr);
+// With q8 on, out's int8 form (gemv_q8.h's Q8Out, bit-identical with quantize_q8_rows of out) is written
+// too, so the down projection's GEMV needs no quantize launch; n must then be a multiple of 32
+// (cudaErrorInvalidValue otherwise).
+cudaError_t swiglu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream = nullptr,
+                   const Q8Out& q8 = Q8Out{});
 // Softmax over each of n rows of `dim`, in place.
 cudaError_t softmax_rows(float* x, int64_t n, int64_t dim, cudaStream_t stream = nullptr);
 // out[i] = a[i] + b[i] (the residual add: add(x, delta, x, n)); out may alias a or b.

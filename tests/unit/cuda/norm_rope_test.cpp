@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -21,6 +22,7 @@
 
 #include "ops/cpu/ops.h"
 #include "ops/cuda/fill.h"
+#include "ops/cuda/gemv_q8.h"
 #include "support/cuda_test_util.h"
 #include "support/test_paths.h"
 
@@ -147,6 +149,40 @@ TEST_F(NormRopeTest, AddRmsNormMatchesAddThenNorm) {
   }
   Dev<float> d(64);
   EXPECT_EQ(cuda::add_rms_norm(d.get(), d.get(), nullptr, 1e-6f, 1, 64, d.get()), cudaErrorInvalidValue);
+}
+
+// SwiGLU writing its output's int8 form beside it (what the down projection's GEMV reads instead of
+// quantizing): the f32 output is unchanged, and the int8 form is bit for bit what quantize_q8_rows makes
+// of it, also when the grid-stride loop wraps; a length that is not a multiple of 32 is refused.
+TEST_F(NormRopeTest, SwigluQ8OutputEqualsQuantizingTheOutput) {
+  SCOPED_TRACE(seed_note());
+  for (int64_t e : {int64_t{32}, int64_t{12288}, int64_t{3} * 17408, int64_t{1} << 24}) {
+    const std::string what = "swiglu n=" + std::to_string(e);
+    auto g = random(static_cast<size_t>(e), -4.0f, 4.0f);
+    auto u = random(static_cast<size_t>(e), -3.0f, 3.0f);
+    Dev<float> dg(g.size()), du(u.size()), dy(g.size()), plain(g.size()), wd(g.size() / 32);
+    Dev<int8_t> q(g.size()), wq(g.size());
+    Dev<float> qd(g.size() / 32);
+    Dev<int> qs(g.size() / 16), ws(g.size() / 16);
+    DF_ASSERT_CUDA(dg.upload(g));
+    DF_ASSERT_CUDA(du.upload(u));
+    DF_ASSERT_CUDA(dy.poison());
+    DF_ASSERT_CUDA(cuda::swiglu(dg.get(), du.get(), dy.get(), e, nullptr, cuda::Q8Out{q.get(), qd.get(), qs.get()}));
+    DF_ASSERT_CUDA(cuda::swiglu(dg.get(), du.get(), plain.get(), e));
+    const auto y = dy.download();
+    EXPECT_EQ(y, plain.download()) << what;
+    DF_ASSERT_CUDA(cuda::quantize_q8_rows(dy.get(), 1, e, wq.get(), wd.get(), ws.get()));
+    EXPECT_EQ(q.download(), wq.download()) << what;
+    const auto gd = qd.download(), want_d = wd.download();
+    EXPECT_EQ(0, std::memcmp(gd.data(), want_d.data(), gd.size() * 4)) << what;
+    EXPECT_EQ(qs.download(), ws.download()) << what;
+  }
+  Dev<float> d(96);
+  Dev<int8_t> q(96);
+  Dev<float> qd(3);
+  Dev<int> qs(6);
+  EXPECT_EQ(cuda::swiglu(d.get(), d.get(), d.get(), 80, nullptr, cuda::Q8Out{q.get(), qd.get(), qs.get()}),
+            cudaErrorInvalidValue);
 }
 
 // The fused attention input prep against rms_norm + rope_neox + the KV rows placed by hand on the CPU.

@@ -1,0 +1,135 @@
+// CudaBackend's int8 side output: SwiGLU writes its output's int8 form beside it, and the integer-dot GEMV
+// that reads that output next (the down projection) uses it instead of quantizing.
+// Checked against the same GEMV on a copy of the input (a copy is not a producer, so that GEMV quantizes
+// for itself): the outputs must be equal bit for bit. An op that rewrites the input between its producer
+// and the GEMV must make the GEMV quantize afresh (else it would multiply stale codes).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ops/cuda/cuda_backend.h"
+#include "support/cuda_test_util.h"
+#include "support/random_blocks.h"
+#include "support/test_paths.h"
+#include "tensor/dtype.h"
+
+namespace dflash {
+namespace {
+
+class CudaQ8Side : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!test::cuda_device_present()) DF_SKIP_LOUDLY("no CUDA device");
+    auto be = CudaBackend::create(0);
+    ASSERT_TRUE(be.ok()) << be.status().to_string();
+    be_ = std::move(be).value();
+    const char* s = std::getenv("DFLASH_TEST_SEED");
+    seed_ = s ? static_cast<uint32_t>(std::strtoul(s, nullptr, 10)) : std::random_device{}();
+    rng_.seed(seed_);
+  }
+  void TearDown() override {
+    for (void* p : device_) cudaFree(p);
+  }
+  Buffer upload(const std::vector<float>& v) {
+    auto b = be_->alloc(static_cast<int64_t>(v.size()));
+    EXPECT_TRUE(b.ok());
+    EXPECT_TRUE(be_->upload(b->data(), v.data(), static_cast<int64_t>(v.size())).ok());
+    return std::move(b).value();
+  }
+  Buffer alloc(int64_t n) { return std::move(be_->alloc(n)).value(); }
+  std::vector<float> download(const Buffer& b) {
+    std::vector<float> v(static_cast<size_t>(b.size()));
+    EXPECT_TRUE(be_->download(v.data(), b.data(), b.size()).ok());
+    return v;
+  }
+  std::vector<float> random(int64_t n, float lo, float hi) {
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = d(rng_);
+    return v;
+  }
+  cpu::WeightView weight(DType t, int64_t rows, int64_t cols) {
+    const auto info = dtype_info(t).value();
+    const auto bytes = test::random_blocks(t, rows * cols / static_cast<int64_t>(info.block_elems), rng_);
+    void* d = nullptr;
+    EXPECT_EQ(cudaMalloc(&d, bytes.size()), cudaSuccess);
+    device_.push_back(d);
+    EXPECT_EQ(cudaMemcpy(d, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    return cpu::WeightView{t, rows, cols, d};
+  }
+  // The product of W and x, computed from a copy of x (so the GEMV quantizes x itself).
+  std::vector<float> product_of_copy(const cpu::WeightView& w, const Buffer& x, int64_t n) {
+    Buffer c = alloc(x.size()), y = alloc(n * w.rows);
+    EXPECT_TRUE(be_->copy(c.data(), x.data(), x.size()).ok());
+    EXPECT_TRUE(be_->matmul(w, c.data(), n, y.data()).ok());
+    return download(y);
+  }
+  std::vector<float> product(const cpu::WeightView& w, const Buffer& x, int64_t n) {
+    Buffer y = alloc(n * w.rows);
+    EXPECT_TRUE(be_->matmul(w, x.data(), n, y.data()).ok());
+    return download(y);
+  }
+
+  std::unique_ptr<CudaBackend> be_;
+  std::vector<void*> device_;
+  uint32_t seed_ = 0;
+  std::mt19937 rng_;
+};
+
+TEST_F(CudaQ8Side, gemv_after_its_producer_equals_gemv_on_a_copy_and_rewrites_invalidate) {
+  SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
+  for (DType t : {DType::kQ4_K, DType::kQ6_K, DType::kQ8_0}) {
+    for (int64_t n : {1, 3, 16}) {
+      const int64_t cols = 512, rows = 96;
+      const std::string what = std::string(dtype_name(t)) + " n=" + std::to_string(n);
+      const cpu::WeightView w = weight(t, rows, cols);
+      const cpu::WeightView w_group = weight(t, 32, cols);
+      Buffer gate = upload(random(n * cols, -3, 3)), up = upload(random(n * cols, -2, 2));
+      Buffer delta = upload(random(n * cols, -1, 1)), y = alloc(n * cols);
+      const int64_t uses = be_->q8_side_uses();
+
+      // SwiGLU then the down projection: the side output is used, and equals quantizing y.
+      ASSERT_TRUE(be_->swiglu(gate.data(), up.data(), y.data(), n * cols).ok());
+      auto fused = product(w, y, n);  // first: the reference's copy ends the side
+      EXPECT_EQ(be_->q8_side_uses(), uses + 1) << "the GEMV after swiglu should read its int8 side";
+      EXPECT_EQ(fused, product_of_copy(w, y, n)) << "swiglu " << what;
+
+      // A grouped product reads it too.
+      ASSERT_TRUE(be_->swiglu(gate.data(), up.data(), y.data(), n * cols).ok());
+      Buffer y1 = alloc(n * rows), y2 = alloc(n * 32);
+      const cpu::WeightView* ws[] = {&w, &w_group};
+      float* ys[] = {y1.data(), y2.data()};
+      ASSERT_TRUE(be_->matmul_group(ws, y.data(), n, ys).ok());
+      EXPECT_EQ(be_->q8_side_uses(), uses + 2);
+      EXPECT_EQ(download(y1), product_of_copy(w, y, n)) << "group " << what;
+      EXPECT_EQ(download(y2), product_of_copy(w_group, y, n)) << "group " << what;
+
+      // The input rewritten between its producer and the GEMV: the GEMV must see the new values.
+      ASSERT_TRUE(be_->swiglu(gate.data(), up.data(), y.data(), n * cols).ok());
+      ASSERT_TRUE(be_->add_inplace(y.data(), delta.data(), n * cols).ok());
+      fused = product(w, y, n);
+      EXPECT_EQ(fused, product_of_copy(w, y, n)) << "added to after swiglu " << what;
+      ASSERT_TRUE(be_->swiglu(gate.data(), up.data(), y.data(), n * cols).ok());
+      ASSERT_TRUE(be_->upload(y.data(), random(n * cols, -1, 1).data(), n * cols).ok());
+      fused = product(w, y, n);
+      EXPECT_EQ(fused, product_of_copy(w, y, n)) << "uploaded after swiglu " << what;
+      ASSERT_TRUE(be_->swiglu(gate.data(), up.data(), y.data(), n * cols).ok());
+      ASSERT_TRUE(be_->rms_norm(gate.data(), nullptr, 1e-6f, n, cols, y.data()).ok());
+      fused = product(w, y, n);
+      EXPECT_EQ(fused, product_of_copy(w, y, n)) << "normed over after swiglu " << what;
+      // Another buffer of the same size as the producer's output is not its side.
+      Buffer other = upload(random(n * cols, -3, 3));
+      ASSERT_TRUE(be_->swiglu(gate.data(), up.data(), y.data(), n * cols).ok());
+      fused = product(w, other, n);
+      EXPECT_EQ(fused, product_of_copy(w, other, n)) << "another input " << what;
+      EXPECT_EQ(be_->q8_side_uses(), uses + 2) << "only the GEMVs right after their producer use a side";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dflash
