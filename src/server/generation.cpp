@@ -99,6 +99,9 @@ Status Generation::start(SequenceState& state) {
   const int64_t vocab = engine_.runner->spec().vocab;
   for (int32_t t : req_.prompt)
     if (t < 0 || t >= vocab) return invalid_argument("token id {} is outside the vocabulary of {}", t, vocab);
+  for (const auto& [t, bias] : req_.sampling.logit_bias)
+    if (t < 0 || t >= vocab)
+      return invalid_argument("'logit_bias' names token id {}, outside the vocabulary of {}", t, vocab);
   DF_RETURN_IF_ERROR(state.status());
   if (state.n_past() != 0) return internal_error("a generation needs an empty sequence ({} tokens in it)", state.n_past());
   DF_ASSIGN_OR_RETURN(Sampler sampler, Sampler::create(req_.sampling));

@@ -127,6 +127,47 @@ struct HttpServer::Impl {
     bool done_marker = true;    // "data: [DONE]" at the end (chat and completions)
   };
 
+  // A plain (not streamed) response still running after kPlainKeepalive: the JSON body goes out chunked,
+  // preceded by one space per kPlainKeepalive while the generation runs (JSON allows leading whitespace).
+  // cpp-httplib 0.11 tells a handler nothing of a client that hangs up; a write to its socket fails, and
+  // the failure cancels the request, which frees its slot at the scheduler's next step. The status is
+  // then 200 whatever the outcome: a failure is an OpenAI error body, as in a stream.
+  static constexpr std::chrono::seconds kPlainKeepalive{1};
+  void serve_plain_keepalive(httplib::Response& res, const std::shared_ptr<Channel>& ch,
+                             const std::shared_ptr<Shapes>& shapes, const std::string& id) {
+    res.set_chunked_content_provider("application/json", [this, ch, shapes, id](size_t, httplib::DataSink& sink) {
+      for (;;) {
+        std::optional<Result<GenerationResult>> r;
+        {
+          std::unique_lock<std::mutex> lock(ch->mu);
+          ch->cv.wait_for(lock, kPlainKeepalive, [&] { return ch->result.has_value(); });
+          r.swap(ch->result);
+        }
+        if (!r) {
+          if (sink.write(" ", 1)) continue;
+          ch->cancel->store(true);  // the scheduler drops it at its next step
+          log::info("request {}: the client went away", id);
+          failed.fetch_add(1);
+          return false;
+        }
+        std::string body;
+        if (r->ok()) {
+          finished(id, **r);
+          body = dump(shapes->full(**r));
+        } else {
+          log::info("request {}: {}", id, r->status().to_string());
+          failed.fetch_add(1);
+          body = dump(error_body(r->status()));
+        }
+        sink.write(body.data(), body.size());
+        sink.done();
+        return true;
+      }
+    },
+    // Whether or not the provider ran: a generation nobody will read stops.
+    [ch](bool) { ch->cancel->store(true); });
+  }
+
   // Checks the request against the context, then runs it plainly or as a server-sent event stream.
   void serve_generation(httplib::Response& res, const Engine& e, GenerationRequest gen, bool stream,
                         const std::string& id, std::chrono::steady_clock::time_point arrived, Shapes shapes,
@@ -154,12 +195,16 @@ struct HttpServer::Impl {
     if (admission == Scheduler::Admission::kFull) return busy(res);
     if (admission == Scheduler::Admission::kStopped) return unavailable(res, "the server is shutting down");
     if (!stream) {
-      std::unique_lock<std::mutex> lock(ch->mu);
-      ch->cv.wait(lock, [&] { return ch->result.has_value(); });
-      const Result<GenerationResult>& r = *ch->result;
-      if (!r.ok()) return send_error(res, r.status());
-      finished(id, *r);
-      return send_json(res, 200, shapes.full(*r));
+      {
+        std::unique_lock<std::mutex> lock(ch->mu);
+        if (ch->cv.wait_for(lock, kPlainKeepalive, [&] { return ch->result.has_value(); })) {
+          const Result<GenerationResult>& r = *ch->result;
+          if (!r.ok()) return send_error(res, r.status());
+          finished(id, *r);
+          return send_json(res, 200, shapes.full(*r));
+        }
+      }
+      return serve_plain_keepalive(res, ch, std::make_shared<Shapes>(std::move(shapes)), id);
     }
     auto sh = std::make_shared<Shapes>(std::move(shapes));
     res.set_header("Cache-Control", "no-cache");

@@ -1,7 +1,9 @@
 #include "server/openai_api.h"
 
 #include <algorithm>
+#include <charconv>
 #include <climits>
+#include <limits>
 
 namespace dflash::server {
 namespace {
@@ -125,6 +127,22 @@ Status parse_common(const ojson& body, int64_t n_ctx, GenerationRequest& gen, bo
     if (!k->is_number_integer() || k->get<int64_t>() < 0 || k->get<int64_t>() > (1 << 30))
       return field_error("top_k", "must be a non-negative integer");
     sp.top_k = static_cast<int32_t>(k->get<int64_t>());
+  }
+  // logit_bias: {"token id": bias in [-100, 100]}, added to the logit; -100 bans the token (OpenAI's
+  // meaning). Ids are checked against the vocabulary when the request starts.
+  if (auto lb = body.find("logit_bias"); lb != body.end() && !lb->is_null()) {
+    if (!lb->is_object()) return field_error("logit_bias", "must be an object mapping token ids to biases");
+    if (lb->size() > 1024) return field_error("logit_bias", "has more than 1024 entries");
+    for (const auto& [key, v] : lb->items()) {
+      int32_t id = 0;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (key.empty() || ec != std::errc() || end != key.data() + key.size() || id < 0)
+        return field_error("logit_bias", fmt::format("key '{}' is not a token id", key.substr(0, 32)));
+      if (!v.is_number() || v.get<double>() < -100.0 || v.get<double>() > 100.0)
+        return field_error("logit_bias", "values must be numbers from -100 to 100");
+      const double b = v.get<double>();
+      sp.logit_bias[id] = b <= -100.0 ? -std::numeric_limits<float>::infinity() : static_cast<float>(b);
+    }
   }
   if (auto seed = body.find("seed"); seed != body.end() && !seed->is_null()) {
     if (!seed->is_number_integer()) return field_error("seed", "must be an integer");

@@ -735,6 +735,57 @@ TEST_F(Serve, the_openai_sdk_talks_to_it) {
   expect_alive();
 }
 
+// A plain (not streamed) request still running after a second goes out as chunked JSON led by one space
+// a second: a client that hangs up makes a write fail, which cancels the request and frees its slot.
+TEST_F(Serve, a_plain_request_whose_client_hangs_up_is_cancelled) {
+  bundled_ = true;  // slow enough on the CPU (~7 ms a token) that 3500 tokens take far longer than the test
+  start({"--max-queue", "0"});
+  std::atomic<bool> got{false};
+  std::thread plain([&] {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(60, 0);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/chat/completions";
+    req.body = R"({"messages":[{"role":"user","content":"go"}],"max_tokens":3500,"temperature":1,"seed":1,
+                   "logit_bias":{"0":-100,"1":-100,"2":-100}})";
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      got = n > 0 && data[0] == ' ';
+      return false;  // hang up at the first keepalive byte
+    };
+    c.send(req);
+  });
+  plain.join();
+  EXPECT_TRUE(got) << "a long plain request should send keepalive spaces";
+  // The hung-up request was cancelled: the engine is free again well before 3500 tokens.
+  int status = 0;
+  for (int i = 0; i < 100; ++i) {
+    post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":2})", &status);
+    if (status == 200) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(status, 200);
+  auto m = client_->Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("dflash_requests_failed_total 1"), std::string::npos) << m->body;
+  // A long plain request that completes: spaces, then the completion, which parses as JSON.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = client_->Post("/v1/chat/completions",
+                         R"({"messages":[{"role":"user","content":"go"}],"max_tokens":200,"temperature":1,"seed":2,
+                             "logit_bias":{"0":-100,"1":-100,"2":-100}})",
+                         "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  const json done = json::parse(r->body, nullptr, false);
+  ASSERT_TRUE(done.is_object()) << r->body.substr(0, 200);
+  EXPECT_EQ(done["object"], "chat.completion");
+  if (std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(1500)) {
+    EXPECT_EQ(r->body[0], ' ');
+  }
+  expect_alive();
+}
+
 // The bundled default model: `dflash serve` (and `run`) with no model argument use it, and it answers a
 // request like those it was trained on with the function asked for (greedy: the reply is fixed).
 TEST_F(Serve, no_model_argument_serves_the_bundled_default_model) {

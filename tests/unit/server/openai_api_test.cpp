@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "server/responses_api.h"
 
 #include <string>
@@ -105,6 +107,25 @@ TEST(ChatRequest, malformed_requests_are_client_errors_naming_the_field) {
 
 // response_format: text (the default) or json_object; json_schema and anything else are a 400 whose
 // error body names the param.
+// logit_bias: token id -> bias in [-100, 100], -100 a ban (-inf); anything else a 400 naming the field.
+TEST(ChatRequest, logit_bias_maps_ids_to_biases_and_minus_100_bans) {
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+  auto r = parse_chat_request("{" + msgs + R"(,"logit_bias":{"5":2.5,"7":-100,"11":-3}})", 4096);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const auto& b = r->gen.sampling.logit_bias;
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b.at(5), 2.5f);
+  EXPECT_TRUE(std::isinf(b.at(7)) && b.at(7) < 0);
+  EXPECT_EQ(b.at(11), -3.0f);
+  for (const char* bad : {R"([1])", R"({"x":1})", R"({"-1":1})", R"({"1.5":1})", R"({"3":101})", R"({"3":"1"})",
+                          R"({"99999999999":1})", R"({"":1})"}) {
+    auto e = parse_chat_request("{" + msgs + R"(,"logit_bias":)" + bad + "}", 4096);
+    ASSERT_FALSE(e.ok()) << bad;
+    EXPECT_EQ(http_status_for(e.status()), 400) << bad;
+    EXPECT_EQ(error_body(e.status())["error"]["param"], "logit_bias") << bad;
+  }
+}
+
 TEST(ChatRequest, response_format_is_text_or_json_object) {
   const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
   auto plain = parse_chat_request("{" + msgs + "}", 4096);
