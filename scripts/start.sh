@@ -10,6 +10,6 @@ cmake --build build -j"$(nproc)" --target dflash
 cat <<'MSG'
 == dflash serve: the bundled default model (models/, docs/default-model.md). Try:
    curl -s http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \
-     -d '{"messages":[{"role":"user","content":"Write a Python function that reverses a string."}]}'
+     -d '{"messages":[{"role":"user","content":"Write a Python function that reverses a string."}],"temperature":0.2}'
 MSG
 exec build/src/dflash serve "$@"
