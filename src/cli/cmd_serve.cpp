@@ -1,6 +1,6 @@
-// dflash serve MODEL [--host H] [--port P] [--device cpu|cuda:N] [--parallel N] [--api-key K | --api-key-file F] ...:
-// the OpenAI-compatible server (server/http_server.h). It listens first (/health answers 503 while the
-// model loads), then serves until SIGINT/SIGTERM.
+// dflash serve MODEL [--host H] [--port P] [--device cpu|cuda:N] [--parallel N] [--prefix-cache-mib N]
+// [--api-key K | --api-key-file F] ...: the OpenAI-compatible server (server/http_server.h). It listens
+// first (/health answers 503 while the model loads), then serves until SIGINT/SIGTERM.
 #include <csignal>
 #include <chrono>
 #include <thread>
@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/model_loader.h"
 #include "server/http_server.h"
+#include "state/prefix_cache.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/load_tokenizer.h"
 
@@ -21,6 +22,7 @@ struct ServeOptions {
   std::string device = "cpu";
   int threads = 0;
   int64_t ctx = 0;  // 0: the model's own context (capped at 32768)
+  int64_t prefix_cache_mib = 1024;  // host memory for prompt-prefix snapshots; 0: off
   std::string api_key_file;
   server::ServerOptions server;
 };
@@ -51,6 +53,8 @@ Status serve(ServeOptions opt) {
   if (opt.server.parallel < 1 || opt.server.parallel > 64)
     return invalid_argument("--parallel must be 1..64 (got {})", opt.server.parallel);
   if (opt.ctx < 0) return invalid_argument("--ctx must be >= 0");
+  if (opt.prefix_cache_mib < 0 || opt.prefix_cache_mib > (int64_t{1} << 30))
+    return invalid_argument("--prefix-cache-mib must be 0 (off) or a size in MiB (got {})", opt.prefix_cache_mib);
   spdlog::flush_on(spdlog::level::info);  // a server's log is read while it runs
   server::HttpServer http(opt.server);
   DF_RETURN_IF_ERROR(http.start());
@@ -85,12 +89,15 @@ Status serve(ServeOptions opt) {
   engine.version = DFLASH_VERSION;
   const JsonConstraint json_constraint(tok);  // response_format json_object's token table, built once
   engine.json = &json_constraint;
+  PrefixCache prefix_cache(static_cast<uint64_t>(opt.prefix_cache_mib) << 20);
+  engine.prefix_cache = &prefix_cache;
   const int64_t model_ctx = spec.max_context > 0 ? spec.max_context : 32768;
   engine.n_ctx = opt.ctx > 0 ? std::min(opt.ctx, model_ctx) : std::min<int64_t>(model_ctx, 32768);
   http.set_engine(&engine);
-  log::info("serve: {} ready on {} in {:.1f} s ({}; context {} tokens, {} slot{})", engine.model_id,
+  log::info("serve: {} ready on {} in {:.1f} s ({}; context {} tokens, {} slot{}; prefix cache {})", engine.model_id,
             model.device_name, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-            spec.summary(), engine.n_ctx, opt.server.parallel, opt.server.parallel == 1 ? "" : "s");
+            spec.summary(), engine.n_ctx, opt.server.parallel, opt.server.parallel == 1 ? "" : "s",
+            opt.prefix_cache_mib > 0 ? fmt::format("{} MiB", opt.prefix_cache_mib) : std::string("off"));
   while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   log::info("serve: shutting down");
   http.set_engine(nullptr);
@@ -116,6 +123,9 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--cors", opt->server.cors_origin, "Access-Control-Allow-Origin value (e.g. *)");
   cmd->add_option("--parallel", opt->server.parallel,
                   "Slots: requests generating at once, interleaved a token at a time (1..64)")
+      ->capture_default_str();
+  cmd->add_option("--prefix-cache-mib", opt->prefix_cache_mib,
+                  "Host memory (MiB) for snapshots of prompt prefixes taken at chat turn boundaries; 0: off")
       ->capture_default_str();
   cmd->add_option("--max-queue", opt->server.max_queue, "Requests that may wait for a slot; more get 503")
       ->capture_default_str();

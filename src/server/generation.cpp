@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
+
+#include "base/log.h"
 
 namespace dflash::server {
 namespace {
@@ -39,7 +42,31 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The token a chat template writes after an end-of-turn token ("\n"), or -1 when "\n" is not one token.
+int32_t newline_id(const Tokenizer& tok) {
+  auto ids = tok.encode("\n", false);
+  return ids.ok() && ids->size() == 1 ? (*ids)[0] : -1;
+}
+
 }  // namespace
+
+std::vector<int64_t> prefill_cuts(std::span<const int32_t> prompt, std::span<const int32_t> turn_ends,
+                                  int32_t newline, int64_t min_segment) {
+  const auto n = static_cast<int64_t>(prompt.size());
+  std::vector<int64_t> cuts;
+  int64_t last = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::find(turn_ends.begin(), turn_ends.end(), prompt[static_cast<size_t>(i)]) == turn_ends.end()) continue;
+    int64_t b = i + 1;
+    if (b < n && newline >= 0 && prompt[static_cast<size_t>(b)] == newline) ++b;
+    if (b < n && b - last >= min_segment) {
+      cuts.push_back(b);
+      last = b;
+    }
+  }
+  if (n > 0) cuts.push_back(n);
+  return cuts;
+}
 
 StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {
   stops_.erase(std::remove(stops_.begin(), stops_.end(), std::string()), stops_.end());
@@ -121,7 +148,62 @@ Status Generation::start(SequenceState& state) {
   res_.prompt_tokens = n_prompt;
   res_.finish_reason = "length";
   prefilled_ = 0;
+  cuts_ = prefill_cuts(req_.prompt, eog_, newline_id(*engine_.tokenizer), kMinPrefixSegment);
+  next_cut_ = 0;
+  // Snapshots where the next request is likely to branch: the first turn boundary (the end of the system
+  // or tools block), the last two (after the last assistant turn, after the last user turn), the end.
+  exports_.clear();
+  const size_t n_turns = cuts_.size() - 1;  // cuts before the prompt's end
+  if (n_turns >= 1) exports_.push_back(cuts_.front());
+  if (n_turns >= 2) exports_.push_back(cuts_[n_turns - 2]);
+  if (n_turns >= 1) exports_.push_back(cuts_[n_turns - 1]);
+  exports_.push_back(n_prompt);
+  std::sort(exports_.begin(), exports_.end());
+  exports_.erase(std::unique(exports_.begin(), exports_.end()), exports_.end());
+  logits_.clear();
+  if (engine_.prefix_cache != nullptr && engine_.prefix_cache->enabled()) restore_prefix();
   return Status();
+}
+
+void Generation::restore_prefix() {
+  const auto t0 = std::chrono::steady_clock::now();
+  PrefixCache& cache = *engine_.prefix_cache;
+  const auto n_prompt = static_cast<int64_t>(req_.prompt.size());
+  std::shared_ptr<const Snapshot> snap = cache.lookup(req_.prompt, cuts_);
+  // The whole prompt needs the logits of its last token to sample from: a snapshot without them can only
+  // serve as a shorter prefix.
+  if (snap != nullptr && snap->n_past == n_prompt &&
+      static_cast<int64_t>(snap->last_logits.size()) != engine_.runner->spec().vocab) {
+    snap = cache.lookup(req_.prompt, std::span<const int64_t>(cuts_).first(cuts_.size() - 1));
+  }
+  if (snap == nullptr) return;
+  if (const Status st = state_->import_snapshot(*snap); !st.ok()) {
+    log::warn("prefix cache: a snapshot of {} tokens does not fit this model ({}); prefilling from the start",
+              snap->n_past, st.message());
+    state_->reset();
+    return;
+  }
+  prefilled_ = snap->n_past;
+  if (prefilled_ == n_prompt) logits_ = snap->last_logits;
+  while (next_cut_ < cuts_.size() && cuts_[next_cut_] <= prefilled_) ++next_cut_;
+  res_.cached_tokens = prefilled_;
+  res_.prefill_ms += ms_since(t0);
+}
+
+void Generation::export_prefix(int64_t pos) {
+  PrefixCache* cache = engine_.prefix_cache;
+  if (cache == nullptr || !cache->enabled() || !std::binary_search(exports_.begin(), exports_.end(), pos)) return;
+  const auto ids = std::span<const int32_t>(req_.prompt).first(static_cast<size_t>(pos));
+  if (cache->contains(ids)) return;  // another request left it (the same prompt in another slot)
+  // A copy of the state to the host: on a device backend this costs a download of the KV so far.
+  Result<Snapshot> snap = state_->export_snapshot();
+  if (!snap.ok()) {
+    log::warn("prefix cache: no snapshot at {} tokens: {}", pos, snap.status().message());
+    return;
+  }
+  snap->tokens.assign(ids.begin(), ids.end());
+  snap->last_logits = logits_;
+  cache->insert(std::make_shared<const Snapshot>(std::move(snap).value()));
 }
 
 Status Generation::check_live() const {
@@ -150,13 +232,18 @@ Result<bool> Generation::step() {
   Runner& runner = *engine_.runner;
   const auto t0 = std::chrono::steady_clock::now();
   if (prefilling()) {
-    // One chunk of the prompt; the last chunk leaves the logits the first token is sampled from.
-    const auto n_prompt = static_cast<int64_t>(req_.prompt.size());
-    const int64_t len = std::min(kPrefillChunk, n_prompt - prefilled_);
+    // One chunk of the running segment (chunks counted from the segment's start, which is a cut); the
+    // last chunk of the prompt leaves the logits the first token is sampled from.
+    const int64_t cut = cuts_[next_cut_];
+    const int64_t len = std::min(kPrefillChunk, cut - prefilled_);
     const auto chunk = std::span<const int32_t>(req_.prompt).subspan(static_cast<size_t>(prefilled_),
                                                                      static_cast<size_t>(len));
     DF_ASSIGN_OR_RETURN(logits_, runner.prefill(*state_, chunk, kPrefillChunk));
     prefilled_ += len;
+    if (prefilled_ == cut) {
+      ++next_cut_;
+      export_prefix(cut);
+    }
     res_.prefill_ms += ms_since(t0);
     return false;
   }

@@ -1,7 +1,8 @@
 // One completion on the engine: prefill of the prompt, then the decode loop with sampling, end-of-generation
 // tokens, stop strings, a token budget, a deadline and cancellation; text leaves through a sink as soon
 // as no stop string can still claim it. `Generation` runs it a step at a time (what the scheduler
-// interleaves across slots); `generate()` runs one to the end on a fresh sequence.
+// interleaves across slots); `generate()` runs one to the end on a fresh sequence. With a prefix cache
+// the prefill starts from the longest cached prefix of the prompt and leaves snapshots at turn boundaries.
 #pragma once
 
 #include <atomic>
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "decode/json_constraint.h"
 #include "decode/runner.h"
 #include "decode/sampler.h"
+#include "state/prefix_cache.h"
 #include "state/sequence_state.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/stream_detokenizer.h"
@@ -37,6 +40,9 @@ struct Engine {
   // The tokenizer's JSON constraint, built once (its token table) and copied per json_object request;
   // null: built per request.
   const JsonConstraint* json = nullptr;
+  // Snapshots of prompt prefixes shared by every slot (thread-safe); null or disabled: every prompt is
+  // prefilled from its start.
+  PrefixCache* prefix_cache = nullptr;
 };
 
 struct GenerationRequest {
@@ -61,6 +67,7 @@ struct GenerationResult {
   std::string text;
   std::string finish_reason;  // "stop" (end of generation or a stop string) or "length"
   int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens restored from the prefix cache instead of evaluated
   int64_t completion_tokens = 0;
   double prefill_ms = 0;  // time spent in this request's prefill steps (not in other slots' steps between them)
   double decode_ms = 0;   // likewise for its decode steps
@@ -89,15 +96,37 @@ class StopMatcher {
   bool stopped_ = false;
 };
 
+// Where a prompt's prefill is cut: after every end-of-turn token (`turn_ends`, e.g. <|im_end|>) and the
+// `newline` token that follows it, if one does (-1: none), skipping a cut whose segment (from the previous
+// cut, or 0) is shorter than `min_segment` tokens; then the prompt's end. Ascending, the last one is the
+// prompt's length. A cut below position p depends only on the ids before p, so two prompts that share
+// their first p ids share their cuts below p: that is what makes a snapshot taken at a cut of one prompt
+// continue exactly like a cold prefill of the other (Generation's step schedule below).
+std::vector<int64_t> prefill_cuts(std::span<const int32_t> prompt, std::span<const int32_t> turn_ends,
+                                  int32_t newline, int64_t min_segment);
+
 // One request's generation, advanced a step at a time so that one thread can interleave several.
 // start() checks the request and binds it to a sequence; each step() then does one piece of work: a
-// chunk of the prompt (kPrefillChunk tokens), or one generated token (sampled, emitted through the sink,
-// and fed back). The forwards are exactly those of Runner::prefill followed by one-token decode steps,
-// so the output does not depend on how steps of different generations interleave.
+// chunk of the prompt, or one generated token (sampled, emitted through the sink, and fed back). The output
+// does not depend on how steps of different generations interleave.
+//
+// The prefill schedule is a function of the prompt alone: the prompt is cut at prefill_cuts() (turn
+// boundaries and its end) and each segment is evaluated in chunks of kPrefillChunk tokens from the
+// segment's start (a prompt without turn boundaries: Runner::prefill's chunks). Kernels whose results depend
+// on how tokens are split into steps (DeltaNet's chunked form) therefore run the same steps after a cut
+// whether the prefill started cold or from a snapshot taken at that cut: a restored prefix continues bit for
+// bit like a cold prefill (on the CPU). With an enabled Engine::prefix_cache, start() restores the longest
+// cached prefix whose length is one of the prompt's cuts (the whole prompt included: then no forward runs,
+// the first token comes from the snapshot's logits), and the prefill exports a snapshot at the cuts where
+// a later request is likely to branch, above the restored position: the first turn boundary (the system or
+// tools block), the last two (after the last assistant turn, after the last user turn) and the prompt's end.
 // Not thread-safe: one thread drives a Generation (the sink runs on that thread).
 class Generation {
  public:
   static constexpr int64_t kPrefillChunk = 256;  // Runner::prefill's default chunk
+  // A turn boundary closer than this to the previous cut is not a cut: a skipped boundary costs a later
+  // request at most this many extra prompt tokens, and a short prompt stays one step.
+  static constexpr int64_t kMinPrefixSegment = 32;
 
   // `cancel` (may be null) must outlive the generation; the engine too.
   Generation(const Engine& engine, GenerationRequest req, TextSink sink, const std::atomic<bool>* cancel = nullptr,
@@ -106,13 +135,18 @@ class Generation {
   Generation& operator=(const Generation&) = delete;
 
   // Checks the request (the errors generate() lists, but no engine work) and binds the generation to
-  // `state`, which must be empty (n_past 0, as after SequenceState::reset()) and outlive it.
+  // `state`, which must be empty (n_past 0, as after SequenceState::reset()) and outlive it. With a prefix
+  // cache, restores the longest cached prefix into `state` (result().cached_tokens).
   Status start(SequenceState& state);
   // One step; true when the generation has finished (result() is complete). Errors (the sink refusing
   // text, cancellation or the deadline, checked before every step; engine failures) end the generation:
   // step() must not be called again after an error or after true.
   Result<bool> step();
   bool prefilling() const { return prefilled_ < static_cast<int64_t>(req_.prompt.size()); }
+  // The cuts of this prompt's prefill (prefill_cuts; the last is the prompt's length).
+  const std::vector<int64_t>& cuts() const { return cuts_; }
+  // [V] logits of the last evaluated token (after the prefill: what the first token is sampled from).
+  const std::vector<float>& logits() const { return logits_; }
   const GenerationRequest& request() const { return req_; }
   const GenerationResult& result() const { return res_; }
   GenerationResult take_result() { return std::move(res_); }
@@ -122,6 +156,11 @@ class Generation {
   Status emit(const std::string& text);
   // The end of a generation: the detokenizer's and the stop matcher's held-back text.
   Status finish();
+  // Restores the longest cached prefix of the prompt into state_ (a miss or a snapshot that does not fit
+  // leaves it empty).
+  void restore_prefix();
+  // After the prefill reached cut `pos`: keeps a snapshot of the state there if it is one of exports_.
+  void export_prefix(int64_t pos);
 
   const Engine& engine_;
   GenerationRequest req_;
@@ -137,7 +176,10 @@ class Generation {
   std::vector<int32_t> eog_;
   std::vector<int32_t> history_;  // prompt + generated ids (the sampler's penalty window)
   std::vector<float> logits_;     // [V] of the last evaluated token: what the next token is sampled from
-  int64_t prefilled_ = 0;         // prompt tokens evaluated so far
+  int64_t prefilled_ = 0;         // prompt tokens evaluated (or restored) so far
+  std::vector<int64_t> cuts_;     // prefill_cuts of the prompt
+  size_t next_cut_ = 0;           // cuts_[next_cut_]: where the running segment ends
+  std::vector<int64_t> exports_;  // the cuts where a snapshot goes to the prefix cache (ascending)
   GenerationResult res_;
 };
 

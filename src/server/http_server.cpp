@@ -81,8 +81,8 @@ struct HttpServer::Impl {
   std::atomic<uint64_t> next_id{1};
   socket_t listen_socket = -1;  // set when httplib makes it (its accept backlog of 5 is raised after bind)
   // /metrics counters.
-  std::atomic<uint64_t> requests{0}, completed{0}, failed{0}, prompt_tokens{0}, generated_tokens{0}, prefill_us{0},
-      decode_us{0};
+  std::atomic<uint64_t> requests{0}, completed{0}, failed{0}, prompt_tokens{0}, cached_tokens{0}, generated_tokens{0},
+      prefill_us{0}, decode_us{0};
   // The slots generations run in (made with the engine, stopped when it goes); handlers hold a
   // reference while they submit.
   std::mutex scheduler_mu;
@@ -444,11 +444,27 @@ struct HttpServer::Impl {
   void finished(const std::string& id, const GenerationResult& r) {
     completed.fetch_add(1);
     prompt_tokens.fetch_add(static_cast<uint64_t>(r.prompt_tokens));
+    cached_tokens.fetch_add(static_cast<uint64_t>(r.cached_tokens));
     generated_tokens.fetch_add(static_cast<uint64_t>(r.completion_tokens));
     prefill_us.fetch_add(static_cast<uint64_t>(r.prefill_ms * 1e3));
     decode_us.fetch_add(static_cast<uint64_t>(r.decode_ms * 1e3));
-    log::info("request {}: prompt {} tokens (cached 0), generated {}, prefill {:.1f} ms, decode {:.1f} ms, finish {}",
-              id, r.prompt_tokens, r.completion_tokens, r.prefill_ms, r.decode_ms, r.finish_reason);
+    log::info("request {}: prompt {} tokens (cached {}{}), generated {}, prefill {:.1f} ms, decode {:.1f} ms, finish {}",
+              id, r.prompt_tokens, r.cached_tokens,
+              r.cached_tokens > 0 ? fmt::format(": memory_hit=true restore=true pos={}", r.cached_tokens) : "",
+              r.completion_tokens, r.prefill_ms, r.decode_ms, r.finish_reason);
+  }
+
+  // The prefix cache's part of /props.
+  static json cache_props(const Engine& e) {
+    const PrefixCache* c = e.prefix_cache;
+    const PrefixCacheStats st = c != nullptr ? c->stats() : PrefixCacheStats();
+    return json{{"prefix_cache", c != nullptr && c->enabled()},
+                {"disk_cache", false},
+                {"capacity_bytes", st.capacity},
+                {"used_bytes", st.bytes},
+                {"entries", st.entries},
+                {"hits", st.hits},
+                {"misses", st.misses}};
   }
 
   void routes() {
@@ -509,7 +525,7 @@ struct HttpServer::Impl {
                        {"lazy_draft", false},
                        {"kv_type", "f32"}}},
                      {"speculative", {{"enabled", false}}},
-                     {"cache", {{"prefix_cache", false}, {"disk_cache", false}}},
+                     {"cache", cache_props(*e)},
                      {"limits", {{"max_queue", opt.max_queue}, {"max_body_bytes", opt.max_body_bytes},
                                  {"request_timeout_s", opt.request_timeout_s}}},
                      {"build", {{"version", e->version}}}});
@@ -538,13 +554,34 @@ struct HttpServer::Impl {
              static_cast<double>(opt.parallel));
       metric("dflash_prompt_tokens_total", "counter", "Prompt tokens processed.",
              static_cast<double>(prompt_tokens.load()));
-      metric("dflash_prompt_cached_tokens_total", "counter", "Prompt tokens restored from the prefix cache.", 0.0);
+      metric("dflash_prompt_cached_tokens_total", "counter", "Prompt tokens restored from the prefix cache.",
+             static_cast<double>(cached_tokens.load()));
+      const Engine* e = engine.load();
+      const PrefixCacheStats pc =
+          e != nullptr && e->prefix_cache != nullptr ? e->prefix_cache->stats() : PrefixCacheStats();
+      metric("dflash_prefix_cache_hits_total", "counter", "Prompts that restored a cached prefix.",
+             static_cast<double>(pc.hits));
+      metric("dflash_prefix_cache_misses_total", "counter", "Prompts that found no cached prefix.",
+             static_cast<double>(pc.misses));
+      metric("dflash_prefix_cache_entries", "gauge", "Snapshots in the prefix cache.", static_cast<double>(pc.entries));
+      metric("dflash_prefix_cache_bytes", "gauge", "Host bytes the prefix cache holds.", static_cast<double>(pc.bytes));
+      metric("dflash_prefix_cache_capacity_bytes", "gauge", "The prefix cache's budget (--prefix-cache-mib).",
+             static_cast<double>(pc.capacity));
       metric("dflash_generated_tokens_total", "counter", "Tokens generated.", static_cast<double>(generated_tokens.load()));
       metric("dflash_prefill_seconds_total", "counter", "Time spent in prefill.", prefill_us.load() / 1e6);
       metric("dflash_decode_seconds_total", "counter", "Time spent decoding.", decode_us.load() / 1e6);
       metric("dflash_model_loaded", "gauge", "1 once the model serves requests.", engine.load() != nullptr ? 1 : 0);
       res.status = 200;
       res.set_content(m, "text/plain; version=0.0.4");
+    });
+    // Drops every prefix snapshot (requests restoring one now keep theirs).
+    http.Post("/cache/clear", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req, res)) return;
+      const Engine* e = ready(res);
+      if (e == nullptr) return;
+      const int64_t n = e->prefix_cache != nullptr ? e->prefix_cache->clear() : 0;
+      log::info("prefix cache: cleared {} snapshots", n);
+      send_json(res, 200, json{{"cleared", n}});
     });
     http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
       if (!authorized(req, res)) return;

@@ -375,13 +375,16 @@ json usage_of(const GenerationResult& r) {
   return json{{"prompt_tokens", r.prompt_tokens},
               {"completion_tokens", r.completion_tokens},
               {"total_tokens", r.prompt_tokens + r.completion_tokens},
-              {"prompt_tokens_details", {{"cached_tokens", 0}}}};
+              {"prompt_tokens_details", {{"cached_tokens", r.cached_tokens}}}};
 }
 
+// As llama.cpp's server: prompt_n counts the prompt tokens evaluated, cache_n those restored from the cache.
 json timings_of(const GenerationResult& r) {
-  return json{{"prompt_n", r.prompt_tokens},
+  const int64_t evaluated = r.prompt_tokens - r.cached_tokens;
+  return json{{"cache_n", r.cached_tokens},
+              {"prompt_n", evaluated},
               {"prompt_ms", r.prefill_ms},
-              {"prompt_per_second", r.prefill_ms > 0 ? r.prompt_tokens * 1e3 / r.prefill_ms : 0.0},
+              {"prompt_per_second", r.prefill_ms > 0 ? evaluated * 1e3 / r.prefill_ms : 0.0},
               {"predicted_n", r.completion_tokens},
               {"predicted_ms", r.decode_ms},
               {"predicted_per_second", r.decode_ms > 0 ? r.completion_tokens * 1e3 / r.decode_ms : 0.0}};

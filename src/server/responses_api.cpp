@@ -25,7 +25,7 @@ Result<std::string> item_text(const ojson& content, const std::string& param) {
 
 json usage_object(const GenerationResult& r) {
   return json{{"input_tokens", r.prompt_tokens},
-              {"input_tokens_details", {{"cached_tokens", 0}}},
+              {"input_tokens_details", {{"cached_tokens", r.cached_tokens}}},
               {"output_tokens", r.completion_tokens},
               {"output_tokens_details", {{"reasoning_tokens", 0}}},
               {"total_tokens", r.prompt_tokens + r.completion_tokens}};

@@ -125,7 +125,7 @@ void Scheduler::admit() {
       if (s.state == nullptr) {
         s.state = std::make_unique<SequenceState>(engine_.runner->spec(), engine_.runner->backend());
       } else {
-        s.state->reset();  // TODO(prefix cache): keep the prefix a new request shares with the last one
+        s.state->reset();  // a prefix shared with earlier requests comes back from the prefix cache (start())
       }
       s.gen = std::make_unique<Generation>(engine_, std::move(job.request), std::move(job.sink), s.cancel.get(),
                                            job.deadline);

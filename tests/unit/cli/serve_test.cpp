@@ -4,6 +4,7 @@
 #include <httplib.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -337,6 +338,8 @@ TEST_F(Serve, responses_api_plain_streamed_and_items) {
   EXPECT_EQ(r["output"][0]["content"][0]["type"], "output_text");
   EXPECT_EQ(r["output"][0]["content"][0]["text"], want);
   EXPECT_EQ(r["usage"]["input_tokens"], chat["usage"]["prompt_tokens"]);
+  // The same prompt as the chat request's: restored whole from the prefix cache.
+  EXPECT_EQ(r["usage"]["input_tokens_details"]["cached_tokens"], r["usage"]["input_tokens"]);
   EXPECT_EQ(r["instructions"], "be brief");
 
   auto s = client_->Post("/v1/responses",
@@ -693,6 +696,11 @@ TEST_F(Serve, api_key_guards_everything_but_health) {
   post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":2})", &status,
        {{"Authorization", "Bearer s3cret"}});
   EXPECT_EQ(status, 200);
+  post("/cache/clear", "{}", &status);
+  EXPECT_EQ(status, 401);
+  const json cleared = post("/cache/clear", "{}", &status, {{"Authorization", "Bearer s3cret"}});
+  EXPECT_EQ(status, 200);
+  EXPECT_TRUE(cleared["cleared"].is_number_integer()) << cleared.dump();
   expect_alive();
 }
 
@@ -711,7 +719,12 @@ TEST_F(Serve, the_openai_sdk_talks_to_it) {
   EXPECT_EQ(out["plain"]["role"], "assistant");
   EXPECT_EQ(out["stream"]["content"], out["plain"]["content"]);
   EXPECT_EQ(out["stream"]["finish_reason"], out["plain"]["finish_reason"]);
-  EXPECT_EQ(out["stream"]["usage"], out["plain"]["usage"]);
+  // The streamed request repeats the plain one: its whole prompt comes from the prefix cache.
+  EXPECT_EQ(out["plain"]["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(out["stream"]["usage"]["prompt_tokens_details"]["cached_tokens"], out["plain"]["usage"]["prompt_tokens"]);
+  json stream_usage = out["stream"]["usage"];
+  stream_usage["prompt_tokens_details"]["cached_tokens"] = 0;
+  EXPECT_EQ(stream_usage, out["plain"]["usage"]);
   EXPECT_GE(out["stream"]["chunks"].get<int>(), 3);
   EXPECT_EQ(out["error"]["status"], 400);
   EXPECT_EQ(out["error"]["type"], "invalid_request_error");
@@ -877,6 +890,167 @@ TEST_F(Serve, json_object_replies_are_json_objects) {
   EXPECT_EQ(tools["error"]["param"], "response_format") << tools.dump();
   expect_alive();
 }
+
+// A three-turn chat (each turn: the history, the model's previous reply, a new user message), with the
+// prefix cache on and off. With it on, turn 1 restores nothing, turn 2 restores the prompt up to the end of
+// turn 1's user message and turn 3 up to the end of turn 2's (positions found with /apply-template and
+// /tokenize); the replies are the same bit for bit as with the cache off. /props, /metrics and the log
+// show the hits; POST /cache/clear empties it, the next request misses, and the one after restores all of
+// its prompt. On the Qwen3 fixture and on the Qwen3.5 one (DeltaNet state in the snapshots).
+class ServePrefixCache : public Serve, public ::testing::WithParamInterface<std::string> {
+ protected:
+  struct Turn {
+    std::string reply;
+    int64_t prompt_tokens = 0, cached_tokens = 0;
+  };
+  json request_of(const json& messages) {
+    return json{{"messages", messages},
+                {"max_tokens", 8},
+                {"temperature", 0},
+                {"chat_template_kwargs", {{"enable_thinking", false}}}};
+  }
+  Turn turn(const json& messages) {
+    int status = 0;
+    const json c = post("/v1/chat/completions", request_of(messages).dump(), &status);
+    EXPECT_EQ(status, 200) << c.dump();
+    Turn t;
+    if (status != 200) return t;
+    t.reply = c["choices"][0]["message"]["content"].is_string() ? c["choices"][0]["message"]["content"].get<std::string>()
+                                                               : std::string();
+    t.prompt_tokens = c["usage"]["prompt_tokens"].get<int64_t>();
+    t.cached_tokens = c["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+    EXPECT_EQ(c["timings"]["cache_n"].get<int64_t>(), t.cached_tokens);
+    EXPECT_EQ(c["timings"]["prompt_n"].get<int64_t>(), t.prompt_tokens - t.cached_tokens);
+    return t;
+  }
+  // The ids of the prompt `messages` render to.
+  std::vector<int32_t> prompt_ids(const json& messages) {
+    int status = 0;
+    const json rendered = post("/apply-template", request_of(messages).dump(), &status);
+    EXPECT_EQ(status, 200) << rendered.dump();
+    const json ids = post("/tokenize", json{{"content", rendered["prompt"]}, {"add_special", true}}.dump(), &status);
+    EXPECT_EQ(status, 200) << ids.dump();
+    return ids["tokens"].get<std::vector<int32_t>>();
+  }
+  // Where the last complete turn of a rendered prompt ends: after its last <|im_end|> and the newline.
+  int64_t end_of_last_turn(const std::vector<int32_t>& ids) {
+    int status = 0;
+    const int32_t im_end = post("/tokenize", R"({"content":"<|im_end|>","add_special":true})", &status)["tokens"][0];
+    const int32_t nl = post("/tokenize", R"({"content":"\n"})", &status)["tokens"][0];
+    for (auto i = static_cast<int64_t>(ids.size()) - 1; i >= 0; --i)
+      if (ids[static_cast<size_t>(i)] == im_end)
+        return i + 1 + (i + 1 < static_cast<int64_t>(ids.size()) && ids[static_cast<size_t>(i + 1)] == nl ? 1 : 0);
+    return 0;
+  }
+  double metric(const std::string& name) {
+    auto m = client_->Get("/metrics");
+    if (!m) return -1;
+    const size_t at = m->body.find("\n" + name + " ");
+    if (at == std::string::npos) return -1;
+    return std::stod(m->body.substr(at + name.size() + 2));
+  }
+};
+
+TEST_P(ServePrefixCache, multi_turn_chat_restores_earlier_turns_and_replies_the_same) {
+  model_ = test::fixture_path("models/" + GetParam());
+  const json system = {{"role", "system"},
+                       {"content", "You are a careful assistant. You answer in short sentences, you cite the "
+                                   "documents you were given, and you never invent facts."}};
+  const json user1 = {{"role", "user"},
+                      {"content", "Please decode this JSON document for me and tell me which keys it has: "
+                                  "{\"name\": \"decoder\", \"version\": 3}"}};
+  const json user2 = {{"role", "user"},
+                      {"content", "Now explain what a scanner does when it meets a backslash inside a string, "
+                                  "and why the decoder keeps a memo of keys."}};
+  const json user3 = {{"role", "user"},
+                      {"content", "Finally, show how an object hook changes the value that loads returns for "
+                                  "the same document."}};
+  auto converse = [&](std::vector<Turn>* turns, std::vector<json>* prompts) {
+    json msgs = json::array({system, user1});
+    for (const json& next : {user2, user3, json()}) {
+      prompts->push_back(msgs);
+      turns->push_back(turn(msgs));
+      if (next.is_null()) break;
+      msgs.push_back({{"role", "assistant"}, {"content", turns->back().reply}});
+      msgs.push_back(next);
+    }
+  };
+
+  // The cache off: every prompt is prefilled whole.
+  start({"--prefix-cache-mib", "0"});
+  std::vector<Turn> off;
+  std::vector<json> prompts;
+  converse(&off, &prompts);
+  ASSERT_EQ(off.size(), 3u);
+  for (const Turn& t : off) EXPECT_EQ(t.cached_tokens, 0);
+  auto props = client_->Get("/props");
+  ASSERT_TRUE(props);
+  EXPECT_EQ(json::parse(props->body)["cache"]["prefix_cache"], false);
+  EXPECT_EQ(metric("dflash_prefix_cache_hits_total"), 0);
+  // Where turns 2 and 3 may restore from: the end of the previous prompt's last complete turn.
+  const int64_t want2 = end_of_last_turn(prompt_ids(prompts[0]));
+  const int64_t want3 = end_of_last_turn(prompt_ids(prompts[1]));
+  ASSERT_GT(want2, 0);
+  ASSERT_GT(want3, want2);
+  EXPECT_EQ(static_cast<int64_t>(prompt_ids(prompts[2]).size()), off[2].prompt_tokens);
+
+  // The cache on (the default): the same conversation.
+  proc_.reset();
+  start();
+  std::vector<Turn> on;
+  std::vector<json> prompts_on;
+  converse(&on, &prompts_on);
+  ASSERT_EQ(on.size(), 3u);
+  EXPECT_EQ(prompts_on, prompts);
+  EXPECT_EQ(on[0].cached_tokens, 0);
+  EXPECT_EQ(on[1].cached_tokens, want2);
+  EXPECT_EQ(on[2].cached_tokens, want3);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(on[i].reply, off[i].reply) << "turn " << i + 1;
+    EXPECT_EQ(on[i].prompt_tokens, off[i].prompt_tokens) << "turn " << i + 1;
+  }
+  props = client_->Get("/props");
+  ASSERT_TRUE(props);
+  const json cache = json::parse(props->body)["cache"];
+  EXPECT_EQ(cache["prefix_cache"], true);
+  EXPECT_EQ(cache["capacity_bytes"], int64_t{1024} << 20);
+  EXPECT_GT(cache["used_bytes"].get<int64_t>(), 0);
+  EXPECT_GT(cache["entries"].get<int64_t>(), 0);
+  EXPECT_EQ(cache["hits"], 2);
+  EXPECT_EQ(cache["misses"], 1);
+  EXPECT_EQ(metric("dflash_prefix_cache_hits_total"), 2);
+  EXPECT_EQ(metric("dflash_prefix_cache_misses_total"), 1);
+  EXPECT_EQ(metric("dflash_prompt_cached_tokens_total"), static_cast<double>(want2 + want3));
+  EXPECT_EQ(metric("dflash_prefix_cache_bytes"), cache["used_bytes"].get<double>());
+  {
+    std::ifstream in(log_);
+    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(log.find("memory_hit=true restore=true pos=" + std::to_string(want2)), std::string::npos) << log;
+    EXPECT_NE(log.find("memory_hit=true restore=true pos=" + std::to_string(want3)), std::string::npos) << log;
+  }
+
+  // Cleared: turn 3 again misses, then restores its whole prompt (no forward) and still replies the same.
+  int status = 0;
+  const json cleared = post("/cache/clear", "{}", &status);
+  ASSERT_EQ(status, 200) << cleared.dump();
+  EXPECT_EQ(cleared["cleared"], cache["entries"]);
+  EXPECT_EQ(metric("dflash_prefix_cache_entries"), 0);
+  const Turn again = turn(prompts[2]);
+  EXPECT_EQ(again.cached_tokens, 0);
+  EXPECT_EQ(again.reply, off[2].reply);
+  EXPECT_EQ(metric("dflash_prefix_cache_misses_total"), 2);
+  const Turn whole = turn(prompts[2]);
+  EXPECT_EQ(whole.cached_tokens, whole.prompt_tokens);
+  EXPECT_EQ(whole.reply, off[2].reply);
+  expect_alive();
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, ServePrefixCache, ::testing::Values("tiny-qwen3", "tiny-qwen35"),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           std::string n = i.param;
+                           n.erase(std::remove(n.begin(), n.end(), '-'), n.end());
+                           return n;
+                         });
 
 TEST_F(Serve, a_taken_port_is_a_clear_error) {
   start();

@@ -1,12 +1,15 @@
 // The scheduler on the tiny Qwen3 fixture: slots interleave (a short request overtakes a long one; one
 // slot is FIFO), interleaved and reused slots give exactly what generate() gives alone (and greedy what
 // transformers gives), the queue bound, cancellation and deadlines freeing slots, a failing request
-// failing alone, and stop() while busy. Also Generation's step structure (prefill in chunks).
+// failing alone, and stop() while busy. Also Generation's step structure (prefill in chunks, cut at turn
+// boundaries) and the prefix cache's exactness on the tiny Qwen3 and Qwen3.5 fixtures.
 #include "server/scheduler.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <future>
 #include <mutex>
 #include <string>
@@ -366,6 +369,200 @@ TEST_F(SchedulerTest, generation_prefills_in_chunks_then_decodes_a_token_per_ste
   Generation again(engine_, r, nullptr);
   EXPECT_EQ(again.start(state).code(), ErrorCode::kInternal);
 }
+
+// The prefix cache on both tiny fixtures (Qwen3: attention only; Qwen3.5: DeltaNet, whose chunked prefill
+// depends on how the prompt is split into steps): a prompt with turn boundaries continues bit for bit from
+// a snapshot taken at any of its cuts exactly as from a cold prefill (the logits the first token is
+// sampled from, and a 16-token greedy continuation with its log-probabilities).
+class PrefixRestore : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const std::string dir = test::fixture_path("models/" + GetParam());
+    auto w = Weights::load(dir, 1);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    weights_ = std::make_unique<Weights>(std::move(w).value());
+    runner_ = std::make_unique<Runner>(*weights_, 1);
+    auto tok = load_tokenizer(dir);
+    ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+    tokenizer_ = std::make_unique<Tokenizer>(std::move(tok).value());
+    cold_.runner = runner_.get();
+    cold_.tokenizer = tokenizer_.get();
+    cold_.n_ctx = 4096;
+    auto im_end = tokenizer_->token_to_id("<|im_end|>");
+    auto nl = tokenizer_->encode("\n", false);
+    ASSERT_TRUE(im_end.has_value());
+    ASSERT_TRUE(nl.ok() && nl->size() == 1);
+    im_end_ = *im_end;
+    newline_ = (*nl)[0];
+    // Body ids: the reference prompts' ids, less those that end a turn, cycled.
+    auto ref = nlohmann::json::parse(*read_text_file(dir + "/reference.json"));
+    const auto eog = tokenizer_->vocab().end_of_generation_ids();
+    for (const auto& p : ref["prompts"].get<std::vector<std::vector<int32_t>>>())
+      for (int32_t id : p)
+        if (std::find(eog.begin(), eog.end(), id) == eog.end()) body_.push_back(id);
+  }
+
+  // Turns of `lengths` tokens each (the last `<|im_end|>` `\n`), then an open turn of `tail` tokens.
+  std::vector<int32_t> chat_like(const std::vector<int>& lengths, int tail) const {
+    std::vector<int32_t> p;
+    size_t k = 0;
+    auto body = [&](int n) {
+      for (int i = 0; i < n; ++i) p.push_back(body_[k++ % body_.size()]);
+    };
+    for (int len : lengths) {
+      body(len - 2);
+      p.push_back(im_end_);
+      p.push_back(newline_);
+    }
+    body(tail);
+    return p;
+  }
+
+  // A greedy 16-token request (end of generation banned) with each token's log-probability and top 5.
+  GenerationRequest request(std::vector<int32_t> prompt, int64_t max_tokens = 16) const {
+    GenerationRequest r;
+    r.prompt = std::move(prompt);
+    r.max_tokens = max_tokens;
+    r.top_logprobs = 5;
+    for (int32_t id : tokenizer_->vocab().end_of_generation_ids()) r.sampling.logit_bias[id] = -INFINITY;
+    return r;
+  }
+
+  struct Run {
+    GenerationResult result;
+    std::vector<float> first_logits;  // what the first token was sampled from
+    std::vector<int64_t> prefill_n_past;  // the sequence's length after each prefill step
+  };
+  // Runs `r` on a fresh sequence, step by step.
+  Run run(const Engine& e, const GenerationRequest& r) const {
+    Run out;
+    Generation g(e, r, nullptr);
+    SequenceState state(runner_->spec(), runner_->backend());
+    const Status st = g.start(state);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    if (!st.ok()) return out;
+    while (g.prefilling()) {
+      auto done = g.step();
+      EXPECT_TRUE(done.ok()) << done.status().to_string();
+      if (!done.ok()) return out;
+      out.prefill_n_past.push_back(state.n_past());
+    }
+    out.first_logits = g.logits();
+    for (;;) {
+      auto done = g.step();
+      EXPECT_TRUE(done.ok()) << done.status().to_string();
+      if (!done.ok() || *done) break;
+    }
+    out.result = g.take_result();
+    return out;
+  }
+
+  static void expect_identical(const Run& a, const Run& cold, const std::string& what) {
+    ASSERT_EQ(a.first_logits.size(), cold.first_logits.size()) << what;
+    EXPECT_EQ(0, std::memcmp(a.first_logits.data(), cold.first_logits.data(), a.first_logits.size() * sizeof(float)))
+        << what << ": the logits after the prefill differ";
+    EXPECT_EQ(a.result.text, cold.result.text) << what;
+    ASSERT_EQ(a.result.logprobs.size(), cold.result.logprobs.size()) << what;
+    for (size_t i = 0; i < a.result.logprobs.size(); ++i) {
+      EXPECT_EQ(a.result.logprobs[i].id, cold.result.logprobs[i].id) << what << " token " << i;
+      EXPECT_EQ(a.result.logprobs[i].logprob, cold.result.logprobs[i].logprob) << what << " token " << i;
+      EXPECT_EQ(a.result.logprobs[i].top, cold.result.logprobs[i].top) << what << " token " << i;
+    }
+  }
+
+  std::unique_ptr<Weights> weights_;
+  std::unique_ptr<Runner> runner_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  Engine cold_;  // no prefix cache
+  int32_t im_end_ = 0, newline_ = 0;
+  std::vector<int32_t> body_;
+};
+
+// Turns of 40, 300, 10 and 45 tokens, then 70: cuts after 40, 340 and 395 (the 10-token turn is shorter
+// than kMinPrefixSegment, so it is no cut), and at the end (465). The cold prefill steps through them.
+TEST_P(PrefixRestore, the_prefill_schedule_is_cut_at_turn_boundaries) {
+  const auto prompt = chat_like({40, 300, 10, 45}, 70);
+  const int32_t ends[] = {im_end_};
+  EXPECT_EQ(prefill_cuts(prompt, ends, newline_, Generation::kMinPrefixSegment),
+            (std::vector<int64_t>{40, 340, 395, 465}));
+  // A turn end with no newline after it, a turn end as the prompt's last id, no turn ends at all.
+  const std::vector<int32_t> bare = {1, 2, 3, im_end_, 4, 5, im_end_};
+  EXPECT_EQ(prefill_cuts(bare, ends, newline_, 2), (std::vector<int64_t>{4, 7}));
+  EXPECT_EQ(prefill_cuts(std::vector<int32_t>{1, 2, 3}, ends, newline_, 2), (std::vector<int64_t>{3}));
+  const Run cold = run(cold_, request(prompt));
+  EXPECT_EQ(cold.prefill_n_past, (std::vector<int64_t>{40, 296, 340, 395, 465}));  // 300 = 256 + 44
+  EXPECT_EQ(cold.result.cached_tokens, 0);
+}
+
+TEST_P(PrefixRestore, restoring_at_any_cut_continues_exactly_like_a_cold_prefill) {
+  const auto prompt = chat_like({40, 300, 10, 45}, 70);
+  const Run cold = run(cold_, request(prompt));
+  ASSERT_EQ(cold.result.completion_tokens, 16);
+  for (int64_t cut : {40, 340, 395}) {
+    PrefixCache cache(256u << 20);
+    Engine warm = cold_;
+    warm.prefix_cache = &cache;
+    // The prompt up to the cut leaves a snapshot at its end; the whole prompt then starts from it.
+    const Run prefix = run(warm, request(std::vector<int32_t>(prompt.begin(), prompt.begin() + cut), 1));
+    ASSERT_TRUE(cache.contains(std::span<const int32_t>(prompt).first(static_cast<size_t>(cut))));
+    const Run hit = run(warm, request(prompt));
+    EXPECT_EQ(hit.result.cached_tokens, cut);
+    ASSERT_FALSE(hit.prefill_n_past.empty());
+    EXPECT_EQ(hit.prefill_n_past.back(), 465);
+    EXPECT_GT(hit.prefill_n_past.front(), cut);
+    expect_identical(hit, cold, GetParam() + " restored at " + std::to_string(cut));
+    EXPECT_EQ(cache.stats().hits, 1u);
+  }
+}
+
+// The same prompt again needs no forward: the snapshot at its end holds the logits of its last token.
+// Snapshots are taken where a later request branches: the first turn boundary, the last two, the end.
+TEST_P(PrefixRestore, a_repeated_prompt_runs_no_prefill_and_gives_the_same_output) {
+  const auto prompt = chat_like({40, 300, 10, 45}, 70);
+  PrefixCache cache(256u << 20);
+  Engine warm = cold_;
+  warm.prefix_cache = &cache;
+  const Run first = run(warm, request(prompt));
+  EXPECT_EQ(first.result.cached_tokens, 0);
+  for (int64_t cut : {40, 340, 395, 465})
+    EXPECT_TRUE(cache.contains(std::span<const int32_t>(prompt).first(static_cast<size_t>(cut)))) << cut;
+  EXPECT_EQ(cache.stats().entries, 4);
+  const Run again = run(warm, request(prompt));
+  EXPECT_EQ(again.result.cached_tokens, 465);
+  EXPECT_TRUE(again.prefill_n_past.empty());
+  expect_identical(again, first, GetParam() + " repeated");
+  expect_identical(again, run(cold_, request(prompt)), GetParam() + " repeated vs cold");
+  // A longer conversation: turn boundaries past the cached ones; the longest cached cut is restored.
+  auto longer = prompt;
+  longer.push_back(im_end_);
+  longer.push_back(newline_);
+  const auto more = chat_like({50}, 20);
+  longer.insert(longer.end(), more.begin(), more.end());
+  const Run next = run(warm, request(longer));
+  EXPECT_EQ(next.result.cached_tokens, 395);  // the end of the shorter prompt is no cut of the longer one
+  expect_identical(next, run(cold_, request(longer)), GetParam() + " next turn");
+}
+
+// A snapshot whose length is not a cut of the new prompt is not used, even though its ids are a prefix:
+// the steps that led to it differ from the new prompt's own schedule.
+TEST_P(PrefixRestore, a_snapshot_off_the_prompts_cuts_is_not_restored) {
+  const auto prompt = chat_like({40, 300, 10, 45}, 70);
+  PrefixCache cache(256u << 20);
+  Engine warm = cold_;
+  warm.prefix_cache = &cache;
+  run(warm, request(std::vector<int32_t>(prompt.begin(), prompt.begin() + 200), 1));  // cuts 40, 200
+  EXPECT_TRUE(cache.contains(std::span<const int32_t>(prompt).first(200)));
+  const Run hit = run(warm, request(prompt));
+  EXPECT_EQ(hit.result.cached_tokens, 40);
+  expect_identical(hit, run(cold_, request(prompt)), GetParam() + " restored at 40");
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, PrefixRestore, ::testing::Values("tiny-qwen3", "tiny-qwen35"),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           std::string n = i.param;
+                           n.erase(std::remove(n.begin(), n.end(), '-'), n.end());
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace dflash::server
