@@ -12,11 +12,12 @@ build="${DFLASH_GPU_BUILD:-build-gpu}"
 bin="$build/bundle/bin/dflash"
 export LD_LIBRARY_PATH="$build/bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 model=("$@")
+device="${DFLASH_SMOKE_DEVICE:-cuda:0}"  # cpu: try the script on the dev machine
 port=18765
 log="${OUT:-/tmp}/serve_smoke.log"
 fail=0
 
-"$bin" serve "${model[@]}" --device cuda:0 --parallel 2 --port "$port" >"$log" 2>&1 &
+"$bin" serve "${model[@]}" --device "$device" --parallel 2 --port "$port" >"$log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null' EXIT
 for _ in $(seq 100); do
@@ -46,10 +47,10 @@ wait $a $b
 for i in 1 2; do
   p=p$i
   n=$([ $i = 1 ] && echo 96 || echo 64)
-  "$bin" run "${model[@]}" --device cuda:0 --chat -p "${!p}" -n "$n" --temperature 0 2>/dev/null | head -c -1 >/tmp/g$i
+  "$bin" run "${model[@]}" --device "$device" --chat -p "${!p}" -n "$n" --temperature 0 2>/dev/null | head -c -1 >/tmp/g$i
   "$bin" run "${model[@]}" --chat -p "${!p}" -n "$n" --temperature 0 2>/dev/null | head -c -1 >/tmp/c$i
-  if cmp -s /tmp/r$i /tmp/g$i; then echo "greedy reply $i (serve, 2 slots at once) == dflash run on cuda:0: ok"
-  else echo "greedy reply $i (serve) differs from dflash run on cuda:0:"; diff /tmp/r$i /tmp/g$i | head -8; fail=1; fi
+  if cmp -s /tmp/r$i /tmp/g$i; then echo "greedy reply $i (serve, 2 slots at once) == dflash run on $device: ok"
+  else echo "greedy reply $i (serve) differs from dflash run on $device:"; diff /tmp/r$i /tmp/g$i | head -8; fail=1; fi
   python3 - "$i" <<'PY'
 import sys
 i = sys.argv[1]
@@ -63,6 +64,36 @@ ask 'Return a JSON object with keys name and age for a person called Ann who is 
 if python3 -c 'import json,sys; d=json.load(open("/tmp/rj")); sys.exit(0 if isinstance(d, dict) else 1)'; then
   echo "json_object reply parses: ok ($(head -c 80 /tmp/rj | tr '\n' ' '))"
 else echo "json_object reply is not a JSON object: $(head -c 200 /tmp/rj)"; fail=1; fi
+# The prefix cache on the device: turn 2 of a chat restored from turn 1's snapshot gives the same greedy
+# reply as turn 2 prefilled cold (after POST /cache/clear).
+turn2() {  # turn2 warm|cold: warm sends turn 1 first (its snapshots are what turn 2 restores)
+  python3 - "$port" "$1" <<'PY'
+import json, sys, urllib.request
+port, mode = sys.argv[1], sys.argv[2]
+sys_prompt = "You write small, correct Python functions. " * 40
+msgs = [{"role": "system", "content": sys_prompt},
+        {"role": "user", "content": "Write a Python function `add(a, b)` that returns the sum of a and b."},
+        {"role": "assistant", "content": "```python\ndef add(a, b):\n    return a + b\n```"},
+        {"role": "user", "content": "Now write `mul(a, b)` that returns the product of a and b."}]
+def chat(m):
+    body = {"messages": m, "max_tokens": 48, "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=120))
+if mode == "warm":
+    chat(msgs[:2])
+r = chat(msgs)
+print(r["usage"]["prompt_tokens_details"]["cached_tokens"], json.dumps(r["choices"][0]["message"]["content"]))
+PY
+}
+read -r hit text_hit < <(turn2 warm)
+curl -s -X POST "http://127.0.0.1:$port/cache/clear" -d "{}" >/dev/null
+read -r cold text_cold < <(turn2 cold)
+if [ "${hit:-0}" -gt 0 ] && [ "${cold:-1}" = 0 ] && [ "$text_hit" = "$text_cold" ]; then
+  echo "prefix cache on $device: turn 2 restored $hit tokens, reply == cold prefill: ok"
+else
+  echo "prefix cache on $device: cached $hit, replies differ or no hit: $text_hit vs $text_cold"; fail=1
+fi
 grep -h "request \|ready" "$log" | sed 's/^/  log: /'
 [ $fail = 0 ] && echo "serve smoke: PASS" || echo "serve smoke: FAIL"
 exit $fail
