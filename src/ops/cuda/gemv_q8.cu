@@ -152,6 +152,61 @@ struct K4 {
   }
 };
 
+// One token, two rows per warp (gemv_k4_pair_kernel): each lane's activation block is loaded once for both
+// rows. The per-row sums are formed exactly as in K4::row_dot with NT = 1 (same blocks per lane in the
+// same order, the same expression), so a token's output does not depend on the kernel that made it.
+template <bool kHigh>
+__device__ __forceinline__ void k4_pair_dot(const Args& a, const uint8_t* const (&rowp)[2], int part, int lane,
+                                            float (&acc)[2]) {
+  constexpr int kBytes = K4<kHigh>::kBytes;
+  const int64_t blocks = a.cols / 256;
+  const int u = lane & 7, c = u >> 1, half = u & 1;
+  const int64_t step = int64_t{a.split} * 4;
+  for (int64_t b = int64_t{part} * 4 + (lane >> 3); b < blocks; b += step) {
+    uint4 hdr[2], qs[2], qh[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint4* blk = reinterpret_cast<const uint4*>(rowp[j] + b * kBytes);
+      hdr[j] = __ldg(blk);
+      if constexpr (kHigh) {
+        qh[j] = __ldg(blk + 1 + half);
+        qs[j] = __ldg(blk + 3 + u);
+      } else {
+        qs[j] = __ldg(blk + 1 + u);
+      }
+    }
+    const int64_t col = b * 256 + 64 * c + 16 * half;
+    const uint4 xl = __ldg(reinterpret_cast<const uint4*>(a.xq + col));
+    const uint4 xh = __ldg(reinterpret_cast<const uint4*>(a.xq + col + 32));
+    const float2 xd = __ldg(reinterpret_cast<const float2*>(a.xd + b * 8 + 2 * c));
+    const int xs0 = __ldg(a.xs + col / 16), xs1 = __ldg(a.xs + col / 16 + 2);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float d = fp16_to_f32(hdr[j].x & 0xffffu), dmin = fp16_to_f32(hdr[j].x >> 16);
+      int sc0, m0, sc1, m1;
+      k4_scale_min(2 * c, hdr[j].y, hdr[j].z, hdr[j].w, sc0, m0);
+      k4_scale_min(2 * c + 1, hdr[j].y, hdr[j].z, hdr[j].w, sc1, m1);
+      const float ds0 = d * static_cast<float>(sc0), ms0 = dmin * static_cast<float>(m0);
+      const float ds1 = d * static_cast<float>(sc1), ms1 = dmin * static_cast<float>(m1);
+      const uint32_t v[4] = {qs[j].x, qs[j].y, qs[j].z, qs[j].w};
+      int lo[4], hi[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        lo[i] = static_cast<int>(v[i] & 0x0f0f0f0fu);
+        hi[i] = static_cast<int>((v[i] >> 4) & 0x0f0f0f0fu);
+        if constexpr (kHigh) {
+          const uint32_t h = i == 0 ? qh[j].x : i == 1 ? qh[j].y : i == 2 ? qh[j].z : qh[j].w;
+          lo[i] |= static_cast<int>(((h >> (2 * c)) & 0x01010101u) << 4);
+          hi[i] |= static_cast<int>(((h >> (2 * c + 1)) & 0x01010101u) << 4);
+        }
+      }
+      const int sl = dot4(lo, xl, 0), sh = dot4(hi, xh, 0);
+      acc[j] += xd.x * (ds0 * static_cast<float>(sl) - ms0 * static_cast<float>(xs0)) +
+                xd.y * (ds1 * static_cast<float>(sh) - ms1 * static_cast<float>(xs1));
+    }
+  }
+}
+
 // q6_K (210 bytes): lane g = lane % 16 of a block holds group g (elements 16g + [0, 16)): low nibbles
 // from ql[64h + 16t + 32(k & 1)] (nibble k / 2), bits 4-5 from bit pair k of qh[32h + 16t] (h = g / 8,
 // k = g / 2 % 4, t = g % 2), scale int8 scales[g]; code - 32.
@@ -292,6 +347,35 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 8 : 1) gemv_q8_kernel(cons
   gemv_common::store_row<NT>(acc, partial, warp, lane, part, a.split, a.n, y, rows, r);
 }
 
+// One token of q4_K / q5_K: each warp (or each `split` warps) owns two consecutive rows of the launch.
+template <bool kHigh>
+__global__ void __launch_bounds__(kThreads, 8) gemv_k4_pair_kernel(const Args a) {
+  __shared__ float partial[kWarps][1];
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t pair = int64_t{blockIdx.x} * (kWarps / a.split) + warp / a.split;
+  const int part = warp % a.split;
+  const uint8_t* rowp[2] = {nullptr, nullptr};
+  float* y[2] = {nullptr, nullptr};
+  int64_t rows[2] = {0, 0}, r[2] = {0, 0};
+  for (int j = 0; j < 2; ++j) {
+    const int64_t grow = 2 * pair + j;
+    const int64_t g = grow < a.total_rows ? grow : a.total_rows - 1;  // a missing second row reads the last
+    int p = 0;
+    while (p + 1 < a.n_parts && g >= a.parts[p + 1].first) ++p;
+    r[j] = g - a.parts[p].first;
+    rows[j] = a.parts[p].rows;
+    rowp[j] = a.parts[p].w + r[j] * a.rb;
+    if (grow < a.total_rows) y[j] = a.parts[p].y;
+  }
+  float acc[2] = {0.0f, 0.0f};
+  if (y[0] != nullptr) k4_pair_dot<kHigh>(a, rowp, part, lane, acc);
+  for (int j = 0; j < 2; ++j) {
+    float one[1] = {acc[j]};
+    gemv_common::store_row<1>(one, partial, warp, lane, part, a.split, 1, y[j], rows[j], r[j]);
+    if (a.split > 1) __syncthreads();  // partial is reused by the second row
+  }
+}
+
 template <typename Policy>
 cudaError_t launch(const Args& a, cudaStream_t stream) {
   unsigned g = 0;
@@ -377,8 +461,19 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
   switch (id) {
     case qblocks::kQ4_0: return launch<Legacy<false>>(a, stream);
     case qblocks::kQ8_0: return launch<Legacy<true>>(a, stream);
-    case qblocks::kQ4_K: return launch<K4<false>>(a, stream);
-    case qblocks::kQ5_K: return launch<K4<true>>(a, stream);
+    case qblocks::kQ4_K:
+    case qblocks::kQ5_K:
+      if (a.n == 1) {  // two rows per warp: the activation loads are shared
+        const int64_t pairs = (a.total_rows + 1) / 2;
+        unsigned g = 0;
+        if (!gemv_common::grid_for_rows(pairs, a.split, &g)) return cudaErrorInvalidValue;
+        if (id == qblocks::kQ4_K)
+          gemv_k4_pair_kernel<false><<<g, kThreads, 0, stream>>>(a);
+        else
+          gemv_k4_pair_kernel<true><<<g, kThreads, 0, stream>>>(a);
+        return cudaGetLastError();
+      }
+      return id == qblocks::kQ4_K ? launch<K4<false>>(a, stream) : launch<K4<true>>(a, stream);
     case qblocks::kQ6_K: return launch<Q6K>(a, stream);
     default: return cudaErrorInvalidValue;
   }
