@@ -156,8 +156,12 @@ struct K4 {
 // rows. The per-row sums are formed exactly as in K4::row_dot with NT = 1 (same blocks per lane in the
 // same order, the same expression), so a token's output does not depend on the kernel that made it.
 template <bool kHigh>
-__device__ __forceinline__ void k4_pair_dot(const Args& a, const uint8_t* const (&rowp)[2], int part, int lane,
-                                            float (&acc)[2]) {
+struct K4Pair {
+  __device__ static void dot(const Args& a, const uint8_t* const (&rowp)[2], int part, int lane, float (&acc)[2]);
+};
+template <bool kHigh>
+__device__ void K4Pair<kHigh>::dot(const Args& a, const uint8_t* const (&rowp)[2], int part, int lane,
+                                   float (&acc)[2]) {
   constexpr int kBytes = K4<kHigh>::kBytes;
   const int64_t blocks = a.cols / 256;
   const int u = lane & 7, c = u >> 1, half = u & 1;
@@ -347,9 +351,10 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 8 : 1) gemv_q8_kernel(cons
   gemv_common::store_row<NT>(acc, partial, warp, lane, part, a.split, a.n, y, rows, r);
 }
 
-// One token of q4_K / q5_K: each warp (or each `split` warps) owns two consecutive rows of the launch.
-template <bool kHigh>
-__global__ void __launch_bounds__(kThreads, 8) gemv_k4_pair_kernel(const Args a) {
+// One token of q4_K / q5_K: each warp (or each `split` warps) owns two consecutive rows of the launch
+// (Pair: K4Pair).
+template <typename Pair>
+__global__ void __launch_bounds__(kThreads, 8) gemv_pair_kernel(const Args a) {
   __shared__ float partial[kWarps][1];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int64_t pair = int64_t{blockIdx.x} * (kWarps / a.split) + warp / a.split;
@@ -368,12 +373,21 @@ __global__ void __launch_bounds__(kThreads, 8) gemv_k4_pair_kernel(const Args a)
     if (grow < a.total_rows) y[j] = a.parts[p].y;
   }
   float acc[2] = {0.0f, 0.0f};
-  if (y[0] != nullptr) k4_pair_dot<kHigh>(a, rowp, part, lane, acc);
+  if (y[0] != nullptr) Pair::dot(a, rowp, part, lane, acc);
   for (int j = 0; j < 2; ++j) {
     float one[1] = {acc[j]};
     gemv_common::store_row<1>(one, partial, warp, lane, part, a.split, 1, y[j], rows[j], r[j]);
     if (a.split > 1) __syncthreads();  // partial is reused by the second row
   }
+}
+
+// One token, two rows per warp: the activation loads are shared by the pair.
+template <typename Pair>
+cudaError_t launch_pairs(const Args& a, cudaStream_t stream) {
+  unsigned g = 0;
+  if (!gemv_common::grid_for_rows((a.total_rows + 1) / 2, a.split, &g)) return cudaErrorInvalidValue;
+  gemv_pair_kernel<Pair><<<g, kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
 }
 
 template <typename Policy>
@@ -461,19 +475,9 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
   switch (id) {
     case qblocks::kQ4_0: return launch<Legacy<false>>(a, stream);
     case qblocks::kQ8_0: return launch<Legacy<true>>(a, stream);
-    case qblocks::kQ4_K:
-    case qblocks::kQ5_K:
-      if (a.n == 1) {  // two rows per warp: the activation loads are shared
-        const int64_t pairs = (a.total_rows + 1) / 2;
-        unsigned g = 0;
-        if (!gemv_common::grid_for_rows(pairs, a.split, &g)) return cudaErrorInvalidValue;
-        if (id == qblocks::kQ4_K)
-          gemv_k4_pair_kernel<false><<<g, kThreads, 0, stream>>>(a);
-        else
-          gemv_k4_pair_kernel<true><<<g, kThreads, 0, stream>>>(a);
-        return cudaGetLastError();
-      }
-      return id == qblocks::kQ4_K ? launch<K4<false>>(a, stream) : launch<K4<true>>(a, stream);
+    case qblocks::kQ4_K: return a.n == 1 ? launch_pairs<K4Pair<false>>(a, stream) : launch<K4<false>>(a, stream);
+    case qblocks::kQ5_K: return a.n == 1 ? launch_pairs<K4Pair<true>>(a, stream) : launch<K4<true>>(a, stream);
+    // (q6_K two rows a warp measured slower: its sixteen 2-byte loads per row and lane dominate.)
     case qblocks::kQ6_K: return launch<Q6K>(a, stream);
     default: return cudaErrorInvalidValue;
   }
