@@ -48,6 +48,18 @@ __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) { return __ldg(rein
 __device__ __forceinline__ int ld_i32_a2(const uint8_t* p) {
   return static_cast<int>(ld_u16(p) | (ld_u16(p + 2) << 16));
 }
+// 16 bytes at a 2-byte aligned address as four ints: five aligned 4-byte loads and funnel shifts (instead
+// of eight 2-byte loads). Reads up to 4 bytes past the 16 (callers keep them inside the block).
+__device__ __forceinline__ void ld16_a2(const uint8_t* p, int (&out)[4]) {
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  const auto* w = reinterpret_cast<const uint32_t*>(addr & ~uintptr_t{3});
+  const unsigned shift = static_cast<unsigned>(addr & 3) * 8;  // 0 or 16
+  uint32_t v[5];
+#pragma unroll
+  for (int i = 0; i < 5; ++i) v[i] = __ldg(w + i);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<int>(__funnelshift_r(v[i], v[i + 1], shift));
+}
 __device__ __forceinline__ int dot4(const int (&q)[4], const uint4& v, int acc) {
   acc = __dp4a(q[0], static_cast<int>(v.x), acc);
   acc = __dp4a(q[1], static_cast<int>(v.y), acc);
@@ -235,13 +247,10 @@ struct Q6K {
           x0d[j] = __ldg(a.xd + b * 8 + g / 2);
           x0s[j] = __ldg(a.xs + b * 16 + g);
           const uint8_t* blk = rowp + b * 210;
-          const uint8_t* pl = blk + 64 * h + 16 * tt + 32 * (k & 1);
-          const uint8_t* ph = blk + 128 + 32 * h + 16 * tt;
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            ql[j][i] = ld_i32_a2(pl + 4 * i);
-            qh[j][i] = ld_i32_a2(ph + 4 * i);
-          }
+          // ql bytes [64h + 16tt + 32(k & 1), +16) and qh bytes [128 + 32h + 16tt, +16): the loads' 4
+          // bytes past them stay inside the 210-byte block.
+          ld16_a2(blk + 64 * h + 16 * tt + 32 * (k & 1), ql[j]);
+          ld16_a2(blk + 128 + 32 * h + 16 * tt, qh[j]);
           sd[j][0] = ld_u16(blk + 192 + (g & ~1));  // scales[g] in the byte g % 2 of this word
           sd[j][1] = ld_u16(blk + 208);
         }
