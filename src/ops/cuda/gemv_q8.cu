@@ -82,6 +82,43 @@ __device__ __forceinline__ void k4_scale_min(int j, uint32_t s0, uint32_t s1, ui
 // q4_K (144 bytes) and q5_K (176 bytes): lane u = lane % 8 of a block holds bytes [16u, 16u + 16) of the
 // 128 nibble bytes: chunk c = u / 2, elements 64c + 16(u % 2) + [0, 16) (low nibbles, sub-block 2c) and
 // the same + 32 (high nibbles, sub-block 2c + 1); q5_K's fifth bits come from qh[16(u % 2) + i] bit 2c / 2c+1.
+// A lane's share of one q4_K/q5_K block, decoded: the codes of its two sub-blocks (low and high nibbles,
+// with q5_K's fifth bits) and their scales and mins.
+struct K4Codes {
+  int lo[4], hi[4];
+  float ds0, ms0, ds1, ms1;
+};
+template <bool kHigh>
+__device__ __forceinline__ K4Codes k4_codes(const uint4& hdr, const uint4& qs, const uint4& qh, int c) {
+  K4Codes k;
+  const float d = fp16_to_f32(hdr.x & 0xffffu), dmin = fp16_to_f32(hdr.x >> 16);
+  int sc0, m0, sc1, m1;
+  k4_scale_min(2 * c, hdr.y, hdr.z, hdr.w, sc0, m0);
+  k4_scale_min(2 * c + 1, hdr.y, hdr.z, hdr.w, sc1, m1);
+  k.ds0 = d * static_cast<float>(sc0), k.ms0 = dmin * static_cast<float>(m0);
+  k.ds1 = d * static_cast<float>(sc1), k.ms1 = dmin * static_cast<float>(m1);
+  const uint32_t v[4] = {qs.x, qs.y, qs.z, qs.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    k.lo[i] = static_cast<int>(v[i] & 0x0f0f0f0fu);
+    k.hi[i] = static_cast<int>((v[i] >> 4) & 0x0f0f0f0fu);
+    if constexpr (kHigh) {
+      const uint32_t h = i == 0 ? qh.x : i == 1 ? qh.y : i == 2 ? qh.z : qh.w;
+      k.lo[i] |= static_cast<int>(((h >> (2 * c)) & 0x01010101u) << 4);
+      k.hi[i] |= static_cast<int>(((h >> (2 * c + 1)) & 0x01010101u) << 4);
+    }
+  }
+  return k;
+}
+// The block's term of a token's dot product: xd (ds sum(q xq) - ms sum(xq)) for both sub-blocks. Every
+// kernel adds exactly this expression, so a token's sum is the same whichever kernel made it.
+__device__ __forceinline__ float k4_term(const K4Codes& k, const uint4& xl, const uint4& xh, float2 xd, int xs0,
+                                         int xs1) {
+  const int sl = dot4(k.lo, xl, 0), sh = dot4(k.hi, xh, 0);
+  return xd.x * (k.ds0 * static_cast<float>(sl) - k.ms0 * static_cast<float>(xs0)) +
+         xd.y * (k.ds1 * static_cast<float>(sh) - k.ms1 * static_cast<float>(xs1));
+}
+
 template <bool kHigh>
 struct K4 {
   static constexpr int kBytes = kHigh ? 176 : 144;
@@ -122,30 +159,9 @@ struct K4 {
       for (int k = 0; k < U; ++k) {
         const int64_t b = b0 + k * step;
         if (b >= blocks) break;
-        const float d = fp16_to_f32(hdr[k].x & 0xffffu), dmin = fp16_to_f32(hdr[k].x >> 16);
-        int sc0, m0, sc1, m1;
-        k4_scale_min(2 * c, hdr[k].y, hdr[k].z, hdr[k].w, sc0, m0);
-        k4_scale_min(2 * c + 1, hdr[k].y, hdr[k].z, hdr[k].w, sc1, m1);
-        const float ds0 = d * static_cast<float>(sc0), ms0 = dmin * static_cast<float>(m0);
-        const float ds1 = d * static_cast<float>(sc1), ms1 = dmin * static_cast<float>(m1);
-        const uint32_t v[4] = {qs[k].x, qs[k].y, qs[k].z, qs[k].w};
-        int lo[4], hi[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          lo[i] = static_cast<int>(v[i] & 0x0f0f0f0fu);
-          hi[i] = static_cast<int>((v[i] >> 4) & 0x0f0f0f0fu);
-          if constexpr (kHigh) {
-            const uint32_t h = i == 0 ? qh[k].x : i == 1 ? qh[k].y : i == 2 ? qh[k].z : qh[k].w;
-            lo[i] |= static_cast<int>(((h >> (2 * c)) & 0x01010101u) << 4);
-            hi[i] |= static_cast<int>(((h >> (2 * c + 1)) & 0x01010101u) << 4);
-          }
-        }
+        const K4Codes codes = k4_codes<kHigh>(hdr[k], qs[k], qh[k], c);
         const int64_t col = b * 256 + 64 * c + 16 * half;
-        {
-          const int sl = dot4(lo, x0l[k], 0), sh = dot4(hi, x0h[k], 0);
-          acc[0] += x0d[k].x * (ds0 * static_cast<float>(sl) - ms0 * static_cast<float>(x0s[k][0])) +
-                    x0d[k].y * (ds1 * static_cast<float>(sh) - ms1 * static_cast<float>(x0s[k][1]));
-        }
+        acc[0] += k4_term(codes, x0l[k], x0h[k], x0d[k], x0s[k][0], x0s[k][1]);
 #pragma unroll
         for (int t = 1; t < NT; ++t) {
           if (t >= a.n) break;
@@ -154,10 +170,7 @@ struct K4 {
           const uint4 xh = __ldg(reinterpret_cast<const uint4*>(xr + 32));
           const float2 dr = __ldg(reinterpret_cast<const float2*>(a.xd + t * xblocks + b * 8 + 2 * c));
           const int* sr = a.xs + t * (2 * xblocks) + col / 16;
-          const int sl = dot4(lo, xl, 0), sh = dot4(hi, xh, 0);
-          const int ml = __ldg(sr), mh = __ldg(sr + 2);
-          acc[t] += dr.x * (ds0 * static_cast<float>(sl) - ms0 * static_cast<float>(ml)) +
-                    dr.y * (ds1 * static_cast<float>(sh) - ms1 * static_cast<float>(mh));
+          acc[t] += k4_term(codes, xl, xh, dr, __ldg(sr), __ldg(sr + 2));
         }
       }
     }
@@ -197,29 +210,7 @@ __device__ void K4Pair<kHigh>::dot(const Args& a, const uint8_t* const (&rowp)[2
     const float2 xd = __ldg(reinterpret_cast<const float2*>(a.xd + b * 8 + 2 * c));
     const int xs0 = __ldg(a.xs + col / 16), xs1 = __ldg(a.xs + col / 16 + 2);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const float d = fp16_to_f32(hdr[j].x & 0xffffu), dmin = fp16_to_f32(hdr[j].x >> 16);
-      int sc0, m0, sc1, m1;
-      k4_scale_min(2 * c, hdr[j].y, hdr[j].z, hdr[j].w, sc0, m0);
-      k4_scale_min(2 * c + 1, hdr[j].y, hdr[j].z, hdr[j].w, sc1, m1);
-      const float ds0 = d * static_cast<float>(sc0), ms0 = dmin * static_cast<float>(m0);
-      const float ds1 = d * static_cast<float>(sc1), ms1 = dmin * static_cast<float>(m1);
-      const uint32_t v[4] = {qs[j].x, qs[j].y, qs[j].z, qs[j].w};
-      int lo[4], hi[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        lo[i] = static_cast<int>(v[i] & 0x0f0f0f0fu);
-        hi[i] = static_cast<int>((v[i] >> 4) & 0x0f0f0f0fu);
-        if constexpr (kHigh) {
-          const uint32_t h = i == 0 ? qh[j].x : i == 1 ? qh[j].y : i == 2 ? qh[j].z : qh[j].w;
-          lo[i] |= static_cast<int>(((h >> (2 * c)) & 0x01010101u) << 4);
-          hi[i] |= static_cast<int>(((h >> (2 * c + 1)) & 0x01010101u) << 4);
-        }
-      }
-      const int sl = dot4(lo, xl, 0), sh = dot4(hi, xh, 0);
-      acc[j] += xd.x * (ds0 * static_cast<float>(sl) - ms0 * static_cast<float>(xs0)) +
-                xd.y * (ds1 * static_cast<float>(sh) - ms1 * static_cast<float>(xs1));
-    }
+    for (int j = 0; j < 2; ++j) acc[j] += k4_term(k4_codes<kHigh>(hdr[j], qs[j], qh[j], c), xl, xh, xd, xs0, xs1);
   }
 }
 
