@@ -1,8 +1,13 @@
 // dflash serve MODEL [--host H] [--port P] [--device cpu|cuda:N] [--parallel N] [--prefix-cache-mib N]
-// [--api-key K | --api-key-file F] ...: the OpenAI-compatible server (server/http_server.h). It listens
-// first (/health answers 503 while the model loads), then serves until SIGINT/SIGTERM.
+// [--kv-cache-dir DIR [--kv-cache-budget MIB] [--kv-cache-min-tokens N]] [--api-key K | --api-key-file F]
+// ...: the OpenAI-compatible server (server/http_server.h). It listens first (/health answers 503 while
+// the model loads and the snapshot directory is scanned), then serves until SIGINT/SIGTERM.
+#include <sys/stat.h>
+#include <xxhash.h>
+
 #include <csignal>
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
 #include "base/file_io.h"
@@ -10,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/model_loader.h"
 #include "server/http_server.h"
+#include "state/disk_cache.h"
 #include "state/prefix_cache.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/load_tokenizer.h"
@@ -23,6 +29,9 @@ struct ServeOptions {
   int threads = 0;
   int64_t ctx = 0;  // 0: the model's own context (capped at 32768)
   int64_t prefix_cache_mib = 1024;  // host memory for prompt-prefix snapshots; 0: off
+  std::string kv_cache_dir;          // snapshot files (DiskCache); empty: no disk cache
+  double kv_cache_budget_mib = 4096;  // bytes of snapshot files the directory may hold (MiB)
+  int64_t kv_cache_min_tokens = 512;  // shorter prefixes are not written (prefilling them is cheap)
   std::string api_key_file;
   server::ServerOptions server;
 };
@@ -35,6 +44,39 @@ std::string model_id_of(const std::string& path) {
   while (p.size() > 1 && p.back() == '/') p.pop_back();
   const size_t slash = p.find_last_of('/');
   return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+// What a snapshot file is bound to (SnapshotIdentity): the model file (or HF directory: its files' total
+// size and newest mtime), the model's layout, the backend and the prefill schedule (a restore is exact
+// only when the steps after it are those a cold prefill runs on the same kind of backend), the context
+// size and the chat template.
+SnapshotIdentity snapshot_identity(const std::string& model_path, const std::string& model_id, const ModelSpec& spec,
+                                   const LoadedModel& model, int64_t n_ctx, uint64_t template_hash) {
+  namespace fs = std::filesystem;
+  SnapshotIdentity id;
+  id.model_id = model_id;
+  struct stat st {};
+  if (::stat(model_path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+    id.model_bytes = static_cast<uint64_t>(st.st_size);
+    id.model_mtime = static_cast<int64_t>(st.st_mtime);
+  } else {
+    std::error_code ec;
+    for (fs::directory_iterator it(model_path, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      struct stat fst {};
+      if (::stat(it->path().c_str(), &fst) != 0 || !S_ISREG(fst.st_mode)) continue;
+      id.model_bytes += static_cast<uint64_t>(fst.st_size);
+      id.model_mtime = std::max<int64_t>(id.model_mtime, fst.st_mtime);
+    }
+  }
+  const std::string layout =
+      fmt::format("prefill schedule v{} (chunk {}, min segment {}); {}; weights {} bytes; backend {}",
+                  server::Generation::kPrefillScheduleVersion, server::Generation::kPrefillChunk,
+                  server::Generation::kMinPrefixSegment, spec.summary(), model.weights().bytes(),
+                  model.runner->backend().name());
+  id.layout_hash = XXH3_64bits(layout.data(), layout.size());
+  id.n_ctx = n_ctx;
+  id.template_hash = template_hash;
+  return id;
 }
 
 Status serve(ServeOptions opt) {
@@ -55,6 +97,10 @@ Status serve(ServeOptions opt) {
   if (opt.ctx < 0) return invalid_argument("--ctx must be >= 0");
   if (opt.prefix_cache_mib < 0 || opt.prefix_cache_mib > (int64_t{1} << 30))
     return invalid_argument("--prefix-cache-mib must be 0 (off) or a size in MiB (got {})", opt.prefix_cache_mib);
+  if (!(opt.kv_cache_budget_mib > 0) || opt.kv_cache_budget_mib > double(int64_t{1} << 30))
+    return invalid_argument("--kv-cache-budget must be a size in MiB above 0 (got {})", opt.kv_cache_budget_mib);
+  if (opt.kv_cache_min_tokens < 1)
+    return invalid_argument("--kv-cache-min-tokens must be at least 1 (got {})", opt.kv_cache_min_tokens);
   spdlog::flush_on(spdlog::level::info);  // a server's log is read while it runs
   server::HttpServer http(opt.server);
   DF_RETURN_IF_ERROR(http.start());
@@ -66,7 +112,10 @@ Status serve(ServeOptions opt) {
   DF_ASSIGN_OR_RETURN(Tokenizer tok, load_tokenizer(opt.model));
   std::unique_ptr<ChatTemplate> tmpl;
   bool xml_tool_calls = false;
+  uint64_t template_hash = 0;  // what snapshot files are bound to: the template's sources and special tokens
   if (auto src = load_chat_template(opt.model); src.ok()) {
+    const std::string all = src->source + '\0' + src->tool_use_source + '\0' + src->bos_token + '\0' + src->eos_token;
+    template_hash = XXH3_64bits(all.data(), all.size());
     auto t = ChatTemplate::create(*src);
     if (!t.ok()) return t.status();
     tmpl = std::make_unique<ChatTemplate>(std::move(t).value());
@@ -93,15 +142,37 @@ Status serve(ServeOptions opt) {
   engine.prefix_cache = &prefix_cache;
   const int64_t model_ctx = spec.max_context > 0 ? spec.max_context : 32768;
   engine.n_ctx = opt.ctx > 0 ? std::min(opt.ctx, model_ctx) : std::min<int64_t>(model_ctx, 32768);
+  // The disk cache: its directory scanned before the first request, so that it can hit. A directory that
+  // cannot be made or read is a warning: the server runs on without it.
+  std::unique_ptr<DiskCache> disk_cache;
+  if (!opt.kv_cache_dir.empty()) {
+    DiskCacheOptions dopt;
+    dopt.dir = opt.kv_cache_dir;
+    dopt.budget_bytes = static_cast<uint64_t>(opt.kv_cache_budget_mib * double(1 << 20));
+    dopt.min_tokens = opt.kv_cache_min_tokens;
+    dopt.identity = snapshot_identity(opt.model, engine.model_id, spec, model, engine.n_ctx, template_hash);
+    auto dc = DiskCache::open(std::move(dopt));
+    if (dc.ok()) {
+      disk_cache = std::move(dc).value();
+      engine.disk_cache = disk_cache.get();
+    } else {
+      log::warn("serve: no disk cache: {}", dc.status().message());
+    }
+  }
   http.set_engine(&engine);
-  log::info("serve: {} ready on {} in {:.1f} s ({}; context {} tokens, {} slot{}; prefix cache {})", engine.model_id,
-            model.device_name, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-            spec.summary(), engine.n_ctx, opt.server.parallel, opt.server.parallel == 1 ? "" : "s",
-            opt.prefix_cache_mib > 0 ? fmt::format("{} MiB", opt.prefix_cache_mib) : std::string("off"));
+  log::info("serve: {} ready on {} in {:.1f} s ({}; context {} tokens, {} slot{}; prefix cache {}; disk cache {})",
+            engine.model_id, model.device_name,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), spec.summary(), engine.n_ctx,
+            opt.server.parallel, opt.server.parallel == 1 ? "" : "s",
+            opt.prefix_cache_mib > 0 ? fmt::format("{} MiB", opt.prefix_cache_mib) : std::string("off"),
+            disk_cache ? fmt::format("{}, {:.0f} MiB, from {} tokens", disk_cache->dir(), opt.kv_cache_budget_mib,
+                                     opt.kv_cache_min_tokens)
+                       : std::string("off"));
   while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   log::info("serve: shutting down");
-  http.set_engine(nullptr);
+  http.set_engine(nullptr);  // ends the generations: their snapshots are queued for the disk
   http.stop();
+  if (disk_cache) disk_cache->stop();  // the write in progress, and queued ones for a moment
   return Status();
 }
 
@@ -126,6 +197,14 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--prefix-cache-mib", opt->prefix_cache_mib,
                   "Host memory (MiB) for snapshots of prompt prefixes taken at chat turn boundaries; 0: off")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-dir", opt->kv_cache_dir,
+                  "Directory of prefix snapshot files: written after responses, restored after a restart");
+  cmd->add_option("--kv-cache-budget", opt->kv_cache_budget_mib,
+                  "MiB of snapshot files (of this model) the --kv-cache-dir may hold")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-min-tokens", opt->kv_cache_min_tokens,
+                  "Prefixes shorter than this are not written to --kv-cache-dir")
       ->capture_default_str();
   cmd->add_option("--max-queue", opt->server.max_queue, "Requests that may wait for a slot; more get 503")
       ->capture_default_str();

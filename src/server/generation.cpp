@@ -161,40 +161,100 @@ Status Generation::start(SequenceState& state) {
   std::sort(exports_.begin(), exports_.end());
   exports_.erase(std::unique(exports_.begin(), exports_.end()), exports_.end());
   logits_.clear();
-  if (engine_.prefix_cache != nullptr && engine_.prefix_cache->enabled()) restore_prefix();
+  disk_writes_.clear();
+  if ((engine_.prefix_cache != nullptr && engine_.prefix_cache->enabled()) || engine_.disk_cache != nullptr)
+    restore_prefix();
   return Status();
+}
+
+Generation::~Generation() { queue_disk_writes(); }
+
+void Generation::queue_disk_writes() {
+  if (engine_.disk_cache != nullptr)
+    for (auto& snap : disk_writes_) engine_.disk_cache->enqueue(std::move(snap));
+  disk_writes_.clear();
+}
+
+std::shared_ptr<const Snapshot> Generation::disk_lookup(std::span<const int64_t> lengths, bool count_miss) {
+  DiskCache& disk = *engine_.disk_cache;
+  const auto n_prompt = static_cast<int64_t>(req_.prompt.size());
+  const int64_t vocab = engine_.runner->spec().vocab;
+  while (!lengths.empty()) {
+    std::shared_ptr<const Snapshot> snap = disk.lookup(req_.prompt, lengths, count_miss);
+    if (snap == nullptr) return nullptr;
+    const auto n_logits = static_cast<int64_t>(snap->last_logits.size());
+    if (n_logits == vocab || (n_logits == 0 && snap->n_past < n_prompt)) return snap;
+    // Logits of another vocabulary: not this model's file after all. No logits: usable only as a shorter
+    // prefix of a longer prompt.
+    if (n_logits != 0) disk.discard(snap->tokens, fmt::format("its logits have {} entries, the vocabulary {}", n_logits, vocab));
+    while (!lengths.empty() && lengths.back() >= snap->n_past) lengths = lengths.first(lengths.size() - 1);
+  }
+  return nullptr;
 }
 
 void Generation::restore_prefix() {
   const auto t0 = std::chrono::steady_clock::now();
-  PrefixCache& cache = *engine_.prefix_cache;
+  PrefixCache* cache = engine_.prefix_cache != nullptr && engine_.prefix_cache->enabled() ? engine_.prefix_cache : nullptr;
   const auto n_prompt = static_cast<int64_t>(req_.prompt.size());
-  std::shared_ptr<const Snapshot> snap = cache.lookup(req_.prompt, cuts_);
-  // The whole prompt needs the logits of its last token to sample from: a snapshot without them can only
-  // serve as a shorter prefix.
-  if (snap != nullptr && snap->n_past == n_prompt &&
-      static_cast<int64_t>(snap->last_logits.size()) != engine_.runner->spec().vocab) {
-    snap = cache.lookup(req_.prompt, std::span<const int64_t>(cuts_).first(cuts_.size() - 1));
+  std::shared_ptr<const Snapshot> snap;
+  if (cache != nullptr) {
+    snap = cache->lookup(req_.prompt, cuts_);
+    // The whole prompt needs the logits of its last token to sample from: a snapshot without them can only
+    // serve as a shorter prefix.
+    if (snap != nullptr && snap->n_past == n_prompt &&
+        static_cast<int64_t>(snap->last_logits.size()) != engine_.runner->spec().vocab) {
+      snap = cache->lookup(req_.prompt, std::span<const int64_t>(cuts_).first(cuts_.size() - 1));
+    }
+  }
+  // The disk, for the cuts beyond what memory had (after a restart memory holds the system prompt of the
+  // first conversation; the disk, whole conversations). A miss is counted only when memory missed too.
+  bool from_disk = false;
+  if (engine_.disk_cache != nullptr) {
+    const int64_t have = snap != nullptr ? snap->n_past : 0;
+    const auto above = std::upper_bound(cuts_.begin(), cuts_.end(), have);
+    const std::span<const int64_t> longer(above, cuts_.end());
+    std::shared_ptr<const Snapshot> d = longer.empty() ? nullptr : disk_lookup(longer, snap == nullptr);
+    if (d != nullptr) {
+      if (const Status st = state_->import_snapshot(*d); st.ok()) {
+        log::info("disk cache: restored {} tokens ({:.1f} MiB) in {:.1f} ms", d->n_past,
+                  static_cast<double>(snapshot_bytes(*d)) / (1 << 20), ms_since(t0));
+        if (cache != nullptr) cache->insert(d);
+        snap = std::move(d);
+        from_disk = true;
+      } else {
+        // Read back whole, yet not this model's shapes: the file goes; memory's shorter prefix may still do.
+        engine_.disk_cache->discard(d->tokens, st.message());
+        state_->reset();
+      }
+    }
   }
   if (snap == nullptr) return;
-  if (const Status st = state_->import_snapshot(*snap); !st.ok()) {
-    log::warn("prefix cache: a snapshot of {} tokens does not fit this model ({}); prefilling from the start",
-              snap->n_past, st.message());
-    state_->reset();
-    return;
+  if (!from_disk) {
+    if (const Status st = state_->import_snapshot(*snap); !st.ok()) {
+      log::warn("prefix cache: a snapshot of {} tokens does not fit this model ({}); prefilling from the start",
+                snap->n_past, st.message());
+      state_->reset();
+      return;
+    }
   }
   prefilled_ = snap->n_past;
   if (prefilled_ == n_prompt) logits_ = snap->last_logits;
   while (next_cut_ < cuts_.size() && cuts_[next_cut_] <= prefilled_) ++next_cut_;
   res_.cached_tokens = prefilled_;
+  res_.disk_hit = from_disk;
   res_.prefill_ms += ms_since(t0);
 }
 
 void Generation::export_prefix(int64_t pos) {
-  PrefixCache* cache = engine_.prefix_cache;
-  if (cache == nullptr || !cache->enabled() || !std::binary_search(exports_.begin(), exports_.end(), pos)) return;
+  if (!std::binary_search(exports_.begin(), exports_.end(), pos)) return;
+  PrefixCache* cache = engine_.prefix_cache != nullptr && engine_.prefix_cache->enabled() ? engine_.prefix_cache : nullptr;
+  DiskCache* disk = engine_.disk_cache;
   const auto ids = std::span<const int32_t>(req_.prompt).first(static_cast<size_t>(pos));
-  if (cache->contains(ids)) return;  // another request left it (the same prompt in another slot)
+  // In memory already: another request left it (the same prompt in another slot), and queued it for the
+  // disk when it ended (or it came from the disk).
+  if (cache != nullptr && cache->contains(ids)) return;
+  const bool to_disk = disk != nullptr && disk->wants(ids);
+  if (cache == nullptr && !to_disk) return;
   // A copy of the state to the host: on a device backend this costs a download of the KV so far.
   Result<Snapshot> snap = state_->export_snapshot();
   if (!snap.ok()) {
@@ -203,7 +263,9 @@ void Generation::export_prefix(int64_t pos) {
   }
   snap->tokens.assign(ids.begin(), ids.end());
   snap->last_logits = logits_;
-  cache->insert(std::make_shared<const Snapshot>(std::move(snap).value()));
+  auto shared = std::make_shared<const Snapshot>(std::move(snap).value());
+  if (cache != nullptr) cache->insert(shared);
+  if (to_disk) disk_writes_.push_back(std::move(shared));
 }
 
 Status Generation::check_live() const {
@@ -277,6 +339,7 @@ Result<bool> Generation::step() {
   }
   if (done) {
     DF_RETURN_IF_ERROR(finish());
+    queue_disk_writes();  // the output is complete: the writer's I/O cannot delay it
   } else {
     Step step;
     step.tokens = std::span<const int32_t>(&history_.back(), 1);

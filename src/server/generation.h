@@ -19,6 +19,7 @@
 #include "decode/json_constraint.h"
 #include "decode/runner.h"
 #include "decode/sampler.h"
+#include "state/disk_cache.h"
 #include "state/prefix_cache.h"
 #include "state/sequence_state.h"
 #include "tokenizer/chat_template.h"
@@ -43,6 +44,10 @@ struct Engine {
   // Snapshots of prompt prefixes shared by every slot (thread-safe); null or disabled: every prompt is
   // prefilled from its start.
   PrefixCache* prefix_cache = nullptr;
+  // Snapshots persisted in a directory (thread-safe); null: none. Looked up when memory has no prefix of
+  // the prompt as long as the disk may; a disk hit also goes to prefix_cache. The snapshots a request
+  // exports are queued to its writer when the request ends.
+  DiskCache* disk_cache = nullptr;
 };
 
 struct GenerationRequest {
@@ -68,6 +73,7 @@ struct GenerationResult {
   std::string finish_reason;  // "stop" (end of generation or a stop string) or "length"
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;  // prompt tokens restored from the prefix cache instead of evaluated
+  bool disk_hit = false;      // they came from a snapshot file (DiskCache), not from memory
   int64_t completion_tokens = 0;
   double prefill_ms = 0;  // time spent in this request's prefill steps (not in other slots' steps between them)
   double decode_ms = 0;   // likewise for its decode steps
@@ -120,6 +126,9 @@ std::vector<int64_t> prefill_cuts(std::span<const int32_t> prompt, std::span<con
 // the first token comes from the snapshot's logits), and the prefill exports a snapshot at the cuts where
 // a later request is likely to branch, above the restored position: the first turn boundary (the system or
 // tools block), the last two (after the last assistant turn, after the last user turn) and the prompt's end.
+// With an Engine::disk_cache, a cut longer than any that memory holds is looked up on disk too (the read
+// runs on the caller's thread), and the exported snapshots that memory did not already hold (and that the
+// disk wants: DiskCache::wants) are queued to its writer when the generation ends.
 // Not thread-safe: one thread drives a Generation (the sink runs on that thread).
 class Generation {
  public:
@@ -127,12 +136,19 @@ class Generation {
   // A turn boundary closer than this to the previous cut is not a cut: a skipped boundary costs a later
   // request at most this many extra prompt tokens, and a short prompt stays one step.
   static constexpr int64_t kMinPrefixSegment = 32;
+  // The version of the prefill schedule (prefill_cuts, kPrefillChunk, kMinPrefixSegment, and how a segment
+  // is stepped): snapshot files are bound to it (the server folds it into SnapshotIdentity::layout_hash),
+  // so a change here must bump it, and files written under another schedule are then not restored.
+  static constexpr int kPrefillScheduleVersion = 1;
 
   // `cancel` (may be null) must outlive the generation; the engine too.
   Generation(const Engine& engine, GenerationRequest req, TextSink sink, const std::atomic<bool>* cancel = nullptr,
              std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
   Generation(const Generation&) = delete;
   Generation& operator=(const Generation&) = delete;
+  // Queues the snapshots this request exported for the disk cache (if it did not finish: they are still
+  // valid prefixes).
+  ~Generation();
 
   // Checks the request (the errors generate() lists, but no engine work) and binds the generation to
   // `state`, which must be empty (n_past 0, as after SequenceState::reset()) and outlive it. With a prefix
@@ -157,8 +173,13 @@ class Generation {
   // The end of a generation: the detokenizer's and the stop matcher's held-back text.
   Status finish();
   // Restores the longest cached prefix of the prompt into state_ (a miss or a snapshot that does not fit
-  // leaves it empty).
+  // leaves it empty): memory first, then the disk for cuts beyond what memory had.
   void restore_prefix();
+  // The longest snapshot on disk among `lengths` usable for this prompt (a snapshot of the whole prompt
+  // needs its [V] logits), or null. Counts a disk miss when `count_miss`.
+  std::shared_ptr<const Snapshot> disk_lookup(std::span<const int64_t> lengths, bool count_miss);
+  // Hands the snapshots exported for the disk to its writer (when the generation ends; idempotent).
+  void queue_disk_writes();
   // After the prefill reached cut `pos`: keeps a snapshot of the state there if it is one of exports_.
   void export_prefix(int64_t pos);
 
@@ -180,6 +201,7 @@ class Generation {
   std::vector<int64_t> cuts_;     // prefill_cuts of the prompt
   size_t next_cut_ = 0;           // cuts_[next_cut_]: where the running segment ends
   std::vector<int64_t> exports_;  // the cuts where a snapshot goes to the prefix cache (ascending)
+  std::vector<std::shared_ptr<const Snapshot>> disk_writes_;  // exported, for the disk cache at the end
   GenerationResult res_;
 };
 

@@ -450,21 +450,37 @@ struct HttpServer::Impl {
     decode_us.fetch_add(static_cast<uint64_t>(r.decode_ms * 1e3));
     log::info("request {}: prompt {} tokens (cached {}{}), generated {}, prefill {:.1f} ms, decode {:.1f} ms, finish {}",
               id, r.prompt_tokens, r.cached_tokens,
-              r.cached_tokens > 0 ? fmt::format(": memory_hit=true restore=true pos={}", r.cached_tokens) : "",
+              r.cached_tokens > 0 ? fmt::format(": {}_hit=true restore=true pos={}", r.disk_hit ? "disk" : "memory",
+                                                r.cached_tokens)
+                                  : "",
               r.completion_tokens, r.prefill_ms, r.decode_ms, r.finish_reason);
   }
 
-  // The prefix cache's part of /props.
+  // The prefix caches' part of /props: memory, and the disk (disk_* fields; zero when it is off).
   static json cache_props(const Engine& e) {
     const PrefixCache* c = e.prefix_cache;
     const PrefixCacheStats st = c != nullptr ? c->stats() : PrefixCacheStats();
+    const DiskCacheStats ds = e.disk_cache != nullptr ? e.disk_cache->stats() : DiskCacheStats();
     return json{{"prefix_cache", c != nullptr && c->enabled()},
-                {"disk_cache", false},
+                {"disk_cache", e.disk_cache != nullptr},
                 {"capacity_bytes", st.capacity},
                 {"used_bytes", st.bytes},
                 {"entries", st.entries},
                 {"hits", st.hits},
-                {"misses", st.misses}};
+                {"misses", st.misses},
+                {"disk_capacity_bytes", ds.budget},
+                {"disk_used_bytes", ds.bytes},
+                {"disk_entries", ds.entries},
+                {"disk_hits", ds.hits},
+                {"disk_misses", ds.misses},
+                {"disk_writes", ds.writes},
+                {"disk_write_errors", ds.write_errors},
+                {"disk_evictions", ds.evictions},
+                {"disk_dropped", ds.dropped},
+                {"disk_removed_bad", ds.removed_bad},
+                {"disk_pending", ds.pending},
+                {"disk_writable", ds.writable},
+                {"disk_min_tokens", e.disk_cache != nullptr ? e.disk_cache->min_tokens() : 0}};
   }
 
   void routes() {
@@ -567,6 +583,21 @@ struct HttpServer::Impl {
       metric("dflash_prefix_cache_bytes", "gauge", "Host bytes the prefix cache holds.", static_cast<double>(pc.bytes));
       metric("dflash_prefix_cache_capacity_bytes", "gauge", "The prefix cache's budget (--prefix-cache-mib).",
              static_cast<double>(pc.capacity));
+      const DiskCacheStats dc = e != nullptr && e->disk_cache != nullptr ? e->disk_cache->stats() : DiskCacheStats();
+      metric("dflash_disk_cache_hits_total", "counter", "Prompts that restored a snapshot file (--kv-cache-dir).",
+             static_cast<double>(dc.hits));
+      metric("dflash_disk_cache_misses_total", "counter", "Prompts that found no cached prefix in memory or on disk.",
+             static_cast<double>(dc.misses));
+      metric("dflash_disk_cache_writes_total", "counter", "Snapshot files written.", static_cast<double>(dc.writes));
+      metric("dflash_disk_cache_write_errors_total", "counter", "Snapshot writes that failed (writing then stops).",
+             static_cast<double>(dc.write_errors));
+      metric("dflash_disk_cache_evictions_total", "counter", "Snapshot files removed to stay within the budget.",
+             static_cast<double>(dc.evictions));
+      metric("dflash_disk_cache_entries", "gauge", "Snapshot files of this model in the cache directory.",
+             static_cast<double>(dc.entries));
+      metric("dflash_disk_cache_bytes", "gauge", "Bytes of those files.", static_cast<double>(dc.bytes));
+      metric("dflash_disk_cache_budget_bytes", "gauge", "The disk cache's budget (--kv-cache-budget).",
+             static_cast<double>(dc.budget));
       metric("dflash_generated_tokens_total", "counter", "Tokens generated.", static_cast<double>(generated_tokens.load()));
       metric("dflash_prefill_seconds_total", "counter", "Time spent in prefill.", prefill_us.load() / 1e6);
       metric("dflash_decode_seconds_total", "counter", "Time spent decoding.", decode_us.load() / 1e6);
@@ -574,14 +605,25 @@ struct HttpServer::Impl {
       res.status = 200;
       res.set_content(m, "text/plain; version=0.0.4");
     });
-    // Drops every prefix snapshot (requests restoring one now keep theirs).
+    // Drops every prefix snapshot in memory (requests restoring one now keep theirs); with {"disk": true}
+    // also removes this model's snapshot files (writes still queued happen afterwards).
     http.Post("/cache/clear", [this](const httplib::Request& req, httplib::Response& res) {
       if (!authorized(req, res)) return;
       const Engine* e = ready(res);
       if (e == nullptr) return;
+      bool disk = false;
+      if (!req.body.empty()) {
+        const json body = json::parse(req.body, nullptr, false);
+        if (!body.is_object()) return send_error(res, invalid_argument("the body must be a JSON object"));
+        if (body.contains("disk")) {
+          if (!body["disk"].is_boolean()) return send_error(res, field_error("disk", "'disk' must be true or false"));
+          disk = body["disk"].get<bool>();
+        }
+      }
       const int64_t n = e->prefix_cache != nullptr ? e->prefix_cache->clear() : 0;
-      log::info("prefix cache: cleared {} snapshots", n);
-      send_json(res, 200, json{{"cleared", n}});
+      const int64_t d = disk && e->disk_cache != nullptr ? e->disk_cache->clear() : 0;
+      log::info("prefix cache: cleared {} snapshots{}", n, disk ? fmt::format(" and {} snapshot files", d) : "");
+      send_json(res, 200, json{{"cleared", n}, {"disk_cleared", d}});
     });
     http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
       if (!authorized(req, res)) return;
