@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Time to first token of one long prompt (~27K tokens of Python source as the system message) on
+# `dflash serve --device cuda:0` with the bundled default model: cold, restored from memory, and restored
+# from disk after a restart; then the snapshot file's size and the disk's sequential read speed (dd).
+# Run on the GPU machine from the repository root with a GPU bundle (tests/gpu/run_gpu_tests.sh bundle):
+#   DFLASH_GPU_BUILD=build tests/gpu/prefix_cache_bench.sh
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+build="${DFLASH_GPU_BUILD:-build-gpu}"
+[[ "$build" = /* ]] || build="$root/$build"
+bin="$build/bundle/bin/dflash"
+export LD_LIBRARY_PATH="$build/bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+device="${DFLASH_SMOKE_DEVICE:-cuda:0}"
+chars="${DFLASH_BENCH_CHARS:-100000}"
+port=18767
+dir=$(mktemp -d /tmp/kvbench.XXXXXX)
+log="${OUT:-/tmp}/prefix_cache_bench.log"
+
+start() {
+  "$bin" serve --device "$device" --port "$port" --kv-cache-dir "$dir/kv" --kv-cache-min-tokens 512 >>"$log" 2>&1 &
+  pid=$!
+  for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && return; sleep 0.1; done
+  echo "the server did not start; see $log"; exit 1
+}
+ask() {  # prints: wall ms, prompt tokens, cached tokens
+  python3 - "$port" "$chars" <<'PY'
+import glob, json, sys, time, urllib.request
+port, chars = sys.argv[1], int(sys.argv[2])
+text = ""
+for f in sorted(glob.glob("/usr/lib/python3*/json/*.py") + glob.glob("/usr/lib/python3*/email/*.py")):
+    text += open(f, encoding="utf-8", errors="replace").read()
+    if len(text) >= chars:
+        break
+body = {"messages": [{"role": "system", "content": text[:chars]},
+                     {"role": "user", "content": "Write a Python function `add(a, b)`."}],
+        "max_tokens": 1, "temperature": 0}
+t0 = time.time()
+req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
+                             {"Content-Type": "application/json"})
+r = json.load(urllib.request.urlopen(req, timeout=600))
+u = r["usage"]
+print(f"{(time.time() - t0) * 1000:.0f} {u['prompt_tokens']} {u['prompt_tokens_details']['cached_tokens']}")
+PY
+}
+
+start
+read -r cold n c0 < <(ask)
+read -r mem _ c1 < <(ask)
+kill -TERM $pid; wait $pid 2>/dev/null
+start
+read -r disk _ c2 < <(ask)
+kill -TERM $pid; wait $pid 2>/dev/null
+echo "prompt of $n tokens, time to first token (wall, one token generated):"
+echo "  cold                      $cold ms (cached $c0)"
+echo "  memory hit                $mem ms (cached $c1)"
+echo "  disk hit after a restart  $disk ms (cached $c2)"
+f=$(ls -S "$dir"/kv/* 2>/dev/null | head -1)
+if [ -n "$f" ]; then
+  echo "  largest snapshot file: $(du -m "$f" | cut -f1) MiB"
+  echo "  dd read of it: $(dd if="$f" of=/dev/null bs=16M 2>&1 | tail -1)"
+fi
+grep -h "disk_hit\|memory_hit" "$log" | tail -2 | sed 's/^/  log: /'
+rm -rf "$dir"
