@@ -15,8 +15,8 @@
 #include "cli/commands.h"
 #include "cli/model_loader.h"
 #include "server/http_server.h"
-#include "state/disk_cache.h"
-#include "state/prefix_cache.h"
+#include "cache/disk_cache.h"
+#include "cache/prefix_cache.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/load_tokenizer.h"
 

@@ -4,7 +4,7 @@
 // found, vanished files a miss), the writer (min tokens, 0600 files, no rewrites), eviction by value within
 // the budget, a failed write that turns writing off with one warning, two caches sharing a directory, and
 // a stop that does not hang.
-#include "state/disk_cache.h"
+#include "cache/disk_cache.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

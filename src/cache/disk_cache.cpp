@@ -1,4 +1,4 @@
-#include "state/disk_cache.h"
+#include "cache/disk_cache.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,7 +12,7 @@
 #include <filesystem>
 
 #include "base/log.h"
-#include "state/prefix_cache.h"
+#include "cache/prefix_cache.h"
 
 namespace dflash {
 namespace {

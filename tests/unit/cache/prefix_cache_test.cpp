@@ -1,7 +1,7 @@
 // PrefixCache: the longest cached prefix of a prompt, verified id by id (colliding hashes give no false
 // hit), restricted to given lengths; LRU eviction among leaves within the byte budget; clear; stats; and
 // many threads inserting and looking up at once.
-#include "state/prefix_cache.h"
+#include "cache/prefix_cache.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "state/prefix_cache.h"
+#include "cache/prefix_cache.h"
 
 #include <xxhash.h>
 
