@@ -107,6 +107,7 @@ bool JsonObjectPrefix::start_value(uint8_t c) {
 
 // The modes between tokens of the JSON grammar, where whitespace may come.
 bool JsonObjectPrefix::step_structural(uint8_t c) {
+  if (mode_ == Mode::kBeforeTop) return c == '{' && open_container(true);  // the reply starts with '{'
   if (is_whitespace(c)) {
     const bool line_break = c == '\n' || c == '\r';
     if (ws_run_ >= kMaxWhitespaceRun || (line_break && ws_breaks_ >= kMaxLineBreaksPerRun)) return false;
@@ -117,8 +118,6 @@ bool JsonObjectPrefix::step_structural(uint8_t c) {
   ws_run_ = 0;
   ws_breaks_ = 0;
   switch (mode_) {
-    case Mode::kBeforeTop:
-      return c == '{' && open_container(true);
     case Mode::kObjectOpen:
     case Mode::kKey:
       if (c == '"') {

@@ -18,6 +18,8 @@
 //   - numbers: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?  ("01", "1.", ".5", "+1" are refused);
 //   - true, false, null;
 //   - nesting depth at most kMaxDepth (bounded state; deeper documents are refused at the opening byte);
+//   - the first byte is the object's '{' (no leading whitespace: a reply is the object itself, as
+//     OpenAI's are; RFC 8259 would allow it, but a model given the choice pads with it);
 //   - whitespace outside strings in runs of at most kMaxWhitespaceRun bytes holding at most
 //     kMaxLineBreaksPerRun line breaks: a model cannot spend its budget looping on newlines, while
 //     pretty-printed output (a newline and an indent per line) still fits.
@@ -54,7 +56,7 @@ class JsonObjectPrefix {
 
   // The top-level object is closed: the document is complete and nothing may follow.
   bool complete() const { return mode_ == Mode::kDone; }
-  // Nothing has been appended yet except, possibly, leading whitespace.
+  // Nothing has been appended yet.
   bool at_start() const { return mode_ == Mode::kBeforeTop; }
   // The shortest bytes that make the document complete (empty once complete): closes an open escape,
   // character, number, literal or string, gives an open key a null value, closes every container.
@@ -63,7 +65,7 @@ class JsonObjectPrefix {
 
   // What the next byte must continue (public for the mask's per-state shortcuts).
   enum class Mode : uint8_t {
-    kBeforeTop,     // whitespace, then '{'
+    kBeforeTop,     // '{' (no leading whitespace: the reply starts with the object)
     kObjectOpen,    // after '{': a key or '}'
     kKey,           // after ',' in an object: a key
     kColon,         // after a key

@@ -41,8 +41,8 @@ using Mode = JsonObjectPrefix::Mode;
 // Written independently of the automaton (recursion instead of a stack of bits; UTF-8 and \u escapes
 // checked by the range of code points a partial sequence can still reach, instead of per-byte tables).
 // Running out of input anywhere means "a valid prefix so far"; a byte that no completion can follow
-// stops it there. Same extra rules as the automaton: depth <= 64, whitespace runs <= 32 bytes with <= 2
-// line breaks, nothing after the top-level object.
+// stops it there. Same extra rules as the automaton: no whitespace before the object, depth <= 64,
+// whitespace runs <= 32 bytes with <= 2 line breaks, nothing after the top-level object.
 class ReferenceReader {
  public:
   struct Verdict {
@@ -53,7 +53,6 @@ class ReferenceReader {
   static Verdict read(std::string_view s) {
     ReferenceReader r(s);
     try {
-      r.ws();
       if (r.peek() != '{') r.fail();
       ++r.pos_;
       r.object(1);
@@ -334,7 +333,7 @@ const std::vector<std::string>& valid_corpus() {
   static const std::vector<std::string> docs = {
       "{}",
       "{\"a\":1}",
-      " \n\t{\"a\" : [ ] , \"b\":{}}",
+      "{\n\t\"a\" : [ ] , \"b\":{}}",
       "{\"n\":[0,-0,-0.5e+10,1E5,12.25,1e-7,0.0,-12,3e0,6.02E23,1e+0]}",
       "{\"s\":\"esc \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u00e9 \\uD83D\\uDE00 \\u0000 \\uFFFF \\ud7ff \\uE000\"}",
       "{\"u\":\"h\xC3\xA9llo \xE4\xB8\x96\xE7\x95\x8C \xF0\x9F\x98\x80 \x7F \xEF\xBF\xBF \xF4\x8F\xBF\xBF \xED\x9F\xBF\"}",
@@ -437,8 +436,9 @@ TEST(JsonObjectPrefix, invalid_inputs_are_refused_at_the_first_impossible_byte) 
       {"{", ",}"},
       {"{\"a\"", "}"},
       {"{}", "}"},
-      {std::string(32, ' '), " {}", true},    // whitespace run cap
-      {"\n\n", "\n{}", true},                 // line breaks per run
+      {"", " {}", true},                      // leading whitespace
+      {"{" + std::string(32, ' '), " }", true},   // whitespace run cap
+      {"{\n\n", "\n}", true},                 // line breaks per run
       {"{\"a\":\r\n", "\r\n1}", true},
       {nested(64).substr(0, 5 + 63), "[]" + std::string(63, ']') + "}", true},  // depth cap
   };
@@ -454,8 +454,11 @@ TEST(JsonObjectPrefix, invalid_inputs_are_refused_at_the_first_impossible_byte) 
 }
 
 TEST(JsonObjectPrefix, whitespace_runs_and_depth_are_bounded) {
+  JsonObjectPrefix q;
+  EXPECT_FALSE(q.push(' '));  // nothing before the object
+  EXPECT_TRUE(q.push('{'));
+  EXPECT_EQ(q.push(std::string(40, ' ')), 32u);
   JsonObjectPrefix p;
-  EXPECT_EQ(p.push(std::string(40, ' ')), 32u);
   EXPECT_TRUE(p.push('{'));
   EXPECT_EQ(p.push("\n\n\n"), 2u);  // two line breaks per run
   EXPECT_TRUE(p.push('"'));
@@ -473,7 +476,7 @@ TEST(JsonObjectPrefix, whitespace_runs_and_depth_are_bounded) {
 
 TEST(JsonObjectPrefix, closing_suffix_completes_every_kind_of_prefix) {
   const std::vector<std::string> prefixes = {
-      "",       "  ",          "{",          "{\"k",       "{\"k\"",     "{\"k\":",         "{\"k\":[",
+      "",       "{  ",         "{",          "{\"k",       "{\"k\"",     "{\"k\":",         "{\"k\":[",
       "{\"a\":1,", "{\"a\":[1,", "{\"a\":-",   "{\"a\":0",   "{\"a\":1.",  "{\"a\":1.5e",     "{\"a\":1e-",
       "{\"a\":2E4", "{\"a\":tr", "{\"a\":fals", "{\"a\":n",  "{\"a\":\"\\", "{\"a\":\"\\u",    "{\"a\":\"\\uD",
       "{\"a\":\"\\uD8", "{\"a\":\"\\uD83D", "{\"a\":\"\\uD83D\\", "{\"a\":\"\\uD83D\\u", "{\"a\":\"\\uD83D\\uD",
@@ -734,7 +737,7 @@ TEST(JsonConstraint, end_of_generation_only_after_the_object_and_then_only_it) {
   EXPECT_FALSE(c.allows(m.tool));
   EXPECT_FALSE(c.allows(-1));
   EXPECT_FALSE(c.allows(m.tokenizer.size()));
-  EXPECT_TRUE(c.allows(' '));
+  EXPECT_FALSE(c.allows(' '));  // the reply opens with its '{'
   EXPECT_TRUE(c.allows('{'));
   ASSERT_TRUE(c.accept('{').ok());
   ASSERT_TRUE(c.accept('"').ok());
