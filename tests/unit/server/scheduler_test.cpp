@@ -38,6 +38,23 @@ bool eventually(F cond) {
   return false;
 }
 
+// A tiny fixture model on the CPU with its tokenizer (what both fixtures below generate with).
+struct TinyModel {
+  std::unique_ptr<Weights> weights;
+  std::unique_ptr<Runner> runner;
+  std::unique_ptr<Tokenizer> tokenizer;
+  void load(const std::string& name) {
+    const std::string dir = test::fixture_path("models/" + name);
+    auto w = Weights::load(dir, 1);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    weights = std::make_unique<Weights>(std::move(w).value());
+    runner = std::make_unique<Runner>(*weights, 1);
+    auto tok = load_tokenizer(dir);
+    ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+    tokenizer = std::make_unique<Tokenizer>(std::move(tok).value());
+  }
+};
+
 // The outcome of a submitted job, filled in by its done callback.
 struct Outcome {
   std::promise<Result<GenerationResult>> promise;
@@ -50,19 +67,15 @@ struct Outcome {
 class SchedulerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string dir = test::fixture_path("models/tiny-qwen3");
-    auto w = Weights::load(dir, 1);
-    ASSERT_TRUE(w.ok()) << w.status().to_string();
-    weights_ = std::make_unique<Weights>(std::move(w).value());
-    runner_ = std::make_unique<Runner>(*weights_, 1);
-    auto tok = load_tokenizer(dir);
-    ASSERT_TRUE(tok.ok()) << tok.status().to_string();
-    tokenizer_ = std::make_unique<Tokenizer>(std::move(tok).value());
-    engine_.runner = runner_.get();
-    engine_.tokenizer = tokenizer_.get();
+    model_.load("tiny-qwen3");
+    if (HasFatalFailure()) return;
+    runner_ = model_.runner.get();
+    tokenizer_ = model_.tokenizer.get();
+    engine_.runner = runner_;
+    engine_.tokenizer = tokenizer_;
     engine_.model_id = "tiny-qwen3";
     engine_.n_ctx = 4096;
-    auto ref = nlohmann::json::parse(*read_text_file(dir + "/reference.json"));
+    auto ref = nlohmann::json::parse(*read_text_file(test::fixture_path("models/tiny-qwen3/reference.json")));
     prompts_ = ref["prompts"].get<std::vector<std::vector<int32_t>>>();
     greedy_ = ref["greedy"].get<std::vector<std::vector<int32_t>>>();
   }
@@ -106,9 +119,9 @@ class SchedulerTest : public ::testing::Test {
     }
   }
 
-  std::unique_ptr<Weights> weights_;
-  std::unique_ptr<Runner> runner_;
-  std::unique_ptr<Tokenizer> tokenizer_;
+  TinyModel model_;
+  Runner* runner_ = nullptr;
+  Tokenizer* tokenizer_ = nullptr;
   Engine engine_;
   std::vector<std::vector<int32_t>> prompts_, greedy_;
 };
@@ -377,16 +390,12 @@ TEST_F(SchedulerTest, generation_prefills_in_chunks_then_decodes_a_token_per_ste
 class PrefixRestore : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    const std::string dir = test::fixture_path("models/" + GetParam());
-    auto w = Weights::load(dir, 1);
-    ASSERT_TRUE(w.ok()) << w.status().to_string();
-    weights_ = std::make_unique<Weights>(std::move(w).value());
-    runner_ = std::make_unique<Runner>(*weights_, 1);
-    auto tok = load_tokenizer(dir);
-    ASSERT_TRUE(tok.ok()) << tok.status().to_string();
-    tokenizer_ = std::make_unique<Tokenizer>(std::move(tok).value());
-    cold_.runner = runner_.get();
-    cold_.tokenizer = tokenizer_.get();
+    model_.load(GetParam());
+    if (HasFatalFailure()) return;
+    runner_ = model_.runner.get();
+    tokenizer_ = model_.tokenizer.get();
+    cold_.runner = runner_;
+    cold_.tokenizer = tokenizer_;
     cold_.n_ctx = 4096;
     auto im_end = tokenizer_->token_to_id("<|im_end|>");
     auto nl = tokenizer_->encode("\n", false);
@@ -395,7 +404,8 @@ class PrefixRestore : public ::testing::TestWithParam<std::string> {
     im_end_ = *im_end;
     newline_ = (*nl)[0];
     // Body ids: the reference prompts' ids, less those that end a turn, cycled.
-    auto ref = nlohmann::json::parse(*read_text_file(dir + "/reference.json"));
+    const std::string ref_path = test::fixture_path("models/" + GetParam() + "/reference.json");
+    auto ref = nlohmann::json::parse(*read_text_file(ref_path));
     const auto eog = tokenizer_->vocab().end_of_generation_ids();
     for (const auto& p : ref["prompts"].get<std::vector<std::vector<int32_t>>>())
       for (int32_t id : p)
@@ -470,9 +480,9 @@ class PrefixRestore : public ::testing::TestWithParam<std::string> {
     }
   }
 
-  std::unique_ptr<Weights> weights_;
-  std::unique_ptr<Runner> runner_;
-  std::unique_ptr<Tokenizer> tokenizer_;
+  TinyModel model_;
+  Runner* runner_ = nullptr;
+  Tokenizer* tokenizer_ = nullptr;
   Engine cold_;  // no prefix cache
   int32_t im_end_ = 0, newline_ = 0;
   std::vector<int32_t> body_;
