@@ -63,6 +63,33 @@ class Serve : public ::testing::Test {
     *status = r->status;
     return json::parse(r->body, nullptr, false);
   }
+  // POSTs a chat completion on its own connection; `receiver` sees the response body as it arrives and
+  // hangs up by returning false.
+  void post_until_hang_up(const std::string& body, std::function<bool(const char*, size_t)> receiver) {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(60, 0);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/chat/completions";
+    req.body = body;
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) { return receiver(data, n); };
+    c.send(req);
+  }
+  // After a hang-up: the engine frees its slot (a 2-token request is served within `tries` tenths of a
+  // second) and counts one failed request.
+  void expect_cancelled_and_free(int tries) {
+    int status = 0;
+    for (int i = 0; i < tries; ++i) {
+      post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":2})", &status);
+      if (status == 200) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_EQ(status, 200);
+    auto m = client_->Get("/metrics");
+    ASSERT_TRUE(m);
+    EXPECT_NE(m->body.find("dflash_requests_failed_total 1"), std::string::npos) << m->body;
+  }
   void expect_alive() {
     auto r = client_->Get("/health");
     ASSERT_TRUE(r);
@@ -286,20 +313,13 @@ TEST_F(Serve, disconnects_cancel_and_a_full_queue_is_503) {
   start({"--max-queue", "0"});
   std::atomic<bool> first_chunk{false};
   std::thread streamer([&] {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(60, 0);
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/chat/completions";
-    req.body = R"({"messages":[{"role":"user","content":"go"}],"max_tokens":3500,"temperature":1,"seed":1,
-                   "stream":true})";
-    req.set_header("Content-Type", "application/json");
     int chunks = 0;
-    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
-      first_chunk = true;
-      return ++chunks < 20;  // then hang up
-    };
-    c.send(req);
+    post_until_hang_up(R"({"messages":[{"role":"user","content":"go"}],"max_tokens":3500,"temperature":1,"seed":1,
+                           "stream":true})",
+                       [&](const char*, size_t) {
+                         first_chunk = true;
+                         return ++chunks < 20;  // then hang up
+                       });
   });
   for (int i = 0; i < 200 && !first_chunk; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   // While it runs, the queue (0 waiting allowed) is full.
@@ -314,15 +334,7 @@ TEST_F(Serve, disconnects_cancel_and_a_full_queue_is_503) {
     }
   }
   // The hung-up stream was cancelled: the engine is free again well before 3500 tokens.
-  for (int i = 0; i < 50; ++i) {
-    post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":2})", &status);
-    if (status == 200) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  EXPECT_EQ(status, 200);
-  auto m = client_->Get("/metrics");
-  ASSERT_TRUE(m);
-  EXPECT_NE(m->body.find("dflash_requests_failed_total 1"), std::string::npos) << m->body;
+  expect_cancelled_and_free(50);
   expect_alive();
 }
 
@@ -761,34 +773,15 @@ TEST_F(Serve, a_plain_request_whose_client_hangs_up_is_cancelled) {
   bundled_ = true;  // slow enough on the CPU (~7 ms a token) that 3500 tokens take far longer than the test
   start({"--max-queue", "0"});
   std::atomic<bool> got{false};
-  std::thread plain([&] {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(60, 0);
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/chat/completions";
-    req.body = R"({"messages":[{"role":"user","content":"go"}],"max_tokens":3500,"temperature":1,"seed":1,
-                   "logit_bias":{"0":-100,"1":-100,"2":-100}})";
-    req.set_header("Content-Type", "application/json");
-    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-      got = n > 0 && data[0] == ' ';
-      return false;  // hang up at the first keepalive byte
-    };
-    c.send(req);
-  });
-  plain.join();
+  post_until_hang_up(R"({"messages":[{"role":"user","content":"go"}],"max_tokens":3500,"temperature":1,"seed":1,
+                         "logit_bias":{"0":-100,"1":-100,"2":-100}})",
+                     [&](const char* data, size_t n) {
+                       got = n > 0 && data[0] == ' ';
+                       return false;  // hang up at the first keepalive byte
+                     });
   EXPECT_TRUE(got) << "a long plain request should send keepalive spaces";
   // The hung-up request was cancelled: the engine is free again well before 3500 tokens.
-  int status = 0;
-  for (int i = 0; i < 100; ++i) {
-    post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":2})", &status);
-    if (status == 200) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  EXPECT_EQ(status, 200);
-  auto m = client_->Get("/metrics");
-  ASSERT_TRUE(m);
-  EXPECT_NE(m->body.find("dflash_requests_failed_total 1"), std::string::npos) << m->body;
+  expect_cancelled_and_free(100);
   // A long plain request that completes (600 tokens: seconds on the CPU, far past the first keepalive
   // second): spaces, then the completion, which parses as JSON.
   auto r = client_->Post("/v1/chat/completions",
