@@ -16,7 +16,6 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <numeric>
 #include <set>
 #include <thread>
@@ -25,6 +24,10 @@
 
 namespace dflash {
 namespace {
+
+using test::dir_entries;
+using test::read_bytes;
+using test::write_bytes;
 
 namespace fs = std::filesystem;
 
@@ -62,22 +65,6 @@ std::string put(const std::string& dir, const Snapshot& s, const SnapshotIdentit
   const std::string name = DiskCache::file_name(id, s.tokens);
   EXPECT_TRUE(write_snapshot_file(dir, name, s, id).ok());
   return name;
-}
-
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_bytes(const std::string& path, const std::vector<uint8_t>& b) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-}
-
-std::set<std::string> entries(const std::string& dir) {
-  std::set<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
-  return out;
 }
 
 void age(const std::string& path, int64_t seconds) {
@@ -156,7 +143,8 @@ TEST(DiskCache, scan_keeps_valid_files_removes_bad_ones_and_leaves_other_models_
   EXPECT_EQ(s.removed_bad, 4u);
   EXPECT_EQ(s.bytes, fs::file_size(dir + "/" + good1) + fs::file_size(dir + "/" + good2));
   EXPECT_TRUE(s.writable);
-  EXPECT_EQ(entries(dir), (std::set<std::string>{good1, good2, other, "notes.txt", link, ".dflash-snapshot-tmp.fresh1"}));
+  EXPECT_EQ(dir_entries(dir),
+            (std::set<std::string>{good1, good2, other, "notes.txt", link, ".dflash-snapshot-tmp.fresh1"}));
   // The link is never read; the other model's file is not this model's prefix.
   EXPECT_EQ(hit_len(*c, ids(80), {10, 20, 70}), 20);
   EXPECT_EQ(hit_len(*c, ids(80), {10, 70}), 10);
@@ -236,7 +224,7 @@ TEST(DiskCache, the_writer_writes_private_files_from_min_tokens_once) {
   EXPECT_FALSE(c->enqueue(std::make_shared<const Snapshot>(snap_of(ids(20)))));  // queued already
   c->flush();
   const std::string name = DiskCache::file_name(identity(), ids(20));
-  EXPECT_EQ(entries(dir), std::set<std::string>{name});
+  EXPECT_EQ(dir_entries(dir), std::set<std::string>{name});
   ASSERT_EQ(::stat((dir + "/" + name).c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   EXPECT_FALSE(c->wants(ids(20)));
@@ -249,7 +237,7 @@ TEST(DiskCache, the_writer_writes_private_files_from_min_tokens_once) {
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(back->tensors[0].data, snap_of(ids(20)).tensors[0].data);
   EXPECT_EQ(c->clear(), 1);
-  EXPECT_TRUE(entries(dir).empty());
+  EXPECT_TRUE(dir_entries(dir).empty());
   EXPECT_TRUE(c->wants(ids(20)));
 }
 
@@ -276,14 +264,14 @@ TEST(DiskCache, eviction_removes_the_lowest_value_first_and_holds_the_budget) {
   write(300);  // C, t = 1000
   clock += 1000;
   write(400);  // D, t = 2000: B (oldest, no hits) goes
-  EXPECT_EQ(entries(dir), (std::set<std::string>{name(100), name(300), name(400)}));
+  EXPECT_EQ(dir_entries(dir), (std::set<std::string>{name(100), name(300), name(400)}));
   write(500);  // E: A is 2000 s old with a hit (2 / 1.56), C 1000 s old without (1 / 1.28): C goes
-  EXPECT_EQ(entries(dir), (std::set<std::string>{name(100), name(400), name(500)}));
+  EXPECT_EQ(dir_entries(dir), (std::set<std::string>{name(100), name(400), name(500)}));
   clock += 20000;
   EXPECT_EQ(hit_len(*c, ids(10, 400), {10}), 10);  // D and E hit now
   EXPECT_EQ(hit_len(*c, ids(10, 500), {10}), 10);
   write(600);  // F: A is now 22000 s old (2 / 7.1), D and E fresh with a hit (2): A goes
-  EXPECT_EQ(entries(dir), (std::set<std::string>{name(400), name(500), name(600)}));
+  EXPECT_EQ(dir_entries(dir), (std::set<std::string>{name(400), name(500), name(600)}));
   DiskCacheStats s = c->stats();
   EXPECT_EQ(s.evictions, 3u);
   EXPECT_LE(s.bytes, o.budget_bytes);
@@ -291,14 +279,14 @@ TEST(DiskCache, eviction_removes_the_lowest_value_first_and_holds_the_budget) {
   // A file larger than the whole budget is not written.
   EXPECT_TRUE(c->enqueue(std::make_shared<const Snapshot>(snap_of(ids(10, 700), one))));
   c->flush();
-  EXPECT_EQ(entries(dir).size(), 3u);
+  EXPECT_EQ(dir_entries(dir).size(), 3u);
   // A smaller budget at the next start: the scan evicts down to it.
   c.reset();
   o.budget_bytes = one + one / 2;
   auto small = open_cache(o);
   ASSERT_NE(small, nullptr);
   EXPECT_EQ(small->stats().entries, 1);
-  EXPECT_EQ(entries(dir).size(), 1u);
+  EXPECT_EQ(dir_entries(dir).size(), 1u);
 }
 
 TEST(DiskCache, a_failed_write_turns_writing_off_with_one_warning) {

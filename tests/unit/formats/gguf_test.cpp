@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <fstream>
 #include <random>
 
 #include "base/file_io.h"
@@ -14,10 +13,7 @@
 namespace dflash {
 namespace {
 
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
-}
+using test::read_bytes;
 
 GgufWriter sample_writer() {
   GgufWriter w;

@@ -12,7 +12,6 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -26,23 +25,11 @@
 namespace dflash {
 namespace {
 
+using test::dir_entries;
+using test::read_bytes;
+using test::write_bytes;
+
 namespace fs = std::filesystem;
-
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_bytes(const std::string& path, std::span<const uint8_t> b) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-}
-
-std::set<std::string> entries(const std::string& dir) {
-  std::set<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
-  return out;
-}
 
 SnapshotIdentity sample_identity() {
   SnapshotIdentity id;
@@ -137,7 +124,7 @@ TEST(SnapshotFile, round_trip_is_bit_exact_with_mode_0600_and_no_temporaries) {
   struct stat st {};
   ASSERT_EQ(::stat((dir + "/a.snap").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
-  EXPECT_EQ(entries(dir), std::set<std::string>{"a.snap"});
+  EXPECT_EQ(dir_entries(dir), std::set<std::string>{"a.snap"});
 
   // The in-memory variants read the same bytes the same way.
   const auto bytes = read_bytes(dir + "/a.snap");
@@ -165,7 +152,7 @@ TEST(SnapshotFile, rewriting_a_name_replaces_the_file) {
   auto back = read_snapshot_file(dir + "/s", id);
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   expect_same_snapshot(*back, second);
-  EXPECT_EQ(entries(dir), std::set<std::string>{"s"});
+  EXPECT_EQ(dir_entries(dir), std::set<std::string>{"s"});
 }
 
 // A decode step of the whole model on `state` (what Runner does, which this layer does not link):
@@ -350,8 +337,8 @@ TEST(SnapshotFile, names_that_are_paths_are_refused_and_nothing_is_written) {
     EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument) << st.to_string();
     EXPECT_FALSE(check_snapshot_file_name(name).ok()) << name;
   }
-  EXPECT_TRUE(entries(dir).empty());
-  EXPECT_EQ(entries(parent), std::set<std::string>{"cache"});
+  EXPECT_TRUE(dir_entries(dir).empty());
+  EXPECT_EQ(dir_entries(parent), std::set<std::string>{"cache"});
   EXPECT_TRUE(check_snapshot_file_name(std::string(kMaxSnapshotFileName, 'n')).ok());
   EXPECT_TRUE(check_snapshot_file_name("0123abcd.prefix-v1_snap").ok());
 }
@@ -379,7 +366,7 @@ TEST(SnapshotFile, snapshots_that_cannot_be_read_back_are_refused_at_write) {
     small.n_ctx = 3;
     EXPECT_EQ(write_snapshot_file(dir, "s", s, small).code(), ErrorCode::kInvalidArgument) << "n_past > n_ctx";
   }
-  EXPECT_TRUE(entries(dir).empty());
+  EXPECT_TRUE(dir_entries(dir).empty());
 }
 
 TEST(SnapshotFile, missing_or_unwritable_directory_is_a_clear_error) {
@@ -406,7 +393,7 @@ TEST(SnapshotFile, missing_or_unwritable_directory_is_a_clear_error) {
   EXPECT_EQ(unwritable.code(), ErrorCode::kIo) << unwritable.to_string();
   EXPECT_NE(unwritable.message().find(ro), std::string::npos) << unwritable.to_string();
   ::chmod((parent + "/read-only").c_str(), 0700);
-  EXPECT_TRUE(entries(parent + "/read-only").empty());
+  EXPECT_TRUE(dir_entries(parent + "/read-only").empty());
 }
 
 TEST(SnapshotFile, a_killed_writers_temporary_is_never_read_and_is_removed_when_stale) {
@@ -445,7 +432,7 @@ TEST(SnapshotFile, a_killed_writers_temporary_is_never_read_and_is_removed_when_
   auto removed = remove_stale_snapshot_temps(dir, 60);
   ASSERT_TRUE(removed.ok()) << removed.status().to_string();
   EXPECT_EQ(*removed, 1);
-  EXPECT_EQ(entries(dir), std::set<std::string>{"prefix.snap"});
+  EXPECT_EQ(dir_entries(dir), std::set<std::string>{"prefix.snap"});
   EXPECT_TRUE(read_snapshot_file(dir + "/prefix.snap", id).ok());
 }
 
