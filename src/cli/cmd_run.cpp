@@ -8,7 +8,6 @@
 
 #include "base/file_io.h"
 #include "cli/commands.h"
-#include "base/log.h"
 #include "cli/model_loader.h"
 #include "decode/runner.h"
 #include "decode/sampler.h"
@@ -41,10 +40,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 Status run_generate(RunOptions opt) {
-  if (opt.model.empty()) {
-    DF_ASSIGN_OR_RETURN(opt.model, default_model_path());
-    log::info("run: no model given: the bundled default model {}", opt.model);
-  }
+  DF_RETURN_IF_ERROR(model_or_default("run", opt.model));
   if (opt.seed_set) opt.sampling.seed = opt.seed;
   DF_RETURN_IF_ERROR(opt.sampling.validate());
   if (opt.n_predict < 0) return invalid_argument("-n must be >= 0");
@@ -118,9 +114,7 @@ Status run_generate(RunOptions opt) {
 void add_run_command(CLI::App& app, int& exit_code) {
   auto opt = std::make_shared<RunOptions>();
   auto* cmd = app.add_subcommand("run", "Generate text from a prompt (streams to stdout)");
-  cmd->add_option("--model,-m", opt->model,
-                  "GGUF file or HF model directory (default: the bundled model, models/" +
-                      std::string(kDefaultModelFile) + ")");
+  cmd->add_option("--model,-m", opt->model, model_option_help());
   auto* p = cmd->add_option("--prompt,-p", opt->prompt, "Prompt text");
   auto* f = cmd->add_option("--prompt-file", opt->prompt_file, "Read the prompt from a file");
   p->excludes(f);

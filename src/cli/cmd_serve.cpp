@@ -80,10 +80,7 @@ SnapshotIdentity snapshot_identity(const std::string& model_path, const std::str
 }
 
 Status serve(ServeOptions opt) {
-  if (opt.model.empty()) {
-    DF_ASSIGN_OR_RETURN(opt.model, default_model_path());
-    log::info("serve: no model given: the bundled default model {}", opt.model);
-  }
+  DF_RETURN_IF_ERROR(model_or_default("serve", opt.model));
   if (!opt.api_key_file.empty()) {
     DF_ASSIGN_OR_RETURN(std::string key, read_text_file(opt.api_key_file));
     while (!key.empty() && (key.back() == '\n' || key.back() == '\r' || key.back() == ' ')) key.pop_back();
@@ -181,9 +178,7 @@ Status serve(ServeOptions opt) {
 void add_serve_command(CLI::App& app, int& exit_code) {
   auto opt = std::make_shared<ServeOptions>();
   auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
-  cmd->add_option("model,--model,-m", opt->model,
-                  "GGUF file or HF model directory (default: the bundled model, models/" +
-                      std::string(kDefaultModelFile) + ")");
+  cmd->add_option("model,--model,-m", opt->model, model_option_help());
   cmd->add_option("--host", opt->server.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", opt->server.port, "Port (0: any free port)")->capture_default_str();
   cmd->add_option("--device", opt->device, "cpu or cuda:N")->capture_default_str();

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <vector>
 
+#include "base/log.h"
+
 #ifdef DFLASH_HAVE_CUDA
 #include "ops/cuda/cuda_backend.h"
 #endif
@@ -62,6 +64,17 @@ Result<std::string> default_model_path() {
   return not_found("no model given, and the bundled default model ({}) is not beside this binary or in the "
                    "source tree's models/; pass a GGUF file or an HF model directory",
                    kDefaultModelFile);
+}
+
+Status model_or_default(const char* command, std::string& model) {
+  if (!model.empty()) return Status();
+  DF_ASSIGN_OR_RETURN(model, default_model_path());
+  log::info("{}: no model given: the bundled default model {}", command, model);
+  return Status();
+}
+
+std::string model_option_help() {
+  return std::string("GGUF file or HF model directory (default: the bundled model, models/") + kDefaultModelFile + ")";
 }
 
 }  // namespace dflash::cli

@@ -32,5 +32,9 @@ inline constexpr const char* kDefaultModelFile = "default-coder-19m-q8_0.gguf";
 // set, else the first of <exe>/../share/dflash/models, <exe>/../../models (a build tree), <exe>/models,
 // and the source tree's models/ that holds the file. Not found: an error that says what to pass instead.
 Result<std::string> default_model_path();
+// For subcommands whose model is optional: an empty `model` becomes default_model_path() (logged as
+// "<command>: no model given: ..."); the help text of their model option.
+Status model_or_default(const char* command, std::string& model);
+std::string model_option_help();
 
 }  // namespace dflash::cli
