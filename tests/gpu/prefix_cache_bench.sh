@@ -5,12 +5,7 @@
 # Run on the GPU machine from the repository root with a GPU bundle (tests/gpu/run_gpu_tests.sh bundle):
 #   DFLASH_GPU_BUILD=build tests/gpu/prefix_cache_bench.sh
 set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-build="${DFLASH_GPU_BUILD:-build-gpu}"
-[[ "$build" = /* ]] || build="$root/$build"
-bin="$build/bundle/bin/dflash"
-export LD_LIBRARY_PATH="$build/bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-device="${DFLASH_SMOKE_DEVICE:-cuda:0}"
+source "$(dirname "${BASH_SOURCE[0]}")/bundle_env.sh"
 chars="${DFLASH_BENCH_CHARS:-100000}"
 port=18767
 dir=$(mktemp -d /tmp/kvbench.XXXXXX)
