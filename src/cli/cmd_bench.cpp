@@ -14,12 +14,15 @@
 
 #include "base/log.h"
 #include "cli/commands.h"
+#include "cli/draft_loader.h"
 #include "cli/model_loader.h"
+#include "decode/dflash.h"
 #include "decode/profiling_backend.h"
 #include "decode/runner.h"
 #include "model/random_model.h"
 #include "model/weights.h"
 #include "state/sequence_state.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/gguf_vocab.h"
 #include "tokenizer/load_tokenizer.h"
 
@@ -39,6 +42,9 @@ struct BenchOptions {
   std::string device = "cpu";
   int64_t profile = 0;  // decode steps to profile per op (0: none)
   bool json = false;
+  DraftOptions draft;   // speculative decoding beside plain decoding (when a draft is given or bundled)
+  std::string prompt;   // a real prompt for the speculative run (drafts accept on real text, not random ids)
+  bool chat = false;    // wrap --prompt in the chat template
 };
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
@@ -158,6 +164,101 @@ Result<nlohmann::json> profile_decode(const Weights& weights, Backend& be, Seque
   return nlohmann::json{{"steps", steps}, {"step_wall_us", wall_us}, {"ops_us", busy_us}, {"ops", rows}};
 }
 
+// Greedy decoding of a prompt with and without the draft (the decoder itself: no adaptive fallback, no stop
+// at end-of-generation tokens): tokens per second of each, the speedup, the acceptance, and the acceptance
+// length a step must reach to pay. Null when there is no draft.
+Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& model, std::span<const int32_t> ids_random) {
+  SpecOptions spec;
+  DF_ASSIGN_OR_RETURN(std::unique_ptr<ResidentDraft> resident, load_draft(opt.draft, opt.model, model, opt.threads, &spec));
+  if (resident == nullptr) return nlohmann::json();
+  DF_ASSIGN_OR_RETURN(DFlashDraft * draft, resident->acquire());
+  Runner& runner = *model.runner;
+  const ModelSpec& s = model.weights().spec();
+  std::vector<int32_t> prompt(ids_random.begin(), ids_random.end());
+  if (!opt.prompt.empty()) {
+    DF_ASSIGN_OR_RETURN(Tokenizer tok, load_tokenizer(opt.model));
+    std::string text = opt.prompt;
+    if (opt.chat) {
+      DF_ASSIGN_OR_RETURN(ChatTemplateSource src, load_chat_template(opt.model));
+      DF_ASSIGN_OR_RETURN(ChatTemplate tmpl, ChatTemplate::create(src));
+      nlohmann::ordered_json messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", text}}});
+      DF_ASSIGN_OR_RETURN(text, tmpl.render(messages, nullptr, true, nlohmann::ordered_json{{"enable_thinking", false}}));
+    }
+    DF_ASSIGN_OR_RETURN(prompt, tok.encode(text, true));
+  }
+  if (s.max_context > 0 && static_cast<int64_t>(prompt.size()) + opt.gen_len + draft->block_size() > s.max_context)
+    return invalid_argument("the prompt and --gen-len exceed the model's context of {}", s.max_context);
+  const auto greedy = [](std::span<const float> l) {
+    return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+  };
+  // Plain: prefill, then one recorded decode step a token. Run twice (the first records the step graph).
+  std::vector<int32_t> plain;
+  double plain_s = 0;
+  for (int rep = 0; rep < 2; ++rep) {
+    SequenceState st(s, runner.backend());
+    DF_ASSIGN_OR_RETURN(std::vector<float> logits, runner.prefill(st, prompt));
+    plain = {greedy(logits)};
+    const double t0 = now_s();
+    while (static_cast<int64_t>(plain.size()) < opt.gen_len) {
+      Step step;
+      step.tokens = std::span<const int32_t>(&plain.back(), 1);
+      DF_ASSIGN_OR_RETURN(StepOutput o, runner.forward(st, step));
+      plain.push_back(greedy(o.logits));
+    }
+    plain_s = now_s() - t0;
+  }
+  // Speculative: prefill with the draft's features captured, then draft + verify steps. Run twice too.
+  std::vector<int32_t> got;
+  SpecStats stats;
+  double spec_s = 0;
+  for (int rep = 0; rep < 2; ++rep) {
+    SequenceState st(s, runner.backend());
+    FeatureRing ring(draft->feature_width(), spec.feature_window);
+    DFlashDraft::Context ctx(*draft);
+    Step step;
+    step.tokens = prompt;
+    step.capture_layers = draft->capture_layers();
+    DF_ASSIGN_OR_RETURN(StepOutput o, runner.forward(st, step));
+    DF_RETURN_IF_ERROR(append_features(ring, 0, o, static_cast<int64_t>(prompt.size())));
+    got = {greedy(o.logits)};
+    stats = SpecStats();
+    const ChooseFn choose = [](NodeLogits& l) -> Result<Choice> { return Choice{l.argmax(), false}; };
+    const double t0 = now_s();
+    while (static_cast<int64_t>(got.size()) < opt.gen_len) {
+      const int64_t left = opt.gen_len - static_cast<int64_t>(got.size());
+      DF_ASSIGN_OR_RETURN(SpecStepResult r, speculative_step(runner, st, ring, *draft, ctx, got.back(),
+                                                             std::max<int64_t>(1, left), spec, choose, &stats));
+      got.insert(got.end(), r.tokens.begin(), r.tokens.end());
+    }
+    spec_s = now_s() - t0;
+  }
+  got.resize(plain.size());
+  resident->release();
+  // Tokens after the first (decoded, not prefilled) per second.
+  const double plain_tps = (opt.gen_len - 1) / std::max(plain_s, 1e-9);
+  const double spec_tps = (opt.gen_len - 1) / std::max(spec_s, 1e-9);
+  const double steps = static_cast<double>(std::max<int64_t>(stats.steps, 1));
+  const double step_ms = (stats.draft_ms + stats.verify_ms) / steps;
+  return nlohmann::json{{"draft", resident->path()},
+                        {"mode", spec.ddtree ? "ddtree" : "chain"},
+                        {"ddtree_budget", spec.ddtree_budget},
+                        {"prompt_tokens", prompt.size()},
+                        {"tokens", opt.gen_len},
+                        {"plain_tok_s", plain_tps},
+                        {"spec_tok_s", spec_tps},
+                        {"speedup", spec_tps / std::max(plain_tps, 1e-9)},
+                        {"same_text", got == plain},
+                        {"steps", stats.steps},
+                        {"drafted", stats.drafted},
+                        {"accepted", stats.accepted},
+                        {"acceptance_length", static_cast<double>(stats.accepted + stats.steps) / steps},
+                        {"accepted_at", stats.accepted_at},
+                        {"draft_ms_per_step", stats.draft_ms / steps},
+                        {"verify_ms_per_step", stats.verify_ms / steps},
+                        // The acceptance length at which a step (draft + verify) costs what as many plain tokens do.
+                        {"break_even_tau", step_ms / (1e3 / std::max(plain_tps, 1e-9))}};
+}
+
 Status run_bench(const BenchOptions& opt) {
   if (opt.prompt_len < 1 || opt.gen_len < 1) return invalid_argument("--prompt-len and --gen-len must be >= 1");
   if (opt.profile < 0) return invalid_argument("--profile takes a number of decode steps >= 0");
@@ -225,6 +326,8 @@ Status run_bench(const BenchOptions& opt) {
                         {"scratch", mem.scratch / kMiB},
                         {"device_used", mem.device_used / kMiB},
                         {"device_total", mem.device_total / kMiB}}}};
+  DF_ASSIGN_OR_RETURN(nlohmann::json spec_j, bench_speculative(opt, model, prompt));
+  if (!spec_j.is_null()) j["speculative"] = spec_j;
   if (opt.json) {
     if (opt.profile > 0) {
       DF_ASSIGN_OR_RETURN(j["profile"], profile_decode(weights, runner.backend(), state, tokens.back(), opt.profile,
@@ -249,6 +352,19 @@ Status run_bench(const BenchOptions& opt) {
   if (mem.device_total > 0)
     std::printf("; device %.0f of %.0f MiB in use", mem.device_used / kMiB, mem.device_total / kMiB);
   std::printf("\n");
+  if (!spec_j.is_null()) {
+    const auto& sj = spec_j;
+    std::printf("  speculative (%s, %s; greedy, %lld-token prompt): plain %.1f tok/s, with the draft %.1f tok/s "
+                "(%.2fx), same tokens: %s\n    acceptance length %.2f over %lld steps (drafted %lld, accepted %lld); "
+                "draft %.2f ms + verify %.2f ms per step: it pays above an acceptance length of %.2f\n",
+                sj["mode"].get<std::string>().c_str(), sj["draft"].get<std::string>().c_str(),
+                static_cast<long long>(sj["prompt_tokens"].get<size_t>()), sj["plain_tok_s"].get<double>(),
+                sj["spec_tok_s"].get<double>(), sj["speedup"].get<double>(), sj["same_text"].get<bool>() ? "yes" : "NO",
+                sj["acceptance_length"].get<double>(), static_cast<long long>(sj["steps"].get<int64_t>()),
+                static_cast<long long>(sj["drafted"].get<int64_t>()), static_cast<long long>(sj["accepted"].get<int64_t>()),
+                sj["draft_ms_per_step"].get<double>(),
+                sj["verify_ms_per_step"].get<double>(), sj["break_even_tau"].get<double>());
+  }
   if (opt.profile > 0) {
     DF_RETURN_IF_ERROR(
         profile_decode(weights, runner.backend(), state, tokens.back(), opt.profile, bandwidth, true).status());
@@ -277,6 +393,9 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--profile", opt->profile, "Then profile this many decode steps per op (time, bytes, GB/s)")
       ->capture_default_str();
   cmd->add_flag("--json", opt->json, "Machine-readable output");
+  cmd->add_option("--prompt", opt->prompt, "With a draft: the prompt of the speculative run (default: --prompt-len random ids)");
+  cmd->add_flag("--chat", opt->chat, "With --prompt: wrap it in the model's chat template");
+  add_draft_options(cmd, opt->draft);
   cmd->callback([opt, &exit_code] {
     Status st;
     if (!opt->make_random.empty()) st = make_random(*opt);

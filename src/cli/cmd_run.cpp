@@ -8,7 +8,9 @@
 
 #include "base/file_io.h"
 #include "cli/commands.h"
+#include "cli/draft_loader.h"
 #include "cli/model_loader.h"
+#include "server/generation.h"
 #include "decode/runner.h"
 #include "decode/sampler.h"
 #include "model/weights.h"
@@ -33,6 +35,7 @@ struct RunOptions {
   SamplingParams sampling;
   uint64_t seed = 0;
   bool seed_set = false;
+  DraftOptions draft;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -64,48 +67,41 @@ Status run_generate(RunOptions opt) {
   auto t_load = std::chrono::steady_clock::now();
   DF_ASSIGN_OR_RETURN(LoadedModel model, load_model(opt.model, opt.device, opt.threads));
   const Weights& weights = model.weights();
-  Runner& runner = *model.runner;
   if (tok.size() > weights.spec().vocab)
     return invalid_argument("the tokenizer has {} tokens but the model only {}", tok.size(), weights.spec().vocab);
+  server::Engine engine;
+  DF_ASSIGN_OR_RETURN(std::unique_ptr<ResidentDraft> draft, load_draft(opt.draft, opt.model, model, opt.threads, &engine.spec));
+  engine.draft = draft.get();
+  engine.runner = model.runner.get();
+  engine.tokenizer = &tok;
+  const int64_t model_ctx = weights.spec().max_context > 0 ? weights.spec().max_context : 32768;
+  engine.n_ctx = model_ctx;
   std::fprintf(stderr, "model: %s (%.1f MiB) loaded on %s in %.2f s\n", weights.spec().summary().c_str(),
                weights.bytes() / 1048576.0, model.device_name.c_str(), seconds_since(t_load));
-  SequenceState state(weights.spec(), runner.backend());
-  DF_ASSIGN_OR_RETURN(Sampler sampler, Sampler::create(opt.sampling));
-  const std::vector<int32_t> stop = tok.vocab().end_of_generation_ids();
-
-  auto t0 = std::chrono::steady_clock::now();
-  DF_ASSIGN_OR_RETURN(std::vector<float> logits, runner.prefill(state, ids));
-  const double prefill_s = seconds_since(t0);
-  StreamDetokenizer detok(tok, /*skip_special=*/true);
-  std::vector<int32_t> history = ids;
-  int64_t generated = 0;
-  const char* finish = "length";
-  auto t1 = std::chrono::steady_clock::now();
-  while (generated < opt.n_predict) {
-    DF_ASSIGN_OR_RETURN(int32_t next, sampler.sample(logits, history));
-    history.push_back(next);
-    ++generated;
-    if (std::find(stop.begin(), stop.end(), next) != stop.end()) {
-      finish = "stop";
-      break;
-    }
-    std::string piece = detok.push(next);
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
+  if (opt.n_predict == 0) return Status();
+  server::GenerationRequest req;
+  req.prompt = std::move(ids);
+  req.sampling = opt.sampling;
+  req.max_tokens = opt.n_predict;
+  const auto sink = [](std::string_view text) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
-    if (generated == opt.n_predict) break;
-    Step step;
-    step.tokens = std::span<const int32_t>(&history.back(), 1);
-    DF_ASSIGN_OR_RETURN(StepOutput out, runner.forward(state, step));
-    logits = std::move(out.logits);
-  }
-  std::string tail = detok.finish();
-  std::fwrite(tail.data(), 1, tail.size(), stdout);
+    return true;
+  };
+  DF_ASSIGN_OR_RETURN(server::GenerationResult r, server::generate(engine, req, sink));
   std::fputc('\n', stdout);
-  const double decode_s = seconds_since(t1);
-  std::fprintf(stderr, "prompt %zu tokens, prefill %.2f s (%.1f tok/s); generated %lld tokens, decode %.2f s (%.1f tok/s); "
+  std::fprintf(stderr, "prompt %lld tokens, prefill %.2f s (%.1f tok/s); generated %lld tokens, decode %.2f s (%.1f tok/s); "
                "finish %s; seed %llu\n",
-               ids.size(), prefill_s, ids.size() / std::max(prefill_s, 1e-9), static_cast<long long>(generated), decode_s,
-               generated / std::max(decode_s, 1e-9), finish, static_cast<unsigned long long>(sampler.seed()));
+               static_cast<long long>(r.prompt_tokens), r.prefill_ms / 1e3, r.prompt_tokens * 1e3 / std::max(r.prefill_ms, 1e-6),
+               static_cast<long long>(r.completion_tokens), r.decode_ms / 1e3,
+               r.completion_tokens * 1e3 / std::max(r.decode_ms, 1e-6), r.finish_reason.c_str(),
+               static_cast<unsigned long long>(r.seed));
+  if (r.speculative)
+    std::fprintf(stderr, "speculative: %lld steps, drafted %lld, accepted %lld, %.2f tokens per step; %lld plain tokens\n",
+                 static_cast<long long>(r.spec.steps), static_cast<long long>(r.spec.drafted),
+                 static_cast<long long>(r.spec.accepted),
+                 r.spec.steps > 0 ? static_cast<double>(r.spec.accepted + r.spec.steps) / r.spec.steps : 0.0,
+                 static_cast<long long>(r.ar_tokens));
   return Status();
 }
 
@@ -133,6 +129,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
   auto* seed = cmd->add_option("--seed", opt->seed, "RNG seed (default: random, printed on stderr)");
   cmd->add_option("--threads,-t", opt->threads, "CPU threads (default: all cores)");
   cmd->add_option("--device", opt->device, "cpu or cuda:N")->capture_default_str();
+  add_draft_options(cmd, opt->draft);
   cmd->callback([opt, seed, &exit_code] {
     RunOptions o = *opt;
     o.seed_set = seed->count() > 0;

@@ -13,6 +13,7 @@
 #include "base/file_io.h"
 #include "base/log.h"
 #include "cli/commands.h"
+#include "cli/draft_loader.h"
 #include "cli/model_loader.h"
 #include "server/http_server.h"
 #include "cache/disk_cache.h"
@@ -34,6 +35,7 @@ struct ServeOptions {
   int64_t kv_cache_min_tokens = 512;  // shorter prefixes are not written (prefilling them is cheap)
   std::string api_key_file;
   server::ServerOptions server;
+  DraftOptions draft;
 };
 
 volatile std::sig_atomic_t g_stop = 0;
@@ -126,6 +128,8 @@ Status serve(ServeOptions opt) {
   if (tok.size() > spec.vocab)
     return invalid_argument("the tokenizer has {} tokens but the model only {}", tok.size(), spec.vocab);
   server::Engine engine;
+  DF_ASSIGN_OR_RETURN(std::unique_ptr<ResidentDraft> draft, load_draft(opt.draft, opt.model, model, opt.threads, &engine.spec));
+  engine.draft = draft.get();
   engine.runner = model.runner.get();
   engine.tokenizer = &tok;
   engine.chat_template = tmpl.get();
@@ -157,14 +161,16 @@ Status serve(ServeOptions opt) {
     }
   }
   http.set_engine(&engine);
-  log::info("serve: {} ready on {} in {:.1f} s ({}; context {} tokens, {} slot{}; prefix cache {}; disk cache {})",
+  log::info("serve: {} ready on {} in {:.1f} s ({}; context {} tokens, {} slot{}; prefix cache {}; disk cache {}; "
+            "draft {})",
             engine.model_id, model.device_name,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), spec.summary(), engine.n_ctx,
             opt.server.parallel, opt.server.parallel == 1 ? "" : "s",
             opt.prefix_cache_mib > 0 ? fmt::format("{} MiB", opt.prefix_cache_mib) : std::string("off"),
             disk_cache ? fmt::format("{}, {:.0f} MiB, from {} tokens", disk_cache->dir(), opt.kv_cache_budget_mib,
                                      opt.kv_cache_min_tokens)
-                       : std::string("off"));
+                       : std::string("off"),
+            draft ? draft->path() : std::string("none"));
   while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   log::info("serve: shutting down");
   http.set_engine(nullptr);  // ends the generations: their snapshots are queued for the disk
@@ -205,6 +211,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--max-body", opt->server.max_body_bytes, "Request body limit in bytes")->capture_default_str();
   cmd->add_option("--timeout", opt->server.request_timeout_s, "Seconds a request may take")->capture_default_str();
+  add_draft_options(cmd, opt->draft);
   cmd->callback([opt, &exit_code] {
     Status st = serve(*opt);
     exit_code = st.ok() ? 0 : report(st);

@@ -173,5 +173,10 @@ Status ProfilingBackend::gather_rows(const float* x, int64_t dim, std::span<cons
   return timed("gather_rows", 2 * kF * static_cast<double>(rows.size()) * dim,
                [&] { return inner_.gather_rows(x, dim, rows, out); });
 }
+Status ProfilingBackend::top_k_rows(const float* x, int64_t rows, int64_t cols, int64_t k, int32_t* ids,
+                                    float* values, float* lse) {
+  return timed("top_k_rows", kF * static_cast<double>(rows) * static_cast<double>(cols),
+               [&] { return inner_.top_k_rows(x, rows, cols, k, ids, values, lse); });
+}
 
 }  // namespace dflash

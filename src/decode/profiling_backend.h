@@ -37,6 +37,7 @@ class ProfilingBackend final : public Backend {
   Status synchronize() override { return inner_.synchronize(); }
   bool device_memory() const override { return inner_.device_memory(); }
   MemoryStats memory_stats() const override { return inner_.memory_stats(); }
+  void set_token_exact(bool on) override { inner_.set_token_exact(on); }
   Result<Buffer> alloc(int64_t n_floats) override { return inner_.alloc(n_floats); }
   void release(float* data) override { inner_.release(data); }
   Status upload(float* dst, const float* src, int64_t n) override;
@@ -75,6 +76,8 @@ class ProfilingBackend final : public Backend {
   Status deltanet_gates(float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a, int64_t n,
                         int64_t n_heads) override;
   Status gather_rows(const float* x, int64_t dim, std::span<const int64_t> rows, float* out) override;
+  Status top_k_rows(const float* x, int64_t rows, int64_t cols, int64_t k, int32_t* ids, float* values,
+                    float* lse) override;
 
  private:
   struct Pending {

@@ -1,5 +1,6 @@
 #include "decode/runner.h"
 
+#include <algorithm>
 #include <numeric>
 
 namespace dflash {
@@ -24,7 +25,7 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
 
   DF_RETURN_IF_ERROR(state.status());
   const bool plain_decode = n == 1 && step.positions.empty() && step.mask == cpu::MaskKind::kCausal &&
-                            !step.capture_recurrent && step.capture_layers.empty();
+                            !step.capture_recurrent && !step.logits_on_device;
   if (plain_decode && graphs_on_ && be_->step_graphs_supported()) {
     bool used = false;
     auto out = decode_recorded(state, step, &used);
@@ -44,9 +45,18 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
   DF_ASSIGN_OR_RETURN(Buffer logits, be.alloc(out.rows * s.vocab));
   std::vector<Buffer> feature_bufs;
   if (step.capture_recurrent && step.mask == cpu::MaskKind::kCausal) state.begin_captured_step(n);
-  DF_RETURN_IF_ERROR(run_layers(state, step, positions, rows, logits.data(), feature_bufs));
-  out.logits.resize(static_cast<size_t>(out.rows * s.vocab));
-  DF_RETURN_IF_ERROR(be.download(out.logits.data(), logits.data(), out.rows * s.vocab));
+  // A verify step (rolled back or committed node by node) computes every token as a one-token step would.
+  const bool verify = step.capture_recurrent || step.mask == cpu::MaskKind::kTree;
+  if (verify) be.set_token_exact(true);
+  const Status run = run_layers(state, step, positions, rows, logits.data(), feature_bufs);
+  if (verify) be.set_token_exact(false);
+  DF_RETURN_IF_ERROR(run);
+  if (step.logits_on_device) {
+    out.device_logits = std::move(logits);
+  } else {
+    out.logits.resize(static_cast<size_t>(out.rows * s.vocab));
+    DF_RETURN_IF_ERROR(be.download(out.logits.data(), logits.data(), out.rows * s.vocab));
+  }
   for (auto& f : feature_bufs) {
     out.features.emplace_back(static_cast<size_t>(n * s.hidden));
     DF_RETURN_IF_ERROR(be.download(out.features.back().data(), f.data(), n * s.hidden));
@@ -93,7 +103,9 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
   // One entry for the sequence; std::map references stay valid (eviction skips this sequence).
   Recorded& rec = recorded_[state.id()];
   rec.last_use = ++uses_;
-  if (rec.id >= 0 && rec.layout != state.layout_version()) {
+  const bool same_captures = std::equal(rec.capture_layers.begin(), rec.capture_layers.end(),
+                                        step.capture_layers.begin(), step.capture_layers.end());
+  if (rec.id >= 0 && (rec.layout != state.layout_version() || !same_captures)) {
     be_->drop_step(rec.id);
     rec.id = -1;
   }
@@ -117,9 +129,9 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
     }
     const int32_t position = static_cast<int32_t>(pos);
     const int64_t last = 0;
-    std::vector<Buffer> no_features;
+    std::vector<Buffer> features;  // allocated while recording: reserved for the recording
     Status st = run_layers(state, step, std::span<const int32_t>(&position, 1), std::span<const int64_t>(&last, 1),
-                           logits->data(), no_features);
+                           logits->data(), features);
     if (!st.ok()) {
       be_->abort_step_capture();
       ++rec.failures;
@@ -133,6 +145,8 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
     rec.id = *id;
     rec.layout = state.layout_version();
     rec.logits = std::move(logits).value();
+    rec.capture_layers.assign(step.capture_layers.begin(), step.capture_layers.end());
+    rec.features = std::move(features);
   }
   const Status st = be_->replay_step(rec.id, step.tokens[0], pos);
   if (st.code() == ErrorCode::kNotFound) {  // invalidated: record again next step, run this one eagerly
@@ -144,6 +158,10 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
   out.rows = 1;
   out.logits.resize(static_cast<size_t>(s.vocab));
   DF_RETURN_IF_ERROR(be_->download(out.logits.data(), rec.logits.data(), s.vocab));
+  for (const Buffer& f : rec.features) {
+    out.features.emplace_back(static_cast<size_t>(s.hidden));
+    DF_RETURN_IF_ERROR(be_->download(out.features.back().data(), f.data(), s.hidden));
+  }
   state.set_n_past(pos + 1);
   *used = true;
   ++replayed_;

@@ -25,10 +25,12 @@ struct Step {
   bool all_logits = false;             // logits of every token (else only the last)
   bool capture_recurrent = false;      // keep per-token DeltaNet states: SequenceState::rollback_captured
   std::span<const int64_t> capture_layers;  // layers whose outputs to return (DFlash features)
+  bool logits_on_device = false;  // leave the logits in the backend's memory (StepOutput::device_logits)
 };
 
 struct StepOutput {
-  std::vector<float> logits;  // [rows, V]
+  std::vector<float> logits;  // [rows, V] (empty when the step kept them on the device)
+  Buffer device_logits;       // [rows, V] in the backend's memory, when Step::logits_on_device
   int64_t rows = 0;
   std::vector<std::vector<float>> features;  // per capture layer: [n, H]
 };
@@ -50,8 +52,9 @@ class Runner {
 
   // Runs the step and advances state.n_past by the number of tokens (causal steps). Tree steps leave
   // n_past unchanged: the caller commits accepted nodes. On a backend that records steps, a plain
-  // one-token decode step (causal, default position, no captures) is recorded once per sequence and
-  // replayed afterwards (one launch instead of one per op); outputs are those of the eager step.
+  // one-token decode step (causal, default position, no recurrent capture; capture layers allowed) is
+  // recorded once per sequence and replayed afterwards (one launch instead of one per op); outputs are those
+  // of the eager step.
   Result<StepOutput> forward(SequenceState& state, const Step& step);
   // Turns recorded decode steps off (or back on); on by default where the backend supports them.
   void set_step_graphs(bool on) { graphs_on_ = on; }
@@ -68,6 +71,8 @@ class Runner {
     int64_t id = -1;
     uint64_t layout = 0;  // SequenceState::layout_version() when recorded
     Buffer logits;        // where the recording leaves the logits ([V]); reserved for it
+    std::vector<int64_t> capture_layers;  // the layers whose outputs it copies out (DFlash features)
+    std::vector<Buffer> features;         // where it leaves them ([H] each); reserved for it
     int failures = 0;     // recordings that failed (scratch growing mid-capture); gives up after a few
     uint64_t last_use = 0;
   };

@@ -61,6 +61,8 @@ struct SamplingParams {
   Status validate() const;
 
   bool greedy() const { return temperature == 0.0f; }
+  // Greedy with nothing that changes the logits first: the token is the raw logits' argmax.
+  bool plain_argmax() const { return greedy() && logit_bias.empty() && !has_penalties(); }
   bool has_penalties() const {
     return penalty_last_n != 0 &&
            (repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f);

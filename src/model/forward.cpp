@@ -24,18 +24,31 @@ double rope_freq_scale(const ModelSpec& s) {
   return s.rope_scaling.type == RopeScalingType::kLinear ? s.rope_scaling.factor : 1.0;
 }
 
+// An attention layer's projections and q/k norms (every attention layer kind has the same six).
+struct AttentionWeights {
+  const cpu::WeightView *q, *k, *v, *o;
+  const float *q_norm, *k_norm;
+};
+Result<AttentionWeights> attention_weights(const Weights& w, int64_t L) {
+  AttentionWeights a{};
+  DF_ASSIGN_OR_RETURN(a.q, need(w, layer_name(L, "attn.q")));
+  DF_ASSIGN_OR_RETURN(a.k, need(w, layer_name(L, "attn.k")));
+  DF_ASSIGN_OR_RETURN(a.v, need(w, layer_name(L, "attn.v")));
+  DF_ASSIGN_OR_RETURN(a.o, need(w, layer_name(L, "attn.o")));
+  DF_ASSIGN_OR_RETURN(a.q_norm, need_f32(w, layer_name(L, "attn.q_norm")));
+  DF_ASSIGN_OR_RETURN(a.k_norm, need_f32(w, layer_name(L, "attn.k_norm")));
+  return a;
+}
+
 // Gated or plain attention (Qwen3.5 / Qwen3), algorithms.md D.3. xn [n, H] -> out [n, H].
 Status attention_mixer(const Weights& w, int64_t L, const StepShape& st, const float* xn, float* out,
                        LayerStateAccess& state, Backend& be) {
   const ModelSpec& s = w.spec();
   const int64_t n = st.n, nh = s.n_heads, nkv = s.n_kv_heads, hd = s.head_dim;
   const bool gated = s.layer_kinds[static_cast<size_t>(L)] == LayerKind::kGatedAttention && s.attn_output_gate;
-  DF_ASSIGN_OR_RETURN(const cpu::WeightView* wq, need(w, layer_name(L, "attn.q")));
-  DF_ASSIGN_OR_RETURN(const cpu::WeightView* wk, need(w, layer_name(L, "attn.k")));
-  DF_ASSIGN_OR_RETURN(const cpu::WeightView* wv, need(w, layer_name(L, "attn.v")));
-  DF_ASSIGN_OR_RETURN(const cpu::WeightView* wo, need(w, layer_name(L, "attn.o")));
-  DF_ASSIGN_OR_RETURN(const float* q_norm, need_f32(w, layer_name(L, "attn.q_norm")));
-  DF_ASSIGN_OR_RETURN(const float* k_norm, need_f32(w, layer_name(L, "attn.k_norm")));
+  DF_ASSIGN_OR_RETURN(const AttentionWeights aw, attention_weights(w, L));
+  const cpu::WeightView *wq = aw.q, *wk = aw.k, *wv = aw.v, *wo = aw.o;
+  const float *q_norm = aw.q_norm, *k_norm = aw.k_norm;
 
   DF_ASSIGN_OR_RETURN(Buffer qg, be.alloc(n * wq->rows));
   DF_ASSIGN_OR_RETURN(Buffer k, be.alloc(n * nkv * hd));
@@ -198,18 +211,114 @@ Status embed_tokens(const Weights& w, std::span<const int32_t> tokens, float* x,
   return be.embedding(*table, tokens, x);
 }
 
-Status lm_head(const Weights& w, const float* x, std::span<const int64_t> rows, float* logits, Backend& be) {
-  const ModelSpec& s = w.spec();
-  DF_ASSIGN_OR_RETURN(const float* norm, need_f32(w, "output_norm"));
-  const cpu::WeightView* head = w.find("output");
+namespace {
+
+// Final norm `norm_from`'s output_norm, then `head_from`'s LM head (its `output`, or the tied embedding).
+Status normed_head(const Weights& norm_from, const Weights& head_from, const float* x, std::span<const int64_t> rows,
+                   float* logits, Backend& be) {
+  const ModelSpec& s = norm_from.spec();
+  DF_ASSIGN_OR_RETURN(const float* norm, need_f32(norm_from, "output_norm"));
+  const cpu::WeightView* head = head_from.find("output");
   if (head == nullptr) {
-    DF_ASSIGN_OR_RETURN(head, need(w, "token_embd"));
+    DF_ASSIGN_OR_RETURN(head, need(head_from, "token_embd"));
   }
   const int64_t m = static_cast<int64_t>(rows.size());
   DF_ASSIGN_OR_RETURN(Buffer xn, be.alloc(m * s.hidden));
   DF_RETURN_IF_ERROR(be.gather_rows(x, s.hidden, rows, xn.data()));
   DF_RETURN_IF_ERROR(be.rms_norm(xn.data(), norm, static_cast<float>(s.rms_eps), m, s.hidden, xn.data()));
   return be.matmul(*head, xn.data(), m, logits);
+}
+
+// One draft layer's attention (algorithms.md A.3). z [n_new + B, H]: the context rows, then the block's normed
+// rows (xn = z + n_new * H). out [B, H].
+Status draft_attention(const Weights& w, int64_t L, const float* z, int64_t n_new, int64_t B, int64_t first_slot,
+                       std::span<const int32_t> positions, float* out, LayerStateAccess& state, Backend& be) {
+  const ModelSpec& s = w.spec();
+  const int64_t nh = s.n_heads, nkv = s.n_kv_heads, hd = s.head_dim, rows = n_new + B;
+  const float eps = static_cast<float>(s.rms_eps);
+  DF_ASSIGN_OR_RETURN(const AttentionWeights aw, attention_weights(w, L));
+  const cpu::WeightView *wq = aw.q, *wk = aw.k, *wv = aw.v, *wo = aw.o;
+  const float *q_norm = aw.q_norm, *k_norm = aw.k_norm;
+  // Queries of the block only; keys and values of the context and the block (one product each).
+  DF_ASSIGN_OR_RETURN(Buffer q, be.alloc(B * nh * hd));
+  DF_ASSIGN_OR_RETURN(Buffer k, be.alloc(rows * nkv * hd));
+  DF_ASSIGN_OR_RETURN(Buffer v, be.alloc(rows * nkv * hd));
+  DF_RETURN_IF_ERROR(be.matmul(*wq, z + n_new * s.hidden, B, q.data()));
+  {
+    const cpu::WeightView* ws[] = {wk, wv};
+    float* ys[] = {k.data(), v.data()};
+    DF_RETURN_IF_ERROR(be.matmul_group(ws, z, rows, ys));
+  }
+  const int64_t rot = s.rope_dims > 0 ? s.rope_dims : hd;
+  const double freq_scale = rope_freq_scale(s);
+  DF_RETURN_IF_ERROR(be.rms_norm(q.data(), q_norm, eps, B * nh, hd, q.data()));
+  DF_RETURN_IF_ERROR(be.rms_norm(k.data(), k_norm, eps, rows * nkv, hd, k.data()));
+  DF_RETURN_IF_ERROR(be.rope_neox(q.data(), B, nh, hd, rot, positions.subspan(static_cast<size_t>(n_new)), s.rope_theta,
+                                  freq_scale));
+  DF_RETURN_IF_ERROR(be.rope_neox(k.data(), rows, nkv, hd, rot, positions, s.rope_theta, freq_scale));
+  const int64_t n_total = first_slot + rows;
+  DF_RETURN_IF_ERROR(state.reserve_kv(L, n_total));
+  const cpu::KvView kv = state.kv_view(L, n_total);
+  DF_RETURN_IF_ERROR(be.kv_write(kv, first_slot, k.data(), v.data(), rows));
+  DF_ASSIGN_OR_RETURN(Buffer o, be.alloc(B * nh * hd));
+  const cpu::AttentionMask mask{cpu::MaskKind::kFull, first_slot + n_new, {}};
+  DF_RETURN_IF_ERROR(be.attention(q.data(), B, nh, kv, mask, 1.0f / std::sqrt(static_cast<float>(hd)), o.data()));
+  return be.matmul(*wo, o.data(), B, out);
+}
+
+}  // namespace
+
+Status lm_head(const Weights& w, const float* x, std::span<const int64_t> rows, float* logits, Backend& be) {
+  return normed_head(w, w, x, rows, logits, be);
+}
+
+Status draft_context(const Weights& draft, const float* features, int64_t n, float* ctx, Backend& be) {
+  const ModelSpec& s = draft.spec();
+  if (s.family != ModelFamily::kDFlashDraft) return invalid_argument("draft_context needs a DFlash draft");
+  DF_ASSIGN_OR_RETURN(const cpu::WeightView* fc, need(draft, "fc"));
+  DF_ASSIGN_OR_RETURN(const float* hidden_norm, need_f32(draft, "hidden_norm"));
+  if (n == 0) return Status();
+  DF_RETURN_IF_ERROR(be.matmul(*fc, features, n, ctx));
+  return be.rms_norm(ctx, hidden_norm, static_cast<float>(s.rms_eps), n, s.hidden, ctx);
+}
+
+Status draft_layers(const Weights& draft, const float* ctx, int64_t n_new, int64_t first_slot, int64_t first_pos,
+                    float* x, int64_t B, LayerStateAccess& state, Backend& be) {
+  const ModelSpec& s = draft.spec();
+  if (s.family != ModelFamily::kDFlashDraft) return invalid_argument("draft_layers needs a DFlash draft");
+  if (n_new < 0 || first_slot < 0 || first_pos < 0 || B < 1)
+    return invalid_argument("draft step: {} context rows at slot {} position {}, block of {}", n_new, first_slot,
+                            first_pos, B);
+  for (int64_t w : s.sliding_window)
+    if (w > 0) return unsupported("DFlash drafts with sliding-window layers are not supported yet");
+  if (s.rope_scaling.type == RopeScalingType::kYarn) return unsupported("YaRN RoPE scaling is not implemented yet");
+  const int64_t H = s.hidden, rows = n_new + B;
+  const float eps = static_cast<float>(s.rms_eps);
+  std::vector<int32_t> positions(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) positions[static_cast<size_t>(i)] = static_cast<int32_t>(first_pos + i);
+  // z = [context rows ; the block's normed rows]; the context part is the same for every layer.
+  DF_ASSIGN_OR_RETURN(Buffer z, be.alloc(rows * H));
+  if (n_new > 0) DF_RETURN_IF_ERROR(be.copy(z.data(), ctx, n_new * H));
+  float* xn = z.data() + n_new * H;
+  DF_ASSIGN_OR_RETURN(Buffer delta, be.alloc(B * H));
+  DF_ASSIGN_OR_RETURN(Buffer hn, be.alloc(B * H));
+  for (int64_t L = 0; L < s.n_layers; ++L) {
+    DF_ASSIGN_OR_RETURN(const float* attn_norm, need_f32(draft, layer_name(L, "attn_norm")));
+    DF_ASSIGN_OR_RETURN(const float* ffn_norm, need_f32(draft, layer_name(L, "ffn_norm")));
+    DF_RETURN_IF_ERROR(be.rms_norm(x, attn_norm, eps, B, H, xn));
+    DF_RETURN_IF_ERROR(draft_attention(draft, L, z.data(), n_new, B, first_slot, positions, delta.data(), state, be));
+    DF_RETURN_IF_ERROR(be.add_rms_norm(x, delta.data(), ffn_norm, eps, B, H, hn.data()));
+    DF_RETURN_IF_ERROR(mlp(draft, L, B, hn.data(), delta.data(), be));
+    DF_RETURN_IF_ERROR(be.add_inplace(x, delta.data(), B * H));
+  }
+  return Status();
+}
+
+Status draft_head(const Weights& draft, const Weights& target, const float* x, std::span<const int64_t> rows,
+                  float* logits, Backend& be) {
+  if (draft.spec().hidden != target.spec().hidden)
+    return invalid_argument("draft hidden size {} differs from the target's {}", draft.spec().hidden, target.spec().hidden);
+  return normed_head(draft, target, x, rows, logits, be);
 }
 
 }  // namespace dflash

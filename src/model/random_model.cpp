@@ -37,6 +37,18 @@ constexpr Preset kPresets[] = {
       "linear_key_head_dim":128,"linear_value_head_dim":128,"linear_num_key_heads":16,"linear_num_value_heads":48,
       "rope_parameters":{"rope_type":"default","rope_theta":10000000,"partial_rotary_factor":0.25,
       "mrope_section":[11,11,10],"mrope_interleaved":true}})"},
+    // DFlash drafts of those targets, in the published layouts (algorithms.md A.1): z-lab's Qwen3-8B draft and
+    // the Qwen3.5-27B draft lucebox loads.
+    {"qwen3-8b-dflash", R"({"architectures":["DFlashDraftModel"],"model_type":"qwen3","vocab_size":151936,
+      "hidden_size":4096,"intermediate_size":12288,"num_hidden_layers":5,"num_attention_heads":32,
+      "num_key_value_heads":8,"head_dim":128,"rms_norm_eps":1e-6,"max_position_embeddings":40960,"rope_theta":1000000,
+      "block_size":16,"num_target_layers":36,"tie_word_embeddings":false,
+      "dflash_config":{"mask_token_id":151669,"target_layer_ids":[1,9,17,25,33]}})"},
+    {"qwen3.5-27b-dflash", R"({"architectures":["DFlashDraftModel"],"model_type":"qwen3","vocab_size":248320,
+      "hidden_size":5120,"intermediate_size":17408,"num_hidden_layers":5,"num_attention_heads":32,
+      "num_key_value_heads":8,"head_dim":128,"rms_norm_eps":1e-6,"max_position_embeddings":262144,"rope_theta":10000000,
+      "block_size":16,"num_target_layers":64,"tie_word_embeddings":false,
+      "dflash_config":{"mask_token_id":248070,"target_layer_ids":[1,16,31,46,61]}})"},
 };
 
 

@@ -99,6 +99,11 @@ class Backend {
   }
   virtual void drop_step(int64_t id) { (void)id; }
 
+  // While on, every product computes each token's row exactly as a one-token step computes it (a device
+  // backend then runs no batched bf16 GEMM): a speculative verify step must reproduce the logits plain
+  // decoding would get, or greedy output would depend on the draft. The Runner turns it on for verify steps.
+  virtual void set_token_exact(bool on) { (void)on; }
+
   // ---- the ops of ops/cpu/ops.h, same semantics
   virtual Status matmul(const cpu::WeightView& w, const float* x, int64_t n, float* y) = 0;
   // Products that share their input: ys[i] [n, ws[i]->rows] = x ws[i]^T (a layer's q/k/v, gate/up). A
@@ -161,6 +166,14 @@ class Backend {
   // Rows `rows` of x [*, dim] gathered into out [rows.size(), dim].
   virtual Status gather_rows(const float* x, int64_t dim, std::span<const int64_t> rows, float* out) = 0;
 
+  // ---- sampling helpers: what crosses to the host is rows x k values, not whole logit rows
+  // For each row r of x [rows, cols] (backend memory): the k largest values, descending (ties: lower column
+  // first), with their columns, and log(sum_j exp(x[r, j])), into HOST arrays ids/values [rows, k] and
+  // lse [rows] (lse may be null). 1 <= k <= min(cols, kMaxTopK). cpu::top_k_rows is the reference.
+  static constexpr int64_t kMaxTopK = 16;
+  virtual Status top_k_rows(const float* x, int64_t rows, int64_t cols, int64_t k, int32_t* ids, float* values,
+                            float* lse) = 0;
+
  private:
   std::vector<double> host_marks_;  // seconds on the steady clock
 };
@@ -218,6 +231,8 @@ class CpuBackend final : public Backend {
   Status deltanet_gates(float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a, int64_t n,
                         int64_t n_heads) override;
   Status gather_rows(const float* x, int64_t dim, std::span<const int64_t> rows, float* out) override;
+  Status top_k_rows(const float* x, int64_t rows, int64_t cols, int64_t k, int32_t* ids, float* values,
+                    float* lse) override;
 
  private:
   ThreadPool pool_;

@@ -147,6 +147,7 @@ Status Generation::start(SequenceState& state) {
   res_ = GenerationResult();
   res_.prompt_tokens = n_prompt;
   res_.finish_reason = "length";
+  res_.seed = sampler_->seed();
   prefilled_ = 0;
   cuts_ = prefill_cuts(req_.prompt, eog_, newline_id(*engine_.tokenizer), kMinPrefixSegment);
   next_cut_ = 0;
@@ -162,12 +163,32 @@ Status Generation::start(SequenceState& state) {
   exports_.erase(std::unique(exports_.begin(), exports_.end()), exports_.end());
   logits_.clear();
   disk_writes_.clear();
+  root_.reset();
+  ar_left_ = judged_steps_ = judged_tokens_ = 0;
+  backoff_ = 16;
+  spec_ms_per_token_ = ar_ms_per_token_ = 0;
+  if (engine_.draft != nullptr && draft_ == nullptr) {
+    DF_ASSIGN_OR_RETURN(draft_, engine_.draft->acquire());
+    draft_ctx_ = std::make_unique<DFlashDraft::Context>(*draft_);
+    ring_.emplace(draft_->feature_width(), engine_.spec.feature_window, feature_tag(draft_->capture_layers()));
+    res_.speculative = true;
+  }
   if ((engine_.prefix_cache != nullptr && engine_.prefix_cache->enabled()) || engine_.disk_cache != nullptr)
     restore_prefix();
   return Status();
 }
 
-Generation::~Generation() { queue_disk_writes(); }
+Generation::~Generation() {
+  queue_disk_writes();
+  release_draft();
+}
+
+void Generation::release_draft() {
+  if (draft_ == nullptr) return;
+  draft_ctx_.reset();  // its K/V live on the draft's backend: freed before the draft may be parked
+  engine_.draft->release();
+  draft_ = nullptr;
+}
 
 void Generation::queue_disk_writes() {
   if (engine_.disk_cache != nullptr)
@@ -239,6 +260,8 @@ void Generation::restore_prefix() {
   }
   prefilled_ = snap->n_past;
   if (prefilled_ == n_prompt) logits_ = snap->last_logits;
+  // The draft's feature window, when the snapshot has one for this draft (else the draft's context starts here).
+  if (ring_) ring_->import_from(*snap);
   while (next_cut_ < cuts_.size() && cuts_[next_cut_] <= prefilled_) ++next_cut_;
   res_.cached_tokens = prefilled_;
   res_.disk_hit = from_disk;
@@ -263,6 +286,7 @@ void Generation::export_prefix(int64_t pos) {
   }
   snap->tokens.assign(ids.begin(), ids.end());
   snap->last_logits = logits_;
+  if (ring_) ring_->export_to(*snap);
   auto shared = std::make_shared<const Snapshot>(std::move(snap).value());
   if (cache != nullptr) cache->insert(shared);
   if (to_disk) disk_writes_.push_back(std::move(shared));
@@ -291,7 +315,6 @@ Status Generation::finish() {
 Result<bool> Generation::step() {
   if (state_ == nullptr) return internal_error("Generation::step() before a successful start()");
   DF_RETURN_IF_ERROR(check_live());
-  Runner& runner = *engine_.runner;
   const auto t0 = std::chrono::steady_clock::now();
   if (prefilling()) {
     // One chunk of the running segment (chunks counted from the segment's start, which is a cut); the
@@ -300,7 +323,7 @@ Result<bool> Generation::step() {
     const int64_t len = std::min(kPrefillChunk, cut - prefilled_);
     const auto chunk = std::span<const int32_t>(req_.prompt).subspan(static_cast<size_t>(prefilled_),
                                                                      static_cast<size_t>(len));
-    DF_ASSIGN_OR_RETURN(logits_, runner.prefill(*state_, chunk, kPrefillChunk));
+    DF_RETURN_IF_ERROR(evaluate(chunk));  // one step (a chunk is at most kPrefillChunk tokens)
     prefilled_ += len;
     if (prefilled_ == cut) {
       ++next_cut_;
@@ -309,45 +332,141 @@ Result<bool> Generation::step() {
     res_.prefill_ms += ms_since(t0);
     return false;
   }
-  // One token: the loop body of a plain decode loop (sample, account, emit, feed back).
-  bool done = false;
-  {
-    // Under response_format json_object the token is drawn from the tokens that keep the output a JSON
-    // object prefix; logprobs stay those of the model's raw distribution.
-    int32_t next = 0;
-    if (json_) {
-      DF_ASSIGN_OR_RETURN(next, constrained_sample(*sampler_, *json_, logits_, history_, &masked_));
-      DF_RETURN_IF_ERROR(json_->accept(next));
-    } else {
-      DF_ASSIGN_OR_RETURN(next, sampler_->sample(logits_, history_));
+  // Decode: a speculative step (draft, verify, accept) when the draft runs, else one token.
+  bool done = false, ran = false;
+  if (draft_ != nullptr) {
+    DF_ASSIGN_OR_RETURN(done, speculative_decode(&ran));
+  }
+  if (!ran) {
+    const auto t_ar = std::chrono::steady_clock::now();
+    if (root_) {  // drafting paused with a chosen root: evaluate it first
+      const int32_t root = *root_;
+      root_.reset();
+      DF_RETURN_IF_ERROR(evaluate(std::span<const int32_t>(&root, 1)));
     }
-    if (req_.top_logprobs >= 0) res_.logprobs.push_back(logprob_of(logits_, next, req_.top_logprobs));
-    history_.push_back(next);
-    ++res_.completion_tokens;
-    if (std::find(eog_.begin(), eog_.end(), next) != eog_.end()) {
-      res_.finish_reason = "stop";
-      done = true;
-    } else {
-      DF_RETURN_IF_ERROR(emit(stops_.push(detok_->push(next))));
-      if (stops_.stopped()) {
-        res_.finish_reason = "stop";
-        done = true;
-      } else if (res_.completion_tokens == req_.max_tokens) {
-        done = true;
-      }
+    DF_ASSIGN_OR_RETURN(done, take_token(logits_));
+    if (!done) DF_RETURN_IF_ERROR(evaluate(std::span<const int32_t>(&history_.back(), 1)));
+    if (draft_ != nullptr) {
+      ++res_.ar_tokens;
+      adapt(false, 1, ms_since(t_ar));
     }
   }
   if (done) {
     DF_RETURN_IF_ERROR(finish());
     queue_disk_writes();  // the output is complete: the writer's I/O cannot delay it
-  } else {
-    Step step;
-    step.tokens = std::span<const int32_t>(&history_.back(), 1);
-    DF_ASSIGN_OR_RETURN(StepOutput out, runner.forward(*state_, step));
-    logits_ = std::move(out.logits);
+    release_draft();
   }
   res_.decode_ms += ms_since(t0);
   return done;
+}
+
+Result<bool> Generation::take_token(std::span<const float> logits) {
+  // Under response_format json_object the token is drawn from the tokens that keep the output a JSON
+  // object prefix; logprobs stay those of the model's raw distribution.
+  int32_t next = 0;
+  if (json_) {
+    DF_ASSIGN_OR_RETURN(next, constrained_sample(*sampler_, *json_, logits, history_, &masked_));
+    DF_RETURN_IF_ERROR(json_->accept(next));
+  } else {
+    DF_ASSIGN_OR_RETURN(next, sampler_->sample(logits, history_));
+  }
+  if (req_.top_logprobs >= 0) res_.logprobs.push_back(logprob_of(logits, next, req_.top_logprobs));
+  return commit_token(next);
+}
+
+Result<bool> Generation::commit_token(int32_t next) {
+  history_.push_back(next);
+  ++res_.completion_tokens;
+  if (std::find(eog_.begin(), eog_.end(), next) != eog_.end()) {
+    res_.finish_reason = "stop";
+    return true;
+  }
+  DF_RETURN_IF_ERROR(emit(stops_.push(detok_->push(next))));
+  if (stops_.stopped()) {
+    res_.finish_reason = "stop";
+    return true;
+  }
+  return res_.completion_tokens == req_.max_tokens;
+}
+
+Status Generation::evaluate(std::span<const int32_t> tokens) {
+  Step step;
+  step.tokens = tokens;
+  if (ring_) step.capture_layers = draft_->capture_layers();
+  const int64_t pos = state_->n_past();
+  DF_ASSIGN_OR_RETURN(StepOutput out, engine_.runner->forward(*state_, step));
+  if (ring_) DF_RETURN_IF_ERROR(append_features(*ring_, pos, out, static_cast<int64_t>(tokens.size())));
+  logits_ = std::move(out.logits);
+  return Status();
+}
+
+Result<bool> Generation::speculative_decode(bool* ran) {
+  *ran = false;
+  if (ar_left_ > 0) return false;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t before = res_.completion_tokens;
+  if (!root_) {  // the block's root: chosen from the last evaluated logits as plain decoding would
+    // After the prefill it is the first token; after plain steps, one more plain token.
+    if (res_.completion_tokens > 0) ++res_.ar_tokens;
+    DF_ASSIGN_OR_RETURN(bool done, take_token(logits_));
+    *ran = true;
+    if (done) return true;
+    root_ = history_.back();
+  }
+  // Drafted tokens that can still be used: within the token budget (the root's step emits up to drafts + 1
+  // tokens) and the target's context.
+  int64_t max_drafts = std::min(req_.max_tokens - res_.completion_tokens - 1, draft_->block_size() - 1);
+  const int64_t model_ctx = engine_.runner->spec().max_context;
+  if (model_ctx > 0) max_drafts = std::min(max_drafts, model_ctx - state_->n_past() - 1);
+  if (max_drafts < 1) return false;  // the last token(s): one at a time
+  // Plain greedy needs only each node's argmax (reduced on the device); anything else reads the node's row.
+  const bool argmax_only = req_.sampling.plain_argmax() && !json_ && req_.top_logprobs < 0;
+  const ChooseFn choose = [this, argmax_only](NodeLogits& logits) -> Result<Choice> {
+    bool done = false;
+    if (argmax_only) {
+      DF_ASSIGN_OR_RETURN(done, commit_token(logits.argmax()));
+    } else {
+      DF_ASSIGN_OR_RETURN(std::span<const float> row, logits.row());
+      DF_ASSIGN_OR_RETURN(done, take_token(row));
+    }
+    return Choice{history_.back(), done};
+  };
+  DF_ASSIGN_OR_RETURN(SpecStepResult r, speculative_step(*engine_.runner, *state_, *ring_, *draft_, *draft_ctx_, *root_,
+                                                         max_drafts, engine_.spec, choose, &res_.spec));
+  *ran = true;
+  root_.reset();
+  if (r.stopped) return true;
+  root_ = r.tokens.back();
+  adapt(true, res_.completion_tokens - before, ms_since(t0));
+  return false;
+}
+
+void Generation::adapt(bool drafted, int64_t tokens, double ms) {
+  const double per_token = ms / static_cast<double>(std::max<int64_t>(tokens, 1));
+  auto average = [](double& avg, double x) { avg = avg == 0 ? x : 0.75 * avg + 0.25 * x; };
+  if (!drafted) {
+    average(ar_ms_per_token_, per_token);
+    if (ar_left_ > 0) --ar_left_;
+    return;
+  }
+  if (!engine_.spec.adaptive) return;
+  average(spec_ms_per_token_, per_token);
+  ++judged_steps_;
+  judged_tokens_ += tokens;
+  constexpr int64_t kJudgeSteps = 4;
+  if (judged_steps_ < kJudgeSteps) return;
+  if (ar_ms_per_token_ == 0) {
+    // No plain step measured yet: a few plain tokens measure one (drafting resumes right after).
+    ar_left_ = 4;
+  } else if (spec_ms_per_token_ < ar_ms_per_token_) {
+    backoff_ = 16;  // drafting pays: keep drafting
+  } else {
+    // It does not pay here: plain decoding for a while (doubling while it keeps not paying).
+    ar_left_ = backoff_;
+    backoff_ = std::min<int64_t>(2 * backoff_, 1024);
+  }
+  judged_steps_ = judged_tokens_ = 0;
+  spec_ms_per_token_ = 0;
 }
 
 Result<GenerationResult> generate(const Engine& engine, const GenerationRequest& req, const TextSink& sink,

@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "base/status.h"
+#include "decode/dflash.h"
 #include "decode/json_constraint.h"
+#include "decode/resident_draft.h"
 #include "decode/runner.h"
 #include "decode/sampler.h"
 #include "cache/disk_cache.h"
@@ -48,6 +50,10 @@ struct Engine {
   // the prompt as long as the disk may; a disk hit also goes to prefix_cache. The snapshots a request
   // exports are queued to its writer when the request ends.
   DiskCache* disk_cache = nullptr;
+  // The DFlash draft (null: plain decoding) and how requests draft with it. A request acquires the draft at
+  // start() and releases it when it ends (the residency policy may park it in between requests).
+  ResidentDraft* draft = nullptr;
+  SpecOptions spec;
 };
 
 struct GenerationRequest {
@@ -78,6 +84,10 @@ struct GenerationResult {
   double prefill_ms = 0;  // time spent in this request's prefill steps (not in other slots' steps between them)
   double decode_ms = 0;   // likewise for its decode steps
   std::vector<TokenLogprob> logprobs;  // per generated token, when asked for
+  uint64_t seed = 0;         // the sampler's seed (the request's, or the random one it chose)
+  bool speculative = false;  // decoded with the DFlash draft
+  SpecStats spec;            // its acceptance counters
+  int64_t ar_tokens = 0;     // tokens decoded one at a time while the draft did not pay (adaptive fallback)
 };
 
 // Receives text as it becomes final; returns false when the receiver is gone (the request is cancelled).
@@ -182,6 +192,20 @@ class Generation {
   void queue_disk_writes();
   // After the prefill reached cut `pos`: keeps a snapshot of the state there if it is one of exports_.
   void export_prefix(int64_t pos);
+  // Samples the next token from `logits` (the request's sampler, JSON constraint, logprobs), accounts for it
+  // and emits its text; true when the generation ends with it (end of generation, stop string, budget).
+  Result<bool> take_token(std::span<const float> logits);
+  // Accounts for the chosen token `next` and emits its text (take_token's second half).
+  Result<bool> commit_token(int32_t next);
+  // One target forward of `tokens` after the state (features captured into ring_ when drafting); logits of
+  // the last token into logits_.
+  Status evaluate(std::span<const int32_t> tokens);
+  // A decode step with the draft (speculative_step), when it may run now; *ran = false otherwise.
+  Result<bool> speculative_decode(bool* ran);
+  // Updates the adaptive choice between drafting and plain decoding after a step of `tokens` in `ms`.
+  void adapt(bool drafted, int64_t tokens, double ms);
+  // Releases the draft (idempotent).
+  void release_draft();
 
   const Engine& engine_;
   GenerationRequest req_;
@@ -203,6 +227,15 @@ class Generation {
   std::vector<int64_t> exports_;  // the cuts where a snapshot goes to the prefix cache (ascending)
   std::vector<std::shared_ptr<const Snapshot>> disk_writes_;  // exported, for the disk cache at the end
   GenerationResult res_;
+  // Speculative decoding (Engine::draft): the acquired draft, its context, the target features.
+  DFlashDraft* draft_ = nullptr;
+  std::unique_ptr<DFlashDraft::Context> draft_ctx_;
+  std::optional<FeatureRing> ring_;
+  std::optional<int32_t> root_;  // chosen and emitted, not evaluated yet (the next block's root)
+  // Adaptive fallback: per-token times (moving averages) of drafting and of plain steps; plain tokens left
+  // before drafting is tried again; the next fallback's length; steps judged since the last switch.
+  double spec_ms_per_token_ = 0, ar_ms_per_token_ = 0;
+  int64_t ar_left_ = 0, backoff_ = 16, judged_steps_ = 0, judged_tokens_ = 0;
 };
 
 // Runs the request on a fresh sequence (a Generation stepped to its end). Errors: invalid parameters or a

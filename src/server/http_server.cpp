@@ -83,6 +83,10 @@ struct HttpServer::Impl {
   // /metrics counters.
   std::atomic<uint64_t> requests{0}, completed{0}, failed{0}, prompt_tokens{0}, cached_tokens{0}, generated_tokens{0},
       prefill_us{0}, decode_us{0};
+  // Speculative decoding: the acceptance counters of finished requests, summed.
+  std::mutex spec_mu;
+  SpecStats spec_total;
+  int64_t spec_requests = 0, spec_ar_tokens = 0;
   // The slots generations run in (made with the engine, stopped when it goes); handlers hold a
   // reference while they submit.
   std::mutex scheduler_mu;
@@ -448,6 +452,15 @@ struct HttpServer::Impl {
     generated_tokens.fetch_add(static_cast<uint64_t>(r.completion_tokens));
     prefill_us.fetch_add(static_cast<uint64_t>(r.prefill_ms * 1e3));
     decode_us.fetch_add(static_cast<uint64_t>(r.decode_ms * 1e3));
+    if (r.speculative) {
+      std::lock_guard<std::mutex> lock(spec_mu);
+      spec_total.add(r.spec);
+      ++spec_requests;
+      spec_ar_tokens += r.ar_tokens;
+      log::info("request {}: speculative: {} steps, drafted {}, accepted {} ({:.2f} tokens per step), {} plain tokens",
+                id, r.spec.steps, r.spec.drafted, r.spec.accepted,
+                r.spec.steps > 0 ? static_cast<double>(r.spec.accepted + r.spec.steps) / r.spec.steps : 0.0, r.ar_tokens);
+    }
     log::info("request {}: prompt {} tokens (cached {}{}), generated {}, prefill {:.1f} ms, decode {:.1f} ms, finish {}",
               id, r.prompt_tokens, r.cached_tokens,
               r.cached_tokens > 0 ? fmt::format(": {}_hit=true restore=true pos={}", r.disk_hit ? "disk" : "memory",
@@ -481,6 +494,35 @@ struct HttpServer::Impl {
                 {"disk_pending", ds.pending},
                 {"disk_writable", ds.writable},
                 {"disk_min_tokens", e.disk_cache != nullptr ? e.disk_cache->min_tokens() : 0}};
+  }
+
+  // /props "speculative": the draft, how requests draft with it, and the acceptance so far.
+  json speculative_props(const Engine& e) {
+    if (e.draft == nullptr) return json{{"enabled", false}};
+    const ModelSpec& d = e.draft->spec();
+    std::lock_guard<std::mutex> lock(spec_mu);
+    const ResidentDraft::Stats rs = e.draft->stats();
+    return json{{"enabled", true},
+                {"draft", e.draft->path()},
+                {"draft_summary", d.summary()},
+                {"block_size", d.block_size},
+                {"target_layer_ids", d.target_layer_ids},
+                {"mode", e.spec.ddtree ? "ddtree" : "chain"},
+                {"ddtree_budget", e.spec.ddtree_budget},
+                {"adaptive", e.spec.adaptive},
+                {"parked", rs.parked},
+                {"unparks", rs.unparks},
+                {"last_unpark_ms", rs.last_unpark_ms},
+                {"draft_bytes", rs.weight_bytes},
+                {"resident_bytes", rs.resident_bytes},
+                {"requests", spec_requests},
+                {"steps", spec_total.steps},
+                {"drafted", spec_total.drafted},
+                {"accepted", spec_total.accepted},
+                {"plain_tokens", spec_ar_tokens},
+                {"mean_acceptance_length",
+                 spec_total.steps > 0 ? static_cast<double>(spec_total.accepted + spec_total.steps) / spec_total.steps : 0.0},
+                {"accepted_at", spec_total.accepted_at}};
   }
 
   void routes() {
@@ -537,10 +579,10 @@ struct HttpServer::Impl {
                      {"runtime",
                       {{"backend", e->runner->backend().name()},
                        {"devices", json::array({e->device})},
-                       {"draft_residency", "none"},
-                       {"lazy_draft", false},
+                       {"draft_residency", e->draft != nullptr ? draft_residency_name(e->draft->policy()) : "none"},
+                       {"lazy_draft", e->draft != nullptr && e->draft->policy() == DraftResidency::kRequestScoped},
                        {"kv_type", "f32"}}},
-                     {"speculative", {{"enabled", false}}},
+                     {"speculative", speculative_props(*e)},
                      {"cache", cache_props(*e)},
                      {"limits", {{"max_queue", opt.max_queue}, {"max_body_bytes", opt.max_body_bytes},
                                  {"request_timeout_s", opt.request_timeout_s}}},
@@ -601,6 +643,22 @@ struct HttpServer::Impl {
       metric("dflash_generated_tokens_total", "counter", "Tokens generated.", static_cast<double>(generated_tokens.load()));
       metric("dflash_prefill_seconds_total", "counter", "Time spent in prefill.", prefill_us.load() / 1e6);
       metric("dflash_decode_seconds_total", "counter", "Time spent decoding.", decode_us.load() / 1e6);
+      {
+        std::lock_guard<std::mutex> lock(spec_mu);
+        metric("dflash_spec_steps_total", "counter", "Speculative steps (draft + verify).",
+               static_cast<double>(spec_total.steps));
+        metric("dflash_spec_drafted_tokens_total", "counter", "Drafted tokens put to the target.",
+               static_cast<double>(spec_total.drafted));
+        metric("dflash_spec_accepted_tokens_total", "counter", "Drafted tokens the target kept.",
+               static_cast<double>(spec_total.accepted));
+        metric("dflash_spec_plain_tokens_total", "counter",
+               "Tokens decoded one at a time by requests with a draft (adaptive fallback).",
+               static_cast<double>(spec_ar_tokens));
+        m += "# HELP dflash_spec_accepted_at_total Steps that kept the drafted token at each depth.\n"
+             "# TYPE dflash_spec_accepted_at_total counter\n";
+        for (size_t d = 0; d < spec_total.accepted_at.size(); ++d)
+          m += fmt::format("dflash_spec_accepted_at_total{{depth=\"{}\"}} {}\n", d + 1, spec_total.accepted_at[d]);
+      }
       metric("dflash_model_loaded", "gauge", "1 once the model serves requests.", engine.load() != nullptr ? 1 : 0);
       res.status = 200;
       res.set_content(m, "text/plain; version=0.0.4");

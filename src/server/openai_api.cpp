@@ -372,10 +372,24 @@ json text_chunk(const std::string& id, const std::string& model, int64_t created
 }
 
 json usage_of(const GenerationResult& r) {
-  return json{{"prompt_tokens", r.prompt_tokens},
-              {"completion_tokens", r.completion_tokens},
-              {"total_tokens", r.prompt_tokens + r.completion_tokens},
-              {"prompt_tokens_details", {{"cached_tokens", r.cached_tokens}}}};
+  json u{{"prompt_tokens", r.prompt_tokens},
+         {"completion_tokens", r.completion_tokens},
+         {"total_tokens", r.prompt_tokens + r.completion_tokens},
+         {"prompt_tokens_details", {{"cached_tokens", r.cached_tokens}}}};
+  if (r.speculative) {
+    // OpenAI's field for predicted outputs, and the DFlash acceptance in detail.
+    u["completion_tokens_details"] = {{"accepted_prediction_tokens", r.spec.accepted},
+                                      {"rejected_prediction_tokens", r.spec.drafted - r.spec.accepted}};
+    u["speculative"] = {{"steps", r.spec.steps},
+                        {"drafted", r.spec.drafted},
+                        {"accepted", r.spec.accepted},
+                        {"acceptance_length", r.spec.steps > 0
+                                                  ? static_cast<double>(r.spec.accepted + r.spec.steps) / r.spec.steps
+                                                  : 0.0},
+                        {"accepted_at", r.spec.accepted_at},
+                        {"plain_tokens", r.ar_tokens}};
+  }
+  return u;
 }
 
 // As llama.cpp's server: prompt_n counts the prompt tokens evaluated, cache_n those restored from the cache.
@@ -387,7 +401,9 @@ json timings_of(const GenerationResult& r) {
               {"prompt_per_second", r.prefill_ms > 0 ? evaluated * 1e3 / r.prefill_ms : 0.0},
               {"predicted_n", r.completion_tokens},
               {"predicted_ms", r.decode_ms},
-              {"predicted_per_second", r.decode_ms > 0 ? r.completion_tokens * 1e3 / r.decode_ms : 0.0}};
+              {"predicted_per_second", r.decode_ms > 0 ? r.completion_tokens * 1e3 / r.decode_ms : 0.0},
+              {"draft_n", r.spec.drafted},
+              {"draft_n_accepted", r.spec.accepted}};
 }
 
 json chat_completion(const std::string& id, const std::string& model, int64_t created, const GenerationResult& r) {

@@ -121,10 +121,13 @@ SequenceState::SequenceState(const ModelSpec& spec, Backend& be, int64_t layer_b
       ssm_.emplace_back();
     }
   }
+  marks_.resize(kv_.size());
 }
 
 void SequenceState::reset() {
   n_past_ = 0;
+  capture_base_ = -1;
+  std::fill(marks_.begin(), marks_.end(), StepMark{});
   for (auto& kv : kv_)
     if (kv) kv->shrink(0);
   for (auto* group : {&conv_, &ssm_})
@@ -149,7 +152,9 @@ Status SequenceState::reserve_kv(int64_t layer, int64_t n_total) {
   DF_RETURN_IF_ERROR(status_);
   if (layer < layer_begin_ || layer >= layer_end_ || !kv_[slot(layer)])
     return internal_error("layer {} has no KV in this state", layer);
-  return kv_[slot(layer)]->reserve(n_total);
+  DF_RETURN_IF_ERROR(kv_[slot(layer)]->reserve(n_total));
+  marks_[slot(layer)] = StepMark{n_past_, n_total - n_past_};
+  return Status();
 }
 
 // Capture buffers grow to the step's size and are kept for the next step.
@@ -165,13 +170,21 @@ static float* ensure_capture(Backend& be, Buffer& buf, int64_t n, Status& status
   return buf.data();
 }
 
+void SequenceState::mark_capture(size_t i, int64_t n, bool conv) {
+  StepMark& m = marks_[i];
+  if (m.base != n_past_ || m.n != n) m = StepMark{n_past_, n};
+  (conv ? m.conv : m.ssm) = true;
+}
+
 float* SequenceState::ssm_capture(int64_t layer, int64_t n) {
   if (ssm_capture_.size() != ssm_.size()) ssm_capture_.resize(ssm_.size());
+  mark_capture(slot(layer), n, false);
   return ensure_capture(*be_, ssm_capture_[slot(layer)], n * ssm_[slot(layer)].size(), status_);
 }
 
 float* SequenceState::conv_capture(int64_t layer, int64_t n) {
   if (conv_capture_.size() != conv_.size()) conv_capture_.resize(conv_.size());
+  mark_capture(slot(layer), n, true);
   return ensure_capture(*be_, conv_capture_[slot(layer)], conv_[slot(layer)].size() + n * spec_.gdn.conv_dim(),
                         status_);
 }
@@ -190,10 +203,17 @@ Status SequenceState::rollback_captured(int64_t n_keep) {
   if (n_past_ != capture_base_ + capture_n_)
     return internal_error("the captured step is not the last one (n_past {}, step [{}, +{}))", n_past_, capture_base_,
                           capture_n_);
+  for (size_t i = 0; i < kv_.size(); ++i) {
+    const StepMark& m = marks_[i];
+    if (!kv_[i] && (m.base != capture_base_ || m.n != capture_n_ || !m.conv || !m.ssm))
+      return internal_error("the captured step's DeltaNet captures of layer {} were overwritten by a later step",
+                            layer_begin_ + static_cast<int64_t>(i));
+  }
   const int64_t C = spec_.gdn.conv_dim();
   for (int64_t L = layer_begin_; L < layer_end_; ++L) {
     const size_t i = slot(L);
     if (kv_[i]) continue;
+    marks_[i] = StepMark{};  // consumed
     const int64_t state_size = ssm_[i].size();
     DF_RETURN_IF_ERROR(be_->copy(ssm_[i].data(), ssm_capture_[i].data() + (n_keep - 1) * state_size, state_size));
     // The window after n_keep tokens: rows [n_keep, n_keep + K - 1) of (old window ; step inputs).
@@ -201,6 +221,82 @@ Status SequenceState::rollback_captured(int64_t n_keep) {
   }
   n_past_ = capture_base_ + n_keep;
   capture_base_ = -1;
+  return Status();
+}
+
+Status SequenceState::check_tree_step(std::span<const int32_t> parents, std::span<const int32_t> path) const {
+  const int64_t n = static_cast<int64_t>(parents.size());
+  if (n == 0) return invalid_argument("a tree commit needs the tree step's parents (none given)");
+  if (parents[0] != -1)
+    return invalid_argument("tree node 0 must be the root (parent -1), not a child of {}", parents[0]);
+  for (int64_t j = 1; j < n; ++j)
+    if (parents[j] < -1 || parents[j] >= j)
+      return invalid_argument("tree node {} has parent {}: a parent comes before its child (-1 to {})", j, parents[j],
+                              j - 1);
+  if (path.empty()) return invalid_argument("an accepted path holds at least the root");
+  if (path[0] != 0) return invalid_argument("an accepted path starts at the root (node 0), not node {}", path[0]);
+  for (size_t d = 1; d < path.size(); ++d) {
+    if (path[d] < 0 || path[d] >= n)
+      return invalid_argument("accepted path node {} is outside the tree's {} nodes", path[d], n);
+    if (parents[path[d]] != path[d - 1])
+      return invalid_argument("accepted path node {} (depth {}) is not a child of node {}", path[d], d, path[d - 1]);
+  }
+  // The tree step must be the last step run on this state, over n nodes from n_past.
+  for (size_t i = 0; i < kv_.size(); ++i) {
+    const StepMark& m = marks_[i];
+    const int64_t L = layer_begin_ + static_cast<int64_t>(i);
+    if (m.base != n_past_ || m.n != n)
+      return internal_error(
+          "layer {} did not run a tree step of {} nodes from position {} (its last step: {} tokens from {})", L, n,
+          n_past_, m.n, m.base);
+    if (!kv_[i] && !(m.conv && m.ssm)) return internal_error("DeltaNet layer {} has no captures of the tree step", L);
+    if (kv_[i] && kv_[i]->capacity() < n_past_ + n)
+      return internal_error("layer {} has KV rows for {} positions, the tree step needs {}", L, kv_[i]->capacity(),
+                            n_past_ + n);
+  }
+  return Status();
+}
+
+Status SequenceState::commit_tree(std::span<const int32_t> parents, std::span<const int32_t> path) {
+  DF_RETURN_IF_ERROR(status_);
+  DF_RETURN_IF_ERROR(check_tree_step(parents, path));
+  const int64_t m = static_cast<int64_t>(path.size());
+  bool spine = true;
+  for (int64_t d = 0; d < m; ++d) spine = spine && path[d] == d;
+  const int64_t hist = spec_.gdn.conv_kernel - 1, C = spec_.gdn.conv_dim();
+  for (size_t i = 0; i < kv_.size(); ++i) {
+    if (kv_[i]) {
+      // Ascending d is safe in place: path[d] >= d and increases, so a row written (slot d) is never a
+      // later source (slot path[d'] > path[d] >= d).
+      KvStore& kv = *kv_[i];
+      const int64_t rf = kv.row_floats();
+      for (int64_t d = 1; d < m; ++d) {
+        if (path[d] == d) continue;
+        DF_RETURN_IF_ERROR(be_->copy(kv.k_row(n_past_ + d), kv.k_row(n_past_ + path[d]), rf));
+        DF_RETURN_IF_ERROR(be_->copy(kv.v_row(n_past_ + d), kv.v_row(n_past_ + path[d]), rf));
+      }
+      continue;
+    }
+    // From the captures only, whether or not the tree step touched the committed state (the CPU and CUDA
+    // kernels leave it): ssm_capture [n, Hv, dv, dk]; conv_capture [(K-1) + n, C] = (window before the
+    // step ; node inputs).
+    const int64_t state_size = ssm_[i].size();
+    DF_RETURN_IF_ERROR(be_->copy(ssm_[i].data(), ssm_capture_[i].data() + path[m - 1] * state_size, state_size));
+    const float* cap = conv_capture_[i].data();
+    if (spine) {  // rows [m, m + K - 1) of the capture, as in a chain rollback
+      DF_RETURN_IF_ERROR(be_->copy(conv_[i].data(), cap + m * C, hist * C));
+    } else {
+      // Window row r is row m + r of (window before the step ; inputs of path[0], path[1], ...).
+      for (int64_t r = 0; r < hist; ++r) {
+        const int64_t u = m + r;
+        const int64_t src_row = u < hist ? u : hist + path[u - hist];
+        DF_RETURN_IF_ERROR(be_->copy(conv_[i].data() + r * C, cap + src_row * C, C));
+      }
+    }
+  }
+  std::fill(marks_.begin(), marks_.end(), StepMark{});  // consumed
+  capture_base_ = -1;
+  n_past_ += m;
   return Status();
 }
 
@@ -281,6 +377,8 @@ Status SequenceState::import_snapshot(const Snapshot& snap) {
     }
   }
   n_past_ = snap.n_past;
+  capture_base_ = -1;
+  std::fill(marks_.begin(), marks_.end(), StepMark{});
   return Status();
 }
 

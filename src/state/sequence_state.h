@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,8 @@ class KvStore {
   // Frees chunks past what n_tokens needs.
   void shrink(int64_t n_tokens);
   int64_t row_floats() const { return n_kv_heads_ * head_dim_; }
+  // Positions with addressable rows (whole chunks).
+  int64_t capacity() const { return static_cast<int64_t>(k_.size()) * kKvChunkTokens; }
   uint64_t bytes() const { return 2 * k_.size() * kKvChunkTokens * row_floats() * sizeof(float); }
   // Bumped whenever the device copy of the chunk tables moves (a recorded step that read it is stale).
   uint64_t table_version() const { return table_version_; }
@@ -81,10 +84,21 @@ class SequenceState : public LayerStateAccess {
 
   // After a causal step run with capture_recurrent (n tokens from position `base`), keeps only the first
   // n_keep of them: attention is cropped to base + n_keep and every DeltaNet layer takes the state and conv
-  // window it had after token n_keep - 1 of the step. 1 <= n_keep <= n.
+  // window it had after token n_keep - 1 of the step. 1 <= n_keep <= n. Refused when a later step (a tree
+  // verify) has overwritten the DeltaNet captures.
   Status rollback_captured(int64_t n_keep);
   // Called before a step run with capture_recurrent (the Runner does): remembers where it starts.
   void begin_captured_step(int64_t n);
+
+  // After a tree step (MaskKind::kTree over nodes at KV slots n_past .. n_past + n_nodes - 1, `parents` as
+  // given to the step, node 0 the root with parent -1; the step leaves n_past where it was) keeps the
+  // accepted path `path` (path[0] == 0, each path[d] a child of path[d - 1]), algorithms.md B.6/B.7:
+  // KV of slot n_past + path[d] moves to n_past + d in every attention layer, every DeltaNet layer takes
+  // the state after node path.back() and the conv window of the last K-1 inputs along the path (rows of
+  // the window before the step where the path is shorter than K-1), and n_past grows by path.size().
+  // The tree step is found from what it asked of this state (KV rows, capture buffers), so no call is
+  // needed before it; the step must be the last one run on the state. A refused commit changes nothing.
+  Status commit_tree(std::span<const int32_t> parents, std::span<const int32_t> path);
 
   Result<Snapshot> export_snapshot() const;
   // Replaces the state with the snapshot's; every tensor must be present with this model's shapes.
@@ -105,6 +119,18 @@ class SequenceState : public LayerStateAccess {
  private:
   KvStore& kv(int64_t layer) { return *kv_[slot(layer)]; }
   size_t slot(int64_t layer) const { return static_cast<size_t>(layer - layer_begin_); }
+  // Records that a step starting at n_past asked layer slot i for n tokens' captures (conv or ssm).
+  void mark_capture(size_t i, int64_t n, bool conv);
+  Status check_tree_step(std::span<const int32_t> parents, std::span<const int32_t> path) const;
+
+  // What the last step run on the state asked of each layer: reserve_kv (attention) or both capture
+  // buffers (DeltaNet) for n tokens from position base. A tree step leaves n_past unchanged and calls
+  // nothing else on the state, so commit_tree finds it here; rollback_captured checks that no later step
+  // overwrote its captures.
+  struct StepMark {
+    int64_t base = -1, n = 0;
+    bool conv = false, ssm = false;  // DeltaNet: which capture buffers the step filled
+  };
 
   ModelSpec spec_;
   Backend* be_;
@@ -118,6 +144,7 @@ class SequenceState : public LayerStateAccess {
   std::vector<Buffer> ssm_capture_;   // per layer: [n, Hv, dv, dk] of the last captured step
   std::vector<Buffer> conv_capture_;  // per layer: [(K-1) + n, conv_dim]
   int64_t capture_base_ = -1, capture_n_ = 0;     // the captured step: first position and token count
+  std::vector<StepMark> marks_;                   // per layer in range
 };
 
 }  // namespace dflash

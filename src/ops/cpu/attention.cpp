@@ -1,5 +1,5 @@
-// attention: one (query, head) pair at a time, keys walked in KV-chunk order with a running max and
-// running sum (flash style): per chunk, the visible scores q.k * scale are computed, the running max
+// attention: one (query, head) pair at a time, keys walked in groups of 64 positions with a running max and
+// running sum (flash style): per group, the visible scores q.k * scale are computed, the running max
 // raised to the chunk's max (rescaling the accumulated output and sum by exp(old - new)), then
 // p = exp(s - max) is added to the sum and p * v to the output. A query that sees no key gets zeros.
 // Pairs are dealt to the pool's threads round-robin (causal rows have uneven lengths).
@@ -45,6 +45,7 @@ void attention(const float* q, int64_t n_q, int64_t n_heads, const KvView& kv, c
   pool.parallel_for(n_tasks, 1, [&](int64_t tb, int64_t te) {
     std::vector<float> scores(static_cast<size_t>(ct));
     std::vector<float> acc(static_cast<size_t>(hd));
+    std::vector<int64_t> keys;  // a tree query's visible new slots
     for (int64_t task = tb; task < te; ++task) {
       for (int64_t item = task; item < n_items; item += n_tasks) {
         const int64_t i = item / n_heads, h = item % n_heads, kvh = h / group;
@@ -54,20 +55,29 @@ void attention(const float* q, int64_t n_q, int64_t n_heads, const KvView& kv, c
         if (mask.kind != MaskKind::kFull) end = std::min(end, n_prefix + i + 1);
         const uint8_t* vis = mask.kind == MaskKind::kTree ? visible.data() + i * n_q : nullptr;
 
+        // The keys in the order (and the 64-key groups) a causal query walks them. A tree query's keys are the
+        // prefix, then its ancestors and itself at positions n_prefix + depth: walked as if they sat at those
+        // positions, so a node's output is bit for bit that of plain decoding of its path.
+        int64_t n_keys = end;
+        if (vis != nullptr) {
+          keys.clear();
+          for (int64_t s = 0; s <= i; ++s)
+            if (vis[s]) keys.push_back(n_prefix + s);
+          n_keys = n_prefix + static_cast<int64_t>(keys.size());
+        }
+        const auto slot_of = [&](int64_t t) { return vis == nullptr || t < n_prefix ? t : keys[t - n_prefix]; };
+        const auto k_at = [&](int64_t j) { return kv.k_chunks[j / ct] + ((j % ct) * nkv + kvh) * hd; };
+        const auto v_at = [&](int64_t j) { return kv.v_chunks[j / ct] + ((j % ct) * nkv + kvh) * hd; };
+
         float m = kNegInf, l = 0.0f;
         std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t j0 = 0, c = 0; j0 < end; j0 += ct, ++c) {
-          const int64_t j1 = std::min(end, j0 + ct);
-          const float* kc = kv.k_chunks[c];
-          const float* vc = kv.v_chunks[c];
+        for (int64_t t0 = 0; t0 < n_keys; t0 += ct) {
+          const int64_t t1 = std::min(n_keys, t0 + ct);
           float mb = kNegInf;
-          for (int64_t j = j0; j < j1; ++j) {
-            float s = kNegInf;
-            if (vis == nullptr || j < n_prefix || vis[j - n_prefix]) {
-              s = detail::dot(qv, kc + ((j - j0) * nkv + kvh) * hd, hd) * scale;
-              mb = std::max(mb, s);
-            }
-            scores[j - j0] = s;
+          for (int64_t t = t0; t < t1; ++t) {
+            const float s = detail::dot(qv, k_at(slot_of(t)), hd) * scale;
+            mb = std::max(mb, s);
+            scores[t - t0] = s;
           }
           if (mb == kNegInf) continue;
           if (mb > m) {
@@ -76,11 +86,11 @@ void attention(const float* q, int64_t n_q, int64_t n_heads, const KvView& kv, c
             detail::scale(corr, acc.data(), hd);
             m = mb;
           }
-          for (int64_t j = j0; j < j1; ++j) {
-            if (scores[j - j0] == kNegInf) continue;
-            const float p = std::exp(scores[j - j0] - m);
+          for (int64_t t = t0; t < t1; ++t) {
+            if (scores[t - t0] == kNegInf) continue;
+            const float p = std::exp(scores[t - t0] - m);
             l += p;
-            detail::axpy(p, vc + ((j - j0) * nkv + kvh) * hd, acc.data(), hd);
+            detail::axpy(p, v_at(slot_of(t)), acc.data(), hd);
           }
         }
         float* o = out + item * hd;

@@ -165,4 +165,10 @@ Status CpuBackend::gather_rows(const float* x, int64_t dim, std::span<const int6
   return Status();
 }
 
+static_assert(Backend::kMaxTopK == cpu::kMaxTopK);
+Status CpuBackend::top_k_rows(const float* x, int64_t rows, int64_t cols, int64_t k, int32_t* ids, float* values,
+                              float* lse) {
+  return cpu::top_k_rows(x, rows, cols, k, ids, values, lse, pool_);
+}
+
 }  // namespace dflash

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cmath>
-#include <cmath>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -128,5 +127,24 @@ void gated_delta_net_chunked(const float* q, const float* k, const float* v, con
 // rows when the ancestry runs out; conv_state is left unchanged.
 void causal_conv1d_silu(const float* x, int64_t n, int64_t channels, const float* w, int64_t kernel,
                         float* conv_state, float* out, std::span<const int32_t> parents);
+
+// ---------------------------------------------------------------- sampling helpers
+
+// The largest k a top_k_rows call may ask for (Backend::kMaxTopK).
+inline constexpr int64_t kMaxTopK = 16;
+
+// The argument checks every backend's top_k_rows makes: rows >= 0, 1 <= cols <= INT32_MAX (ids are
+// int32), 1 <= k <= min(cols, kMaxTopK).
+Status check_top_k_rows(int64_t rows, int64_t cols, int64_t k);
+
+// For each row r of x [rows, cols]: the k largest values, descending, ties to the lower column, into
+// values [rows, k] with their columns in ids [rows, k]; and lse[r] = log(sum_j exp(x[r, j])) (lse may be
+// null: not computed). NaN counts as -inf everywhere (its value is reported as -inf; it adds nothing to
+// lse); -0 and +0 are equal (ties go by column; the value reported is the element's own). A row whose
+// entries are all -inf gets lse -inf and ids 0, 1, ..., k-1; a row holding +inf gets lse +inf.
+// lse: max + log(sum exp(x - max)) in double, rounded once to float. Rows are spread over the pool.
+// Errors: check_top_k_rows, or a null x/ids/values with rows > 0.
+Status top_k_rows(const float* x, int64_t rows, int64_t cols, int64_t k, int32_t* ids, float* values, float* lse,
+                  ThreadPool& pool);
 
 }  // namespace dflash::cpu

@@ -13,6 +13,7 @@
 #include "ops/cuda/matmul.h"
 #include "ops/cuda/matmul_host.h"
 #include "ops/cuda/norm_rope.h"
+#include "ops/cuda/top_k.h"
 
 namespace dflash {
 namespace {
@@ -44,6 +45,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device) {
   DF_RETURN_IF_ERROR(check(cudaSetDevice(device), "cudaSetDevice"));
   std::unique_ptr<CudaBackend> be(new CudaBackend());
   be->device_ = device;
+  DF_RETURN_IF_ERROR(check(cudaDeviceGetAttribute(&be->sm_count_, cudaDevAttrMultiProcessorCount, device),
+                           "cudaDeviceGetAttribute"));
   DF_RETURN_IF_ERROR(check(cudaStreamCreate(&be->stream_), "cudaStreamCreate"));
   DF_RETURN_IF_ERROR(check(cudaMallocHost(reinterpret_cast<void**>(&be->pinned_), kPinnedBytes), "cudaMallocHost"));
   be->pinned_bytes_ = kPinnedBytes;
@@ -66,9 +69,10 @@ CudaBackend::~CudaBackend() {
   for (const auto& [id, g] : graphs_) ids.push_back(id);
   for (int64_t id : ids) drop_step(id);
   trim();
-  for (Scratch* s : {&positions_, &parents_, &chunk_table_, &rows_, &workspace_, &embed_rows_})
+  for (Scratch* s : {&positions_, &parents_, &chunk_table_, &rows_, &workspace_, &embed_rows_, &top_k_})
     if (s->ptr) cudaFree(s->ptr);
   if (pinned_) cudaFreeHost(pinned_);
+  if (top_k_host_) cudaFreeHost(top_k_host_);
   if (step_params_host_) cudaFreeHost(step_params_host_);
   if (step_params_) cudaFree(step_params_);
   if (q8_buf_.xq) cudaFree(q8_buf_.xq);
@@ -163,7 +167,8 @@ MemoryStats CudaBackend::memory_stats() const {
   m.buffers_live = allocated_bytes_ - cached_bytes_;
   m.buffers_peak = peak_live_;
   m.buffers_cached = cached_bytes_;
-  for (const Scratch* s : {&positions_, &parents_, &chunk_table_, &rows_, &workspace_, &embed_rows_}) m.scratch += s->bytes;
+  for (const Scratch* s : {&positions_, &parents_, &chunk_table_, &rows_, &workspace_, &embed_rows_, &top_k_})
+    m.scratch += s->bytes;
   for (const auto& [key, table] : rope_tables_) m.scratch += static_cast<uint64_t>(key.rot_dims / 2) * sizeof(double);
   m.scratch += static_cast<uint64_t>(kQ8SideElems) * 11 / 8;
   size_t free_b = 0, total_b = 0;
@@ -217,10 +222,10 @@ void CudaBackend::trim() {
 
 Status CudaBackend::synchronize() { return check(cudaStreamSynchronize(stream_), "CUDA stream"); }
 
-Result<void*> CudaBackend::reserve(Scratch& s, size_t bytes) {
+Result<void*> CudaBackend::reserve(Scratch& s, size_t bytes, bool recorded) {
   if (bytes <= s.bytes) return s.ptr;
   if (capturing_) return unsupported("scratch must grow while a step is recorded");
-  ++epoch_;  // recordings that used the old buffer are stale
+  if (recorded) ++epoch_;  // recordings that used the old buffer are stale
   // Work already queued may still read the old buffer: wait before freeing it.
   DF_RETURN_IF_ERROR(synchronize());
   if (s.ptr) cudaFree(s.ptr);
@@ -326,7 +331,8 @@ Status CudaBackend::copy(float* dst, const float* src, int64_t n) {
 // Decode and verify steps (n <= 16) run the GEMV kernels: the integer-dot path for the common block
 // types, f32 for the rest. Longer steps (prefill) run the bf16 tensor-core GEMM (both inputs rounded to
 // bf16, f32 accumulation: the precision HF transformers runs bf16 checkpoints at), or, with
-// set_tensor_core_prefill(false), the GEMV kernels in slices of 16 tokens.
+// set_tensor_core_prefill(false) or while set_token_exact(true) (speculative verify steps), the GEMV kernels in
+// slices of 16 tokens: each token's row then equals what a one-token step computes.
 Status CudaBackend::matmul(const cpu::WeightView& w, const float* x, int64_t n, float* y) {
   const cpu::WeightView* ws[] = {&w};
   float* ys[] = {y};
@@ -345,7 +351,7 @@ Status CudaBackend::matmul_group(std::span<const cpu::WeightView* const> ws, con
   }
   constexpr int64_t kSlice = cuda::kGemvMaxTokens;
   const bool side = q8_side_.src == x && q8_side_.elems == n * cols;  // x's producer quantized it already
-  if (n > kSlice && tensor_core_prefill_) {
+  if (n > kSlice && tensor_core_prefill_ && !token_exact_) {
     for (size_t i = 0; i < ws.size(); ++i)
       DF_RETURN_IF_ERROR(cuda::matmul(ws[i]->type, ws[i]->data, ws[i]->rows, cols, x, n, ys[i], stream_,
                                       cuda::MatmulPath::kGemmBf16));
@@ -577,6 +583,52 @@ Status CudaBackend::gather_rows(const float* x, int64_t dim, std::span<const int
   DF_ASSIGN_OR_RETURN(const void* r, stage(rows_, rows.data(), rows.size_bytes()));
   return check(cuda::gather_rows(x, dim, static_cast<const int64_t*>(r), static_cast<int64_t>(rows.size()), out, stream_),
                "gather_rows");
+}
+
+// The results [ids rows*k | values rows*k | lse rows] and, 256-aligned after them, the kernels' workspace
+// in one scratch (reserved at first for the largest usual call, 64 rows of k 16 over a large vocabulary).
+Status CudaBackend::top_k_rows(const float* x, int64_t rows, int64_t cols, int64_t k, int32_t* ids, float* values,
+                               float* lse) {
+  static_assert(Backend::kMaxTopK == cuda::kTopKMax);
+  DF_RETURN_IF_ERROR(cpu::check_top_k_rows(rows, cols, k));
+  if (rows == 0) return Status();
+  if (x == nullptr || ids == nullptr || values == nullptr)
+    return invalid_argument("top_k_rows: null input, ids or values array");
+  if (capturing_) return unsupported("top_k_rows while a step is recorded");
+  forget_q8();
+  const auto aligned = [](size_t b) { return (b + 255) & ~size_t{255}; };
+  const size_t result_bytes = sizeof(float) * static_cast<size_t>(rows * (2 * k + 1));
+  const cuda::TopKPlan plan = cuda::plan_top_k_rows(rows, cols, k, sm_count_);
+  const size_t usual = aligned(sizeof(float) * 64 * (2 * kMaxTopK + 1)) +
+                       cuda::plan_top_k_rows(64, int64_t{1} << 20, kMaxTopK, sm_count_).workspace_bytes;
+  DF_ASSIGN_OR_RETURN(void* scratch,
+                      reserve(top_k_, std::max(aligned(result_bytes) + plan.workspace_bytes, usual), false));
+  void* workspace = static_cast<uint8_t*>(scratch) + aligned(result_bytes);
+  auto* d_ids = static_cast<int32_t*>(scratch);
+  float* d_values = reinterpret_cast<float*>(d_ids + rows * k);
+  float* d_lse = d_values + rows * k;
+  DF_RETURN_IF_ERROR(check(cuda::top_k_rows(x, rows, cols, k, plan, workspace, d_ids, d_values,
+                                            lse != nullptr ? d_lse : nullptr, stream_),
+                           "top_k_rows"));
+  if (top_k_host_bytes_ < result_bytes) {  // the last call's copy is done (each call waits for it)
+    if (top_k_host_) cudaFreeHost(top_k_host_);
+    top_k_host_ = nullptr;
+    top_k_host_bytes_ = 0;
+    const size_t want = std::max<size_t>(result_bytes, 16 << 10);
+    DF_RETURN_IF_ERROR(check(cudaMallocHost(&top_k_host_, want), "cudaMallocHost (top_k_rows)"));
+    top_k_host_bytes_ = want;
+  }
+  const size_t copy_bytes = lse != nullptr ? result_bytes : result_bytes - sizeof(float) * static_cast<size_t>(rows);
+  DF_RETURN_IF_ERROR(
+      check(cudaMemcpyAsync(top_k_host_, scratch, copy_bytes, cudaMemcpyDeviceToHost, stream_), "top_k_rows download"));
+  DF_RETURN_IF_ERROR(synchronize());
+  const auto* h_ids = static_cast<const int32_t*>(top_k_host_);
+  const auto* h_values = reinterpret_cast<const float*>(h_ids + rows * k);
+  const size_t n = static_cast<size_t>(rows * k);
+  std::memcpy(ids, h_ids, n * sizeof(int32_t));
+  std::memcpy(values, h_values, n * sizeof(float));
+  if (lse != nullptr) std::memcpy(lse, h_values + n, static_cast<size_t>(rows) * sizeof(float));
+  return Status();
 }
 
 }  // namespace dflash

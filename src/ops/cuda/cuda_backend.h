@@ -32,6 +32,7 @@ class CudaBackend final : public Backend {
   // Steps of more than 16 tokens (prefill): bf16 tensor-core GEMM (on, the default) or the GEMV kernels
   // in 16-token slices (exactly the numerics of decode, re-streaming the weights per slice).
   void set_tensor_core_prefill(bool on) { tensor_core_prefill_ = on; }
+  void set_token_exact(bool on) override { token_exact_ = on; }
   // Waits for the stream; returns the first asynchronous error, if any.
   Status synchronize() override;
 
@@ -86,6 +87,10 @@ class CudaBackend final : public Backend {
   Status deltanet_gates(float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a, int64_t n,
                         int64_t n_heads) override;
   Status gather_rows(const float* x, int64_t dim, std::span<const int64_t> rows, float* out) override;
+  // One or two kernels (ops/cuda/top_k.h) into device scratch, then one download of rows x (2k + 1) floats
+  // through a pinned buffer; waits for it, like download(). Not while a step is recorded.
+  Status top_k_rows(const float* x, int64_t rows, int64_t cols, int64_t k, int32_t* ids, float* values,
+                    float* lse) override;
 
  private:
   CudaBackend() = default;
@@ -94,7 +99,9 @@ class CudaBackend final : public Backend {
     void* ptr = nullptr;
     size_t bytes = 0;
   };
-  Result<void*> reserve(Scratch& s, size_t bytes);
+  // Growing a scratch that recorded steps may use invalidates them (epoch_); `recorded` false is for
+  // scratch only used outside recordings.
+  Result<void*> reserve(Scratch& s, size_t bytes, bool recorded = true);
   Result<const void*> stage(Scratch& s, const void* host, size_t bytes);
 
   // A recorded step: the executable graph, the scratch epoch it was recorded in, and the temporaries it
@@ -128,6 +135,7 @@ class CudaBackend final : public Backend {
   Result<const double*> rope_table(double theta, double freq_scale, int64_t rot_dims);
 
   int device_ = 0;
+  int sm_count_ = 1;  // multiprocessors (top_k_rows spreads a row over enough blocks to fill them)
   cudaStream_t stream_ = nullptr;
   // Step recording: per-replay parameters {token, position, KV prefix, KV length} on the device, their
   // pinned host source, and the event after which the host may rewrite it.
@@ -141,6 +149,7 @@ class CudaBackend final : public Backend {
   int64_t next_graph_id_ = 1;
   uint64_t epoch_ = 0;  // bumped when scratch a recording may use moves
   bool tensor_core_prefill_ = true;
+  bool token_exact_ = false;  // set_token_exact: products of any length as GEMV slices
   // Pinned staging ring: host arrays are copied here before their asynchronous upload.
   uint8_t* pinned_ = nullptr;
   std::vector<cudaEvent_t> marks_;  // events for mark(), reused after clear_marks()
@@ -155,6 +164,9 @@ class CudaBackend final : public Backend {
   uint64_t allocated_bytes_ = 0;  // every buffer cudaMalloc'ed by alloc() and not yet freed (live + cached)
   uint64_t peak_live_ = 0;
   Scratch positions_, parents_, chunk_table_, rows_, workspace_, embed_rows_;
+  Scratch top_k_;  // top_k_rows: its results, then the kernels' workspace (never used by a recording)
+  void* top_k_host_ = nullptr;  // pinned: top_k_rows' results on their way to the caller's arrays
+  size_t top_k_host_bytes_ = 0;
   Q8Side q8_side_;
   int64_t q8_side_uses_ = 0;
   cuda::Q8Out q8_buf_;  // kQ8SideElems int8 codes, then their scales and half-block sums (one allocation)

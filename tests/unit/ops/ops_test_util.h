@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -58,6 +59,31 @@ double rel_err(const std::vector<A>& a, const std::vector<B>& b, double floor = 
     den = std::max(den, std::abs(static_cast<double>(b[i])));
   }
   return num / den;
+}
+
+// Logit rows for the sampling helpers' tests (top_k_rows): plain normal logits; few distinct levels (many
+// ties); or normal logits with -inf, NaN and signed zeros sprinkled in.
+enum class Fill { kNormal, kTies, kSpecial };
+inline const char* fill_name(Fill f) { return f == Fill::kNormal ? "normal" : f == Fill::kTies ? "ties" : "special"; }
+inline std::vector<float> random_rows(std::mt19937& rng, int64_t rows, int64_t cols, Fill fill) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::uniform_int_distribution<int> level(-3, 3);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(rows * cols));
+  for (auto& v : x) {
+    switch (fill) {
+      case Fill::kNormal: v = normal(rng); break;
+      case Fill::kTies: v = 0.5f * static_cast<float>(level(rng)); break;
+      case Fill::kSpecial: {
+        const float p = u(rng);
+        v = p < 0.05f ? -kInf : p < 0.07f ? kNaN : p < 0.09f ? -0.0f : p < 0.11f ? 0.0f : normal(rng);
+        break;
+      }
+    }
+  }
+  return x;
 }
 
 }  // namespace dflash::test

@@ -1,0 +1,247 @@
+// DFlash on the CUDA backend against the CPU backend: the draft's forward (context K/V appended step by
+// step, bidirectional block attention, the target's head), a DDTree verify with its commit (KV compaction,
+// DeltaNet state of the deepest accepted node), and whole speculative decoding equal to plain greedy
+// decoding on the device. Random qwen35 target and draft with 64-wide heads (the CUDA attention kernels
+// take head dims 64, 128 and 256).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "decode/dflash.h"
+#include "decode/runner.h"
+#include "formats/safetensors.h"
+#include "model/weights.h"
+#include "ops/cuda/cuda_backend.h"
+#include "state/feature_ring.h"
+#include "state/sequence_state.h"
+#include "support/cuda_test_util.h"
+#include "support/random_hf_model.h"
+#include "support/test_paths.h"
+
+namespace dflash {
+namespace {
+
+double rel_err(std::span<const float> a, std::span<const float> b) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    err = std::max(err, std::abs(double(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(double(b[i])));
+  }
+  return err / scale;
+}
+
+int32_t argmax(std::span<const float> x) {
+  return static_cast<int32_t>(std::max_element(x.begin(), x.end()) - x.begin());
+}
+
+nlohmann::json draft_config(int64_t hidden, int64_t vocab) {
+  return {{"architectures", {"DFlashDraftModel"}},
+          {"model_type", "qwen3"},
+          {"hidden_size", hidden},
+          {"intermediate_size", 128},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 2},
+          {"num_key_value_heads", 1},
+          {"head_dim", 64},
+          {"rms_norm_eps", 1e-6},
+          {"rope_theta", 1e7},
+          {"max_position_embeddings", 4096},
+          {"vocab_size", vocab},
+          {"block_size", 8},
+          {"num_target_layers", 8},
+          {"tie_word_embeddings", false},
+          {"layer_types", {"full_attention", "full_attention"}},
+          {"dflash_config", {{"mask_token_id", vocab - 1}, {"target_layer_ids", {1, 5}}}}};
+}
+
+// One model on both backends.
+struct Both {
+  std::unique_ptr<Weights> host, dev;
+};
+
+class CudaDFlash : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!test::cuda_device_present()) DF_SKIP_LOUDLY("no CUDA device");
+    nlohmann::json cfg = test::tiny_qwen35_config(512);
+    cfg["head_dim"] = 64;
+    cfg["rope_parameters"]["mrope_section"] = {4, 2, 2};
+    const std::string tdir = test::scratch_dir() + "/target", ddir = test::scratch_dir() + "/draft";
+    ASSERT_TRUE(test::write_random_hf_model(tdir, cfg, 23, SafetensorsDType::kF32).ok());
+    ASSERT_TRUE(test::write_random_hf_model(ddir, draft_config(cfg["hidden_size"].get<int64_t>(), 512), 29,
+                                            SafetensorsDType::kF32).ok());
+    auto be = CudaBackend::create(0);
+    ASSERT_TRUE(be.ok()) << be.status().to_string();
+    be_ = std::move(be).value();
+    // Prefills and draft context rows of more than 16 tokens would otherwise run the bf16 tensor-core GEMM, and a
+    // random qwen35's logits are a chaotic function of their inputs (model_cuda_test.cpp): compare at f32.
+    be_->set_tensor_core_prefill(false);
+    load(tdir, target_);
+    load(ddir, draft_);
+    gpu_ = std::make_unique<Runner>(*target_.dev, *be_);
+    cpu_ = std::make_unique<Runner>(*target_.host, 2);
+    auto gd = DFlashDraft::create(*draft_.dev, *target_.dev, *be_);
+    ASSERT_TRUE(gd.ok()) << gd.status().to_string();
+    gpu_draft_ = std::move(gd).value();
+    auto cd = DFlashDraft::create(*draft_.host, *target_.host, cpu_->backend());
+    ASSERT_TRUE(cd.ok()) << cd.status().to_string();
+    cpu_draft_ = std::move(cd).value();
+    for (int i = 0; i < 40; ++i) prompt_.push_back((i * 37 + 3) % 500);
+  }
+
+  void load(const std::string& dir, Both& m) {
+    auto host = Weights::load(dir, 2);
+    ASSERT_TRUE(host.ok()) << host.status().to_string();
+    m.host = std::make_unique<Weights>(std::move(host).value());
+    auto dev = m.host->to_backend(*be_);
+    ASSERT_TRUE(dev.ok()) << dev.status().to_string();
+    m.dev = std::make_unique<Weights>(std::move(dev).value());
+  }
+
+  // Prefills `tokens` with the draft's capture layers into `ring`; the last logits.
+  std::vector<float> prefill(Runner& r, SequenceState& st, FeatureRing& ring, std::span<const int32_t> tokens) {
+    Step step;
+    step.tokens = tokens;
+    step.capture_layers = gpu_draft_->capture_layers();
+    const int64_t pos = st.n_past();
+    auto o = r.forward(st, step);
+    EXPECT_TRUE(o.ok()) << o.status().to_string();
+    if (!o.ok()) return {};
+    EXPECT_TRUE(append_features(ring, pos, *o, static_cast<int64_t>(tokens.size())).ok());
+    return o->logits;
+  }
+
+  std::unique_ptr<CudaBackend> be_;  // declared first: destroyed last
+  Both target_, draft_;
+  std::unique_ptr<Runner> gpu_, cpu_;
+  std::unique_ptr<DFlashDraft> gpu_draft_, cpu_draft_;
+  std::vector<int32_t> prompt_;
+};
+
+TEST_F(CudaDFlash, draft_forward_matches_the_cpu) {
+  SequenceState gs(target_.dev->spec(), *be_), cs(target_.host->spec(), cpu_->backend());
+  FeatureRing gring(gpu_draft_->feature_width(), 4096), cring(cpu_draft_->feature_width(), 4096);
+  prefill(*gpu_, gs, gring, std::span<const int32_t>(prompt_).first(30));
+  prefill(*cpu_, cs, cring, std::span<const int32_t>(prompt_).first(30));
+  DFlashDraft::Context gctx(*gpu_draft_), cctx(*cpu_draft_);
+  // Two calls: the second appends only the 6 new context rows to the draft's K/V.
+  for (int call = 0; call < 2; ++call) {
+    if (call == 1) {
+      prefill(*gpu_, gs, gring, std::span<const int32_t>(prompt_).subspan(30, 6));
+      prefill(*cpu_, cs, cring, std::span<const int32_t>(prompt_).subspan(30, 6));
+    }
+    auto g = gpu_draft_->propose(gctx, gring, prompt_[36], 7, 8);
+    auto c = cpu_draft_->propose(cctx, cring, prompt_[36], 7, 8);
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    // The top-8 candidates of every drafted position and their log-probabilities.
+    const double err = rel_err(g->logprobs, c->logprobs);
+    std::printf("draft call %d: top-8 log-probs max rel err vs cpu %.3g\n", call, err);
+    EXPECT_LT(err, 1e-3);
+    EXPECT_EQ(g->tokens, c->tokens);
+  }
+}
+
+TEST_F(CudaDFlash, tree_verify_and_commit_match_the_cpu) {
+  const int64_t V = 512;
+  SequenceState gs(target_.dev->spec(), *be_), cs(target_.host->spec(), cpu_->backend());
+  FeatureRing gring(gpu_draft_->feature_width(), 4096), cring(cpu_draft_->feature_width(), 4096);
+  const std::vector<float> last = prefill(*cpu_, cs, cring, prompt_);
+  prefill(*gpu_, gs, gring, prompt_);
+  // A tree whose greedy path goes through second children: the CPU's own continuation decides the tokens.
+  const int32_t root = argmax(last);
+  std::vector<int32_t> truth;
+  {
+    SequenceState ref(target_.host->spec(), cpu_->backend());
+    auto l = cpu_->prefill(ref, prompt_);
+    ASSERT_TRUE(l.ok());
+    int32_t t = root;
+    for (int i = 0; i < 4; ++i) {
+      Step step;
+      step.tokens = std::span<const int32_t>(&t, 1);
+      auto o = cpu_->forward(ref, step);
+      ASSERT_TRUE(o.ok());
+      t = argmax(o->logits);
+      truth.push_back(t);
+    }
+  }
+  DraftTree tree = DraftTree::with_root(root);
+  int32_t parent = 0;
+  for (int32_t t : truth) {
+    ASSERT_TRUE(tree.add_child(parent, (t + 1) % 500).ok());  // a wrong first child
+    auto right = tree.add_child(parent, t);
+    ASSERT_TRUE(right.ok());
+    parent = *right;
+  }
+  const ChooseFn greedy = [](NodeLogits& logits) -> Result<Choice> { return Choice{logits.argmax(), false}; };
+  auto g = verify_tree(*gpu_, gs, gring, gpu_draft_->capture_layers(), tree, greedy, nullptr);
+  auto c = verify_tree(*cpu_, cs, cring, cpu_draft_->capture_layers(), tree, greedy, nullptr);
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(g->tokens, c->tokens);
+  ASSERT_EQ(c->tokens.size(), truth.size() + 1);  // every true token accepted, then the bonus
+  EXPECT_EQ(gs.n_past(), cs.n_past());
+  // Decoding on from the committed state agrees.
+  int32_t t = c->tokens.back();
+  for (int i = 0; i < 4; ++i) {
+    Step step;
+    step.tokens = std::span<const int32_t>(&t, 1);
+    auto go = gpu_->forward(gs, step);
+    auto co = cpu_->forward(cs, step);
+    ASSERT_TRUE(go.ok() && co.ok());
+    const double err = rel_err(go->logits, co->logits);
+    EXPECT_LT(err, 1e-3) << "step " << i;
+    EXPECT_EQ(argmax(go->logits), argmax(co->logits)) << "step " << i;
+    t = argmax(co->logits);
+  }
+  (void)V;
+}
+
+TEST_F(CudaDFlash, speculative_greedy_equals_plain_greedy_on_the_device) {
+  const int64_t n_gen = 32;
+  // Plain greedy on the device (recorded decode steps).
+  std::vector<int32_t> plain;
+  {
+    SequenceState st(target_.dev->spec(), *be_);
+    auto l = gpu_->prefill(st, prompt_);
+    ASSERT_TRUE(l.ok());
+    int32_t t = argmax(*l);
+    plain.push_back(t);
+    while (static_cast<int64_t>(plain.size()) < n_gen) {
+      Step step;
+      step.tokens = std::span<const int32_t>(&t, 1);
+      auto o = gpu_->forward(st, step);
+      ASSERT_TRUE(o.ok());
+      t = argmax(o->logits);
+      plain.push_back(t);
+    }
+  }
+  for (bool ddtree : {false, true}) {
+    SequenceState st(target_.dev->spec(), *be_);
+    FeatureRing ring(gpu_draft_->feature_width(), 4096);
+    const std::vector<float> l = prefill(*gpu_, st, ring, prompt_);
+    std::vector<int32_t> got = {argmax(l)};
+    DFlashDraft::Context ctx(*gpu_draft_);
+    SpecOptions opts;
+    opts.ddtree = ddtree;
+    opts.ddtree_budget = 12;
+    SpecStats stats;
+    const ChooseFn greedy = [](NodeLogits& logits) -> Result<Choice> { return Choice{logits.argmax(), false}; };
+    while (static_cast<int64_t>(got.size()) < n_gen) {
+      auto r = speculative_step(*gpu_, st, ring, *gpu_draft_, ctx, got.back(), 7, opts, greedy, &stats);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      got.insert(got.end(), r->tokens.begin(), r->tokens.end());
+    }
+    got.resize(static_cast<size_t>(n_gen));
+    std::printf("%s: %lld steps, drafted %lld, accepted %lld\n", ddtree ? "ddtree" : "chain",
+                static_cast<long long>(stats.steps), static_cast<long long>(stats.drafted),
+                static_cast<long long>(stats.accepted));
+    EXPECT_EQ(got, plain) << (ddtree ? "ddtree" : "chain");
+  }
+}
+
+}  // namespace
+}  // namespace dflash

@@ -1,0 +1,346 @@
+// FeatureRing: appends at the ring's end (any position when empty), rows_from's bounds, trimming to the
+// capacity (one append larger than the capacity included), clear(pos), the snapshot round trip, import
+// refusing what does not belong to it (another width, tag, end, shape, or meta that is not a small
+// non-negative integer) by leaving an empty ring at the snapshot's n_past, and feature_tag telling layer
+// lists apart. Rows hold fresh random values each run (the seed is printed on failure).
+#include "state/feature_ring.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace dflash {
+namespace {
+
+class FeatureRingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    seed_ = std::random_device{}();
+    rng_.seed(seed_);
+  }
+  // n rows of `width` random floats.
+  std::vector<float> rows(int64_t n, int64_t width) {
+    std::normal_distribution<float> d(0.0f, 3.0f);
+    std::vector<float> r(static_cast<size_t>(n * width));
+    for (auto& x : r) x = d(rng_);
+    return r;
+  }
+  // Rows [a, b) of a [n, width] block.
+  static std::vector<float> slice(const std::vector<float>& block, int64_t width, int64_t a, int64_t b) {
+    return std::vector<float>(block.begin() + a * width, block.begin() + b * width);
+  }
+  static void expect_holds(const FeatureRing& ring, int64_t first, int64_t end, const std::vector<float>& want,
+                           const std::string& what) {
+    EXPECT_EQ(ring.first(), first) << what;
+    EXPECT_EQ(ring.end(), end) << what;
+    EXPECT_EQ(ring.empty(), first == end) << what;
+    auto got = ring.rows_from(first);
+    ASSERT_TRUE(got.ok()) << what << ": " << got.status().to_string();
+    EXPECT_EQ(*got, want) << what;
+  }
+
+  uint32_t seed_ = 0;
+  std::mt19937 rng_;
+};
+
+TEST_F(FeatureRingTest, appends_in_order_and_reads_any_suffix) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  const int64_t W = 6;
+  FeatureRing ring(W, 100, 0x123456);
+  EXPECT_EQ(ring.width(), W);
+  EXPECT_EQ(ring.capacity(), 100);
+  EXPECT_TRUE(ring.empty());
+  EXPECT_EQ(ring.first(), 0);
+  EXPECT_EQ(ring.end(), 0);
+  // An empty ring takes rows at any position.
+  const auto a = rows(5, W), b = rows(3, W);
+  ASSERT_TRUE(ring.append(17, a).ok());
+  expect_holds(ring, 17, 22, a, "after the first append");
+  ASSERT_TRUE(ring.append(22, b).ok());
+  std::vector<float> all = a;
+  all.insert(all.end(), b.begin(), b.end());
+  expect_holds(ring, 17, 25, all, "after the second append");
+  // Every suffix, the empty one at end() included.
+  for (int64_t from = 17; from <= 25; ++from) {
+    auto r = ring.rows_from(from);
+    ASSERT_TRUE(r.ok()) << from;
+    EXPECT_EQ(*r, slice(all, W, from - 17, 8)) << from;
+  }
+  // Outside [first, end]: refused.
+  for (int64_t from : {16, 26, 0, -1}) {
+    auto r = ring.rows_from(from);
+    ASSERT_FALSE(r.ok()) << from;
+    EXPECT_EQ(r.status().code(), ErrorCode::kInternal) << from;
+    EXPECT_NE(r.status().message().find(std::to_string(from)), std::string::npos) << r.status().message();
+  }
+  // Zero rows at the end: nothing changes.
+  ASSERT_TRUE(ring.append(25, {}).ok());
+  expect_holds(ring, 17, 25, all, "after an empty append");
+}
+
+TEST_F(FeatureRingTest, refuses_rows_that_do_not_follow_its_end_and_partial_rows) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  const int64_t W = 4;
+  FeatureRing ring(W, 50);
+  const auto a = rows(3, W);
+  ASSERT_TRUE(ring.append(10, a).ok());
+  for (int64_t pos : {12, 14, 0, 9}) {
+    const Status st = ring.append(pos, rows(2, W));
+    ASSERT_FALSE(st.ok()) << pos;
+    EXPECT_EQ(st.code(), ErrorCode::kInternal) << pos;
+    EXPECT_NE(st.message().find(std::to_string(pos)), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("13"), std::string::npos) << st.message();  // the ring's end
+    expect_holds(ring, 10, 13, a, "after a refused append at " + std::to_string(pos));
+  }
+  // Not a whole number of rows.
+  const auto partial = rows(1, W + 1);
+  const Status st = ring.append(13, partial);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument);
+  expect_holds(ring, 10, 13, a, "after a partial row");
+}
+
+TEST_F(FeatureRingTest, keeps_the_newest_capacity_rows) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  const int64_t W = 3, cap = 5;
+  FeatureRing ring(W, cap);
+  std::vector<float> all;  // rows of positions 0, 1, ...
+  int64_t end = 0;
+  // Appends of 1..4 rows: the ring holds min(end, cap) rows ending at end.
+  for (int64_t n : {2, 1, 3, 4, 1, 2}) {
+    const auto r = rows(n, W);
+    ASSERT_TRUE(ring.append(end, r).ok());
+    all.insert(all.end(), r.begin(), r.end());
+    end += n;
+    const int64_t first = std::max<int64_t>(0, end - cap);
+    expect_holds(ring, first, end, slice(all, W, first, end), "after appending " + std::to_string(n));
+  }
+  // One append of more than the capacity onto a full ring: only its own newest rows survive.
+  const auto big = rows(12, W);
+  ASSERT_TRUE(ring.append(end, big).ok());
+  expect_holds(ring, end + 12 - cap, end + 12, slice(big, W, 12 - cap, 12), "after a 12-row append");
+  // ... onto an empty ring at an arbitrary position.
+  FeatureRing fresh(W, cap);
+  ASSERT_TRUE(fresh.append(100, big).ok());
+  expect_holds(fresh, 107, 112, slice(big, W, 7, 12), "a 12-row first append");
+  // Exactly the capacity.
+  FeatureRing exact(W, cap);
+  const auto five = rows(cap, W);
+  ASSERT_TRUE(exact.append(0, five).ok());
+  expect_holds(exact, 0, cap, five, "an append of exactly the capacity");
+  // A capacity below 1 is 1.
+  FeatureRing one(W, 0);
+  EXPECT_EQ(one.capacity(), 1);
+  const auto three = rows(3, W);
+  ASSERT_TRUE(one.append(0, three).ok());
+  expect_holds(one, 2, 3, slice(three, W, 2, 3), "capacity 0 taken as 1");
+}
+
+TEST_F(FeatureRingTest, clear_restarts_at_a_position) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  const int64_t W = 5;
+  FeatureRing ring(W, 8);
+  ASSERT_TRUE(ring.append(0, rows(6, W)).ok());
+  ring.clear(40);
+  EXPECT_TRUE(ring.empty());
+  EXPECT_EQ(ring.first(), 40);
+  EXPECT_EQ(ring.end(), 40);
+  auto none = ring.rows_from(40);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  EXPECT_FALSE(ring.rows_from(39).ok());
+  // Empty again: the next rows may start anywhere (the position given to clear is only the default end).
+  const auto r = rows(2, W);
+  ASSERT_TRUE(ring.append(40, r).ok());
+  expect_holds(ring, 40, 42, r, "after clear(40) and an append at 40");
+  ring.clear();
+  EXPECT_EQ(ring.end(), 0);
+  EXPECT_TRUE(ring.empty());
+}
+
+// A ring holding positions [5, 15) of 15 appended, exported at n_past 15.
+struct Exported {
+  Snapshot snap;
+  std::vector<float> held;  // rows of positions 5..14
+};
+
+class FeatureRingSnapshot : public FeatureRingTest {
+ protected:
+  static constexpr int64_t kW = 6, kCap = 10;
+  static constexpr uint32_t kTag = 0xABCDEF;
+  Exported exported() {
+    FeatureRing ring(kW, kCap, kTag);
+    const auto all = rows(15, kW);
+    EXPECT_TRUE(ring.append(0, all).ok());
+    Exported e;
+    e.snap.n_past = 15;
+    ring.export_to(e.snap);
+    e.held = slice(all, kW, 5, 15);
+    return e;
+  }
+  SnapshotTensor* tensor(Snapshot& s, const std::string& name) {
+    for (auto& t : s.tensors)
+      if (t.name == name) return &t;
+    ADD_FAILURE() << "no tensor " << name;
+    static SnapshotTensor none;
+    return &none;
+  }
+  // An import that must be refused: the ring (which held something before) ends up empty at n_past.
+  void expect_refused(const Snapshot& snap, const std::string& what, int64_t width = kW, uint32_t tag = kTag) {
+    FeatureRing ring(width, kCap, tag);
+    ASSERT_TRUE(ring.append(3, rows(4, width)).ok());
+    EXPECT_FALSE(ring.import_from(snap)) << what;
+    EXPECT_TRUE(ring.empty()) << what;
+    EXPECT_EQ(ring.first(), snap.n_past) << what;
+    EXPECT_EQ(ring.end(), snap.n_past) << what;
+    // And it takes rows from there on.
+    EXPECT_TRUE(ring.append(snap.n_past, rows(1, width)).ok()) << what;
+  }
+};
+
+TEST_F(FeatureRingSnapshot, export_and_import_round_trip) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  const Exported e = exported();
+  const SnapshotTensor* meta = e.snap.find("dflash_feature_meta");
+  const SnapshotTensor* data = e.snap.find("dflash_feature_data");
+  ASSERT_NE(meta, nullptr);
+  ASSERT_NE(data, nullptr);
+  EXPECT_EQ(meta->shape, (std::vector<int64_t>{4}));
+  EXPECT_EQ(meta->data, (std::vector<float>{5, 10, kW, static_cast<float>(kTag)}));
+  EXPECT_EQ(data->shape, (std::vector<int64_t>{10, kW}));
+  EXPECT_EQ(data->data, e.held);
+  // Into a ring that held other rows: replaced.
+  FeatureRing ring(kW, kCap, kTag);
+  ASSERT_TRUE(ring.append(0, rows(30, kW)).ok());
+  EXPECT_TRUE(ring.import_from(e.snap));
+  expect_holds(ring, 5, 15, e.held, "imported");
+  ASSERT_TRUE(ring.append(15, rows(1, kW)).ok());  // and continues at n_past
+  // Into a smaller ring: the newest rows that fit.
+  FeatureRing small(kW, 4, kTag);
+  EXPECT_TRUE(small.import_from(e.snap));
+  expect_holds(small, 11, 15, slice(e.held, kW, 6, 10), "imported into capacity 4");
+  // An empty ring's export (cleared at 15) restores as an empty ring at 15.
+  FeatureRing empty(kW, kCap, kTag);
+  empty.clear(15);
+  Snapshot s0;
+  s0.n_past = 15;
+  empty.export_to(s0);
+  FeatureRing into(kW, kCap, kTag);
+  ASSERT_TRUE(into.append(0, rows(2, kW)).ok());
+  EXPECT_TRUE(into.import_from(s0));
+  EXPECT_TRUE(into.empty());
+  EXPECT_EQ(into.end(), 15);
+}
+
+TEST_F(FeatureRingSnapshot, import_refuses_another_width_tag_or_end) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  const Exported e = exported();
+  expect_refused(e.snap, "another width", kW + 2);
+  expect_refused(e.snap, "another tag", kW, kTag ^ 1);
+  expect_refused(e.snap, "tag 0 (a ring without a tag)", kW, 0);
+  Snapshot later = e.snap;
+  later.n_past = 16;  // the window does not end where the sequence does
+  expect_refused(later, "an end past the window");
+  Snapshot earlier = e.snap;
+  earlier.n_past = 14;
+  expect_refused(earlier, "an end inside the window");
+  Snapshot none;  // made without a draft
+  none.n_past = 15;
+  expect_refused(none, "no feature tensors");
+  Snapshot no_data = e.snap;
+  std::erase_if(no_data.tensors, [](const SnapshotTensor& t) { return t.name == "dflash_feature_data"; });
+  expect_refused(no_data, "no data tensor");
+}
+
+TEST_F(FeatureRingSnapshot, import_refuses_a_data_tensor_of_another_shape) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  const Exported e = exported();
+  {
+    Snapshot s = e.snap;
+    tensor(s, "dflash_feature_data")->shape = {kW, 10};
+    expect_refused(s, "transposed shape");
+  }
+  {
+    Snapshot s = e.snap;
+    tensor(s, "dflash_feature_data")->shape = {10 * kW};
+    expect_refused(s, "flat shape");
+  }
+  {
+    Snapshot s = e.snap;
+    tensor(s, "dflash_feature_data")->data.pop_back();
+    expect_refused(s, "one value short");
+  }
+  {
+    Snapshot s = e.snap;
+    auto& d = tensor(s, "dflash_feature_data")->data;
+    d.insert(d.end(), d.begin(), d.begin() + kW);
+    expect_refused(s, "a row too many for the shape");
+  }
+  {
+    Snapshot s = e.snap;  // n says 9 (first 6) but the data holds 10 rows
+    tensor(s, "dflash_feature_meta")->data = {6, 9, kW, static_cast<float>(kTag)};
+    expect_refused(s, "n disagreeing with the data");
+  }
+}
+
+TEST_F(FeatureRingSnapshot, import_refuses_meta_that_is_not_a_small_non_negative_integer) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  const Exported e = exported();
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (int field = 0; field < 4; ++field) {
+    for (float bad : {nan, -nan, inf, -inf, -1.0f, -5.0f, 1e30f, 16777216.0f, 4294967296.0f}) {
+      Snapshot s = e.snap;
+      tensor(s, "dflash_feature_meta")->data[static_cast<size_t>(field)] = bad;
+      expect_refused(s, "meta[" + std::to_string(field) + "] = " + std::to_string(bad));
+    }
+  }
+  // A negative first with n making up n_past (first + n == n_past): still refused.
+  {
+    Snapshot s = e.snap;
+    tensor(s, "dflash_feature_meta")->data = {-5, 20, kW, static_cast<float>(kTag)};
+    expect_refused(s, "negative first");
+  }
+  // Meta of another length.
+  for (size_t len : {0u, 3u, 5u}) {
+    Snapshot s = e.snap;
+    auto& m = tensor(s, "dflash_feature_meta")->data;
+    m.resize(len, 0.0f);
+    if (len >= 4) m[0] = 5, m[1] = 10, m[2] = kW, m[3] = static_cast<float>(kTag);
+    expect_refused(s, "meta of " + std::to_string(len) + " values");
+  }
+}
+
+TEST(FeatureTag, tells_layer_lists_apart_and_fits_24_bits) {
+  const std::vector<std::vector<int64_t>> lists = {
+      {},        {1},          {5},         {1, 5},        {5, 1},        {1, 6},         {2, 5},
+      {1, 5, 9}, {1, 16, 31, 46, 61}, {1, 9, 17, 25, 33}, {1, 8, 15, 22, 29}, {1, 10, 19, 28, 37}, {0, 1}, {1, 2}};
+  std::set<uint32_t> tags;
+  for (const auto& l : lists) {
+    const uint32_t t = feature_tag(l);
+    EXPECT_LE(t, 0xFFFFFFu);
+    EXPECT_EQ(static_cast<uint32_t>(static_cast<float>(t)), t) << "not exact as a float";
+    EXPECT_EQ(feature_tag(l), t) << "deterministic";
+    tags.insert(t);
+  }
+  EXPECT_EQ(tags.size(), lists.size()) << "two layer lists share a tag";
+  // A ring keeps only 24 bits of the tag it is given: its export says so, and a ring made with the same
+  // 24 bits takes the snapshot.
+  FeatureRing wide(2, 4, 0xFF123456u);
+  ASSERT_TRUE(wide.append(0, std::vector<float>{1, 2, 3, 4}).ok());
+  Snapshot s;
+  s.n_past = 2;
+  wide.export_to(s);
+  EXPECT_EQ(s.find("dflash_feature_meta")->data[3], static_cast<float>(0x123456));
+  FeatureRing same(2, 4, 0x123456u);
+  EXPECT_TRUE(same.import_from(s));
+  EXPECT_EQ(same.end(), 2);
+}
+
+}  // namespace
+}  // namespace dflash
