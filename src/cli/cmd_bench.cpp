@@ -117,8 +117,44 @@ double decode_bytes(const Weights& w, double ctx) {
   return bytes;
 }
 
-// Runs `steps` more decode steps through a ProfilingBackend: every op's share of a step beside the time
-// its bytes would take at the measured copy rate ("lost" = the difference, what a faster op could save).
+// The op table of a ProfilingBackend after `steps` steps that took `wall` seconds: every op's share of a step
+// beside the time its bytes would take at the measured copy rate ("lost" = the difference, what a faster op
+// could save).
+nlohmann::json profile_table(const ProfilingBackend& prof, int64_t steps, double wall, double bandwidth) {
+  const double per = 1.0 / static_cast<double>(steps);
+  double busy_us = 0, bytes = 0;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const OpProfileRow& r : prof.report()) {
+    const double us = r.ms * 1e3 * per, mb = r.bytes * per / 1e6, ideal_us = r.bytes * per / bandwidth * 1e6;
+    busy_us += us;
+    bytes += r.bytes * per;
+    rows.push_back({{"op", r.op}, {"calls_per_step", r.calls * per}, {"us_per_step", us},
+                    {"host_us_per_step", r.host_ms * 1e3 * per}, {"mb_per_step", mb},
+                    {"gb_s", us > 0 ? mb * 1e6 / (us * 1e-6) / 1e9 : 0.0}, {"ideal_us", ideal_us},
+                    {"lost_us", us - ideal_us}});
+  }
+  return nlohmann::json{{"steps", steps},       {"step_wall_us", wall * 1e6 * per}, {"ops_us", busy_us},
+                        {"ideal_us", bytes / bandwidth * 1e6}, {"ops", rows}};
+}
+
+void print_profile(const nlohmann::json& p, const std::string& title) {
+  const double wall_us = p["step_wall_us"].get<double>();
+  std::printf("\n  %s profile (%lld steps; each op timed on the backend's timeline, marks add a little;\n"
+              "  where the host enqueues slower than the device runs, an op's time is the host's):\n",
+              title.c_str(), static_cast<long long>(p["steps"].get<int64_t>()));
+  std::printf("  %-18s %7s %9s %6s %9s %9s %8s %9s %9s\n", "op", "calls", "us/step", "share", "host us", "MB/step",
+              "GB/s", "ideal us", "lost us");
+  for (const auto& r : p["ops"])
+    std::printf("  %-18s %7.1f %9.1f %5.1f%% %9.1f %9.2f %8.0f %9.1f %9.1f\n", r["op"].get<std::string>().c_str(),
+                r["calls_per_step"].get<double>(), r["us_per_step"].get<double>(),
+                100.0 * r["us_per_step"].get<double>() / wall_us, r["host_us_per_step"].get<double>(),
+                r["mb_per_step"].get<double>(), r["gb_s"].get<double>(), r["ideal_us"].get<double>(),
+                r["lost_us"].get<double>());
+  std::printf("  step wall %.1f us, ops %.1f us (%.0f%% of the step), bytes at the copy rate %.1f us\n", wall_us,
+              p["ops_us"].get<double>(), 100.0 * p["ops_us"].get<double>() / wall_us, p["ideal_us"].get<double>());
+}
+
+// Runs `steps` more decode steps through a ProfilingBackend: profile_table of a decode step.
 Result<nlohmann::json> profile_decode(const Weights& weights, Backend& be, SequenceState& state, int32_t token,
                                       int64_t steps, double bandwidth, bool print) {
   ProfilingBackend prof(be);
@@ -133,41 +169,16 @@ Result<nlohmann::json> profile_decode(const Weights& weights, Backend& be, Seque
     wall += now_s() - t0;
     token = static_cast<int32_t>(std::max_element(o.logits.begin(), o.logits.end()) - o.logits.begin());
   }
-  const double per = 1.0 / static_cast<double>(steps);
-  double busy_us = 0, bytes = 0;
-  nlohmann::json rows = nlohmann::json::array();
-  for (const OpProfileRow& r : prof.report()) {
-    const double us = r.ms * 1e3 * per, mb = r.bytes * per / 1e6, ideal_us = r.bytes * per / bandwidth * 1e6;
-    busy_us += us;
-    bytes += r.bytes * per;
-    rows.push_back({{"op", r.op}, {"calls_per_step", r.calls * per}, {"us_per_step", us},
-                    {"host_us_per_step", r.host_ms * 1e3 * per}, {"mb_per_step", mb},
-                    {"gb_s", us > 0 ? mb * 1e6 / (us * 1e-6) / 1e9 : 0.0}, {"ideal_us", ideal_us},
-                    {"lost_us", us - ideal_us}});
-  }
-  const double wall_us = wall * 1e6 * per;
-  if (print) {
-    std::printf("\n  decode step profile (%lld steps; each op timed on the backend's timeline, marks add a little;\n"
-                "  where the host enqueues slower than the device runs, an op's time is the host's):\n",
-                static_cast<long long>(steps));
-    std::printf("  %-18s %7s %9s %6s %9s %9s %8s %9s %9s\n", "op", "calls", "us/step", "share", "host us",
-                "MB/step", "GB/s", "ideal us", "lost us");
-    for (const auto& r : rows)
-      std::printf("  %-18s %7.1f %9.1f %5.1f%% %9.1f %9.2f %8.0f %9.1f %9.1f\n", r["op"].get<std::string>().c_str(),
-                  r["calls_per_step"].get<double>(), r["us_per_step"].get<double>(),
-                  100.0 * r["us_per_step"].get<double>() / wall_us, r["host_us_per_step"].get<double>(),
-                  r["mb_per_step"].get<double>(),
-                  r["gb_s"].get<double>(), r["ideal_us"].get<double>(), r["lost_us"].get<double>());
-    std::printf("  step wall %.1f us, ops %.1f us (%.0f%% of the step), bytes at the copy rate %.1f us\n", wall_us,
-                busy_us, 100.0 * busy_us / wall_us, bytes / bandwidth * 1e6);
-  }
-  return nlohmann::json{{"steps", steps}, {"step_wall_us", wall_us}, {"ops_us", busy_us}, {"ops", rows}};
+  nlohmann::json table = profile_table(prof, steps, wall, bandwidth);
+  if (print) print_profile(table, "decode step");
+  return table;
 }
 
 // Greedy decoding of a prompt with and without the draft (the decoder itself: no adaptive fallback, no stop
 // at end-of-generation tokens): tokens per second of each, the speedup, the acceptance, and the acceptance
 // length a step must reach to pay. Null when there is no draft.
-Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& model, std::span<const int32_t> ids_random) {
+Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& model, std::span<const int32_t> ids_random,
+                                         double bandwidth) {
   SpecOptions spec;
   DF_ASSIGN_OR_RETURN(std::unique_ptr<ResidentDraft> resident, load_draft(opt.draft, opt.model, model, opt.threads, &spec));
   if (resident == nullptr) return nlohmann::json();
@@ -233,6 +244,34 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
     spec_s = now_s() - t0;
   }
   got.resize(plain.size());
+  // Then `--profile` speculative steps (draft + verify) through a ProfilingBackend, on a fresh sequence.
+  nlohmann::json profile;
+  if (opt.profile > 0) {
+    ProfilingBackend prof(runner.backend());
+    Runner prof_runner(model.weights(), prof);
+    DF_ASSIGN_OR_RETURN(std::unique_ptr<DFlashDraft> prof_draft,
+                        DFlashDraft::create(draft->weights(), model.weights(), prof));
+    SequenceState st(s, runner.backend());
+    FeatureRing ring(draft->feature_width(), spec.feature_window);
+    DFlashDraft::Context ctx(*prof_draft);
+    Step step;
+    step.tokens = prompt;
+    step.capture_layers = draft->capture_layers();
+    DF_ASSIGN_OR_RETURN(StepOutput o, runner.forward(st, step));
+    DF_RETURN_IF_ERROR(append_features(ring, 0, o, static_cast<int64_t>(prompt.size())));
+    int32_t root = greedy(o.logits);
+    const ChooseFn choose = [](NodeLogits& l) -> Result<Choice> { return Choice{l.argmax(), false}; };
+    double wall = 0;
+    for (int64_t i = 0; i < opt.profile; ++i) {
+      const double t0 = now_s();
+      DF_ASSIGN_OR_RETURN(SpecStepResult r, speculative_step(prof_runner, st, ring, *prof_draft, ctx, root,
+                                                             draft->block_size() - 1, spec, choose, nullptr));
+      DF_RETURN_IF_ERROR(prof.collect());
+      wall += now_s() - t0;
+      root = r.tokens.back();
+    }
+    profile = profile_table(prof, opt.profile, wall, bandwidth);
+  }
   resident->release();
   // Tokens after the first (decoded, not prefilled) per second.
   const double plain_tps = (opt.gen_len - 1) / std::max(plain_s, 1e-9);
@@ -256,7 +295,8 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
                         {"draft_ms_per_step", stats.draft_ms / steps},
                         {"verify_ms_per_step", stats.verify_ms / steps},
                         // The acceptance length at which a step (draft + verify) costs what as many plain tokens do.
-                        {"break_even_tau", step_ms / (1e3 / std::max(plain_tps, 1e-9))}};
+                        {"break_even_tau", step_ms / (1e3 / std::max(plain_tps, 1e-9))},
+                        {"profile", profile}};
 }
 
 Status run_bench(const BenchOptions& opt) {
@@ -326,7 +366,7 @@ Status run_bench(const BenchOptions& opt) {
                         {"scratch", mem.scratch / kMiB},
                         {"device_used", mem.device_used / kMiB},
                         {"device_total", mem.device_total / kMiB}}}};
-  DF_ASSIGN_OR_RETURN(nlohmann::json spec_j, bench_speculative(opt, model, prompt));
+  DF_ASSIGN_OR_RETURN(nlohmann::json spec_j, bench_speculative(opt, model, prompt, bandwidth));
   if (!spec_j.is_null()) j["speculative"] = spec_j;
   if (opt.json) {
     if (opt.profile > 0) {
@@ -364,6 +404,8 @@ Status run_bench(const BenchOptions& opt) {
                 static_cast<long long>(sj["drafted"].get<int64_t>()), static_cast<long long>(sj["accepted"].get<int64_t>()),
                 sj["draft_ms_per_step"].get<double>(),
                 sj["verify_ms_per_step"].get<double>(), sj["break_even_tau"].get<double>());
+    if (!sj["profile"].is_null())
+      print_profile(sj["profile"], std::string("speculative step (draft + ") + sj["mode"].get<std::string>() + " verify)");
   }
   if (opt.profile > 0) {
     DF_RETURN_IF_ERROR(

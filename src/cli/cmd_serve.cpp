@@ -130,6 +130,8 @@ Status serve(ServeOptions opt) {
   server::Engine engine;
   DF_ASSIGN_OR_RETURN(std::unique_ptr<ResidentDraft> draft, load_draft(opt.draft, opt.model, model, opt.threads, &engine.spec));
   engine.draft = draft.get();
+  server::SpecHistory spec_history;  // the adaptive draft choice, carried from request to request
+  engine.spec_history = &spec_history;
   engine.runner = model.runner.get();
   engine.tokenizer = &tok;
   engine.chat_template = tmpl.get();

@@ -167,6 +167,14 @@ Status Generation::start(SequenceState& state) {
   ar_left_ = judged_steps_ = judged_tokens_ = 0;
   backoff_ = 16;
   spec_ms_per_token_ = ar_ms_per_token_ = 0;
+  if (engine_.draft != nullptr && engine_.spec.adaptive && engine_.spec_history != nullptr) {
+    // Start where the last requests left the judgement: plain first when drafting did not pay.
+    const SpecHistory::State h = engine_.spec_history->get();
+    ar_ms_per_token_ = h.ar_ms_per_token;
+    backoff_ = h.backoff;
+    // At most 128 plain tokens before this request judges the draft itself (its text may suit the draft).
+    if (!h.paying) ar_left_ = std::min<int64_t>(h.backoff, 128);
+  }
   if (engine_.draft != nullptr && draft_ == nullptr) {
     DF_ASSIGN_OR_RETURN(draft_, engine_.draft->acquire());
     draft_ctx_ = std::make_unique<DFlashDraft::Context>(*draft_);
@@ -406,8 +414,8 @@ Result<bool> Generation::speculative_decode(bool* ran) {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t before = res_.completion_tokens;
   if (!root_) {  // the block's root: chosen from the last evaluated logits as plain decoding would
-    // After the prefill it is the first token; after plain steps, one more plain token.
-    if (res_.completion_tokens > 0) ++res_.ar_tokens;
+    // Chosen from logits a plain step (or the prefill) left: a plain token, not one of a draft step.
+    ++res_.ar_tokens;
     DF_ASSIGN_OR_RETURN(bool done, take_token(logits_));
     *ran = true;
     if (done) return true;
@@ -455,6 +463,7 @@ void Generation::adapt(bool drafted, int64_t tokens, double ms) {
   judged_tokens_ += tokens;
   constexpr int64_t kJudgeSteps = 4;
   if (judged_steps_ < kJudgeSteps) return;
+  bool paying = true;
   if (ar_ms_per_token_ == 0) {
     // No plain step measured yet: a few plain tokens measure one (drafting resumes right after).
     ar_left_ = 4;
@@ -462,9 +471,11 @@ void Generation::adapt(bool drafted, int64_t tokens, double ms) {
     backoff_ = 16;  // drafting pays: keep drafting
   } else {
     // It does not pay here: plain decoding for a while (doubling while it keeps not paying).
+    paying = false;
     ar_left_ = backoff_;
     backoff_ = std::min<int64_t>(2 * backoff_, 1024);
   }
+  if (engine_.spec_history != nullptr) engine_.spec_history->put({ar_ms_per_token_, backoff_, paying});
   judged_steps_ = judged_tokens_ = 0;
   spec_ms_per_token_ = 0;
 }

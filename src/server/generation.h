@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -29,6 +30,29 @@
 #include "tokenizer/tokenizer.h"
 
 namespace dflash::server {
+
+// What drafting was last measured to be worth on an engine, shared by its requests (thread-safe): each
+// request's adaptive choice between drafting and plain decoding starts from it instead of probing afresh.
+class SpecHistory {
+ public:
+  struct State {
+    double ar_ms_per_token = 0;  // plain decoding's time per token (0: not measured yet)
+    int64_t backoff = 16;        // the next fallback's length in tokens
+    bool paying = true;          // the last judgement: drafting was faster per token
+  };
+  State get() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return state_;
+  }
+  void put(const State& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_ = s;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  State state_;
+};
 
 // What the server generates with (owned by the caller, outliving the server).
 struct Engine {
@@ -54,6 +78,7 @@ struct Engine {
   // start() and releases it when it ends (the residency policy may park it in between requests).
   ResidentDraft* draft = nullptr;
   SpecOptions spec;
+  SpecHistory* spec_history = nullptr;  // null: every request judges the draft from scratch
 };
 
 struct GenerationRequest {
@@ -87,7 +112,8 @@ struct GenerationResult {
   uint64_t seed = 0;         // the sampler's seed (the request's, or the random one it chose)
   bool speculative = false;  // decoded with the DFlash draft
   SpecStats spec;            // its acceptance counters
-  int64_t ar_tokens = 0;     // tokens decoded one at a time while the draft did not pay (adaptive fallback)
+  int64_t ar_tokens = 0;     // tokens chosen outside draft steps (the first one, those of the adaptive fallback):
+                             // completion_tokens = spec.steps + spec.accepted + ar_tokens
 };
 
 // Receives text as it becomes final; returns false when the receiver is gone (the request is cancelled).
