@@ -77,12 +77,17 @@ Status Runner::run_layers(SequenceState& state, const Step& step, std::span<cons
   Backend& be = *be_;
   DF_ASSIGN_OR_RETURN(Buffer x, be.alloc(n * s.hidden));
   DF_RETURN_IF_ERROR(embed_tokens(w_, step.tokens, x.data(), be));
-  std::vector<float*> captured;
-  for (size_t c = 0; c < step.capture_layers.size(); ++c) {
-    DF_ASSIGN_OR_RETURN(Buffer f, be.alloc(n * s.hidden));
-    captured.push_back(f.data());
-    feature_bufs.push_back(std::move(f));
+  // Capture buffers: the caller's when it passes them (a recording allocates its own before it starts: what
+  // is allocated while recording belongs to the recording), else new ones.
+  if (feature_bufs.size() != step.capture_layers.size()) {
+    feature_bufs.clear();
+    for (size_t c = 0; c < step.capture_layers.size(); ++c) {
+      DF_ASSIGN_OR_RETURN(Buffer f, be.alloc(n * s.hidden));
+      feature_bufs.push_back(std::move(f));
+    }
   }
+  std::vector<float*> captured;
+  for (const Buffer& f : feature_bufs) captured.push_back(f.data());
   StepShape shape{n, state.n_past(), positions, step.mask, step.parents, step.capture_recurrent};
   DF_RETURN_IF_ERROR(forward_layers(w_, 0, s.n_layers, shape, x.data(), state, step.capture_layers, captured, be));
   DF_RETURN_IF_ERROR(state.status());
@@ -123,13 +128,18 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
     }
     auto logits = be_->alloc(s.vocab);
     if (!logits.ok()) return logits.status();
+    std::vector<Buffer> features;  // where the recording leaves the captured layers, allocated before it starts
+    for (size_t c = 0; c < step.capture_layers.size(); ++c) {
+      auto f = be_->alloc(s.hidden);
+      if (!f.ok()) return f.status();
+      features.push_back(std::move(f).value());
+    }
     if (!be_->begin_step_capture().ok()) {
       ++rec.failures;
       return StepOutput{};
     }
     const int32_t position = static_cast<int32_t>(pos);
     const int64_t last = 0;
-    std::vector<Buffer> features;  // allocated while recording: reserved for the recording
     Status st = run_layers(state, step, std::span<const int32_t>(&position, 1), std::span<const int64_t>(&last, 1),
                            logits->data(), features);
     if (!st.ok()) {

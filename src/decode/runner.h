@@ -76,7 +76,8 @@ class Runner {
     int failures = 0;     // recordings that failed (scratch growing mid-capture); gives up after a few
     uint64_t last_use = 0;
   };
-  // Embedding, layers and head of a step into `logits` (rows x V).
+  // Embedding, layers and head of a step into `logits` (rows x V); the capture layers' outputs into
+  // `feature_bufs` (the caller's when it holds one per capture layer, else allocated here).
   Status run_layers(SequenceState& state, const Step& step, std::span<const int32_t> positions,
                     std::span<const int64_t> rows, float* logits, std::vector<Buffer>& feature_bufs);
   // The recorded path of a plain decode step; *used = false when it fell back to the caller.

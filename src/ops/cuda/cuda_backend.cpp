@@ -329,7 +329,7 @@ Status CudaBackend::copy(float* dst, const float* src, int64_t n) {
 }
 
 // Decode and verify steps (n <= 16) run the GEMV kernels: the integer-dot path for the common block
-// types, f32 for the rest. Longer steps (prefill) run the bf16 tensor-core GEMM (both inputs rounded to
+// types, f32 for the rest (bf16/f16 weights: one token only). Longer steps (prefill) run the bf16 tensor-core GEMM (both inputs rounded to
 // bf16, f32 accumulation: the precision HF transformers runs bf16 checkpoints at), or, with
 // set_tensor_core_prefill(false) or while set_token_exact(true) (speculative verify steps), the GEMV kernels in
 // slices of 16 tokens: each token's row then equals what a one-token step computes.
@@ -351,7 +351,13 @@ Status CudaBackend::matmul_group(std::span<const cpu::WeightView* const> ws, con
   }
   constexpr int64_t kSlice = cuda::kGemvMaxTokens;
   const bool side = q8_side_.src == x && q8_side_.elems == n * cols;  // x's producer quantized it already
-  if (n > kSlice && tensor_core_prefill_ && !token_exact_) {
+  // bf16/f16 weights (a DFlash draft's, a bf16 model's) take the tensor cores from two tokens on: their GEMV
+  // reads the weights once but runs the f32 path, compute-bound at 16 rows.
+  const bool float_weights = std::all_of(ws.begin(), ws.end(), [](const cpu::WeightView* w) {
+    return w->type == DType::kBF16 || w->type == DType::kF16;
+  });
+  const int64_t gemm_from = float_weights ? 2 : kSlice + 1;
+  if (n >= gemm_from && tensor_core_prefill_ && !token_exact_) {
     for (size_t i = 0; i < ws.size(); ++i)
       DF_RETURN_IF_ERROR(cuda::matmul(ws[i]->type, ws[i]->data, ws[i]->rows, cols, x, n, ys[i], stream_,
                                       cuda::MatmulPath::kGemmBf16));

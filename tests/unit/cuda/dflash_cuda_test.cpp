@@ -243,5 +243,37 @@ TEST_F(CudaDFlash, speculative_greedy_equals_plain_greedy_on_the_device) {
   }
 }
 
+// Plain decode steps that capture the draft's layers (a drafting request's fallback) are recorded and
+// replayed like any decode step: their logits and features equal the eager step's bit for bit.
+TEST_F(CudaDFlash, recorded_decode_steps_with_captures_equal_eager_steps) {
+  const int64_t V = 512;
+  std::vector<float> logits[2], features[2];
+  int64_t replayed[2] = {0, 0};
+  for (int graphs = 0; graphs < 2; ++graphs) {
+    Runner runner(*target_.dev, *be_);
+    runner.set_step_graphs(graphs == 1);
+    SequenceState st(target_.dev->spec(), *be_);
+    auto l = runner.prefill(st, prompt_);
+    ASSERT_TRUE(l.ok());
+    int32_t t = argmax(*l);
+    for (int i = 0; i < 6; ++i) {
+      Step step;
+      step.tokens = std::span<const int32_t>(&t, 1);
+      step.capture_layers = gpu_draft_->capture_layers();
+      auto o = runner.forward(st, step);
+      ASSERT_TRUE(o.ok()) << o.status().to_string();
+      ASSERT_EQ(o->features.size(), gpu_draft_->capture_layers().size());
+      logits[graphs].insert(logits[graphs].end(), o->logits.begin(), o->logits.end());
+      for (const auto& f : o->features) features[graphs].insert(features[graphs].end(), f.begin(), f.end());
+      t = argmax(std::span<const float>(o->logits).first(V));
+    }
+    replayed[graphs] = runner.replayed_steps();
+  }
+  EXPECT_EQ(replayed[0], 0);
+  EXPECT_GE(replayed[1], 4);  // recorded at the first step, replayed after
+  EXPECT_EQ(logits[0], logits[1]);
+  EXPECT_EQ(features[0], features[1]);
+}
+
 }  // namespace
 }  // namespace dflash
