@@ -142,6 +142,27 @@ TEST(SpeculativeRun, tiny_fixture_draft_text_equals_plain_decoding) {
   }
 }
 
+// The same draft converted to GGUF (arch "dflash", `dflash convert`) drafts exactly as its HF directory does:
+// the same text, the same acceptance.
+TEST(SpeculativeRun, a_gguf_draft_drafts_like_its_hf_directory) {
+  const std::string gguf = test::scratch_dir() + "/tiny-draft.gguf";
+  const auto conv = dflash("convert " + shell_quote(tiny_draft()) + " -o " + shell_quote(gguf) + " --type f32");
+  ASSERT_EQ(conv.exit_code, 0) << conv.err;
+  for (const std::string mode : {"--no-adaptive-draft", "--ddtree --no-adaptive-draft"}) {
+    SCOPED_TRACE(mode);
+    const auto hf = run_tiny("--temperature 0 --draft " + shell_quote(tiny_draft()) + " " + mode);
+    const auto gg = run_tiny("--temperature 0 --draft " + shell_quote(gguf) + " " + mode);
+    ASSERT_EQ(hf.exit_code, 0) << hf.err;
+    ASSERT_EQ(gg.exit_code, 0) << gg.err;
+    EXPECT_EQ(gg.out, hf.out);
+    const RunStats a = stats_of(hf.err), b = stats_of(gg.err);
+    ASSERT_TRUE(b.speculative) << gg.err;
+    EXPECT_EQ(b.steps, a.steps);
+    EXPECT_EQ(b.drafted, a.drafted);
+    EXPECT_EQ(b.accepted, a.accepted);
+  }
+}
+
 // A refused run exits 1 with "dflash: <reason>" on stderr and prints no text.
 void expect_refused(const test::CommandResult& r, const std::vector<std::string>& says) {
   EXPECT_EQ(r.exit_code, 1) << r.err;
