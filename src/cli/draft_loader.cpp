@@ -13,7 +13,7 @@ void add_draft_options(CLI::App* cmd, DraftOptions& o) {
                       kDefaultDraftDir + " with the bundled model, else none)");
   cmd->add_flag("--ddtree", o.ddtree, "Verify a DDTree of the draft's top candidates instead of one chain");
   cmd->add_option("--ddtree-budget", o.ddtree_budget, "DDTree: drafted nodes per step at most")->capture_default_str();
-  cmd->add_option("--draft-device", o.device, "Device of the draft (default: the target's)");
+  cmd->add_option("--draft-device", o.device, "Device of the draft: cpu or cuda:N (default: the target's)");
   cmd->add_option("--draft-residency", o.residency,
                   "auto | persistent | request-scoped: whether the draft stays loaded between requests")
       ->capture_default_str()
@@ -44,16 +44,22 @@ Result<std::unique_ptr<ResidentDraft>> load_draft(const DraftOptions& o, const s
     }
     path = draft.string();
   }
-  if (!o.device.empty() && o.device != model.device_name)
-    return unsupported("--draft-device {}: the draft runs on the target's device ({}) in this version", o.device,
-                       model.device_name);
+  // Another device than the target's: a backend of the draft's own (features cross through the host).
+  std::unique_ptr<Backend> draft_be;
+  const std::string device = o.device.empty() ? model.device_name : o.device;
+  if (device != model.device_name) {
+    auto be = make_backend(device, threads);
+    if (!be.ok()) return be.status().with_context("--draft-device " + device);
+    draft_be = std::move(be).value();
+  }
   DF_ASSIGN_OR_RETURN(std::unique_ptr<ResidentDraft> d,
-                      ResidentDraft::load(path, model.weights(), model.runner->backend(), policy, threads));
+                      ResidentDraft::load(path, model.weights(), model.runner->backend(), *model.host,
+                                          std::move(draft_be), policy, threads));
   spec->ddtree = o.ddtree;
   spec->ddtree_budget = o.ddtree_budget;
   spec->adaptive = o.adaptive;
   log::info("draft: {} ({}; {} on {}, residency {}{})", path, d->spec().summary(), o.ddtree ? "DDTree" : "chain",
-            model.device_name, draft_residency_name(policy), d->stats().parked ? ", parked until a request" : "");
+            device, draft_residency_name(policy), d->stats().parked ? ", parked until a request" : "");
   return d;
 }
 

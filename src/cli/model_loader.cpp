@@ -13,6 +13,22 @@
 
 namespace dflash::cli {
 
+Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int threads) {
+  if (device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(threads));
+  if (device.rfind("cuda:", 0) != 0) return invalid_argument("--device {} is not 'cpu' or 'cuda:N'", device);
+  int index = -1;
+  const std::string num = device.substr(5);
+  auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), index);
+  if (ec != std::errc() || p != num.data() + num.size() || index < 0)
+    return invalid_argument("--device {}: '{}' is not a device index", device, num);
+#ifdef DFLASH_HAVE_CUDA
+  DF_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> be, CudaBackend::create(index));
+  return std::unique_ptr<Backend>(std::move(be));
+#else
+  return unsupported("--device {}: this dflash was built without CUDA", device);
+#endif
+}
+
 Result<LoadedModel> load_model(const std::string& path, const std::string& device, int threads) {
   LoadedModel m;
   m.device_name = device.empty() ? "cpu" : device;
@@ -22,23 +38,12 @@ Result<LoadedModel> load_model(const std::string& path, const std::string& devic
     m.runner = std::make_unique<Runner>(*m.host, threads);
     return m;
   }
-  if (m.device_name.rfind("cuda:", 0) != 0)
-    return invalid_argument("--device {} is not 'cpu' or 'cuda:N'", m.device_name);
-  int index = -1;
-  const std::string num = m.device_name.substr(5);
-  auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), index);
-  if (ec != std::errc() || p != num.data() + num.size() || index < 0)
-    return invalid_argument("--device {}: '{}' is not a device index", m.device_name, num);
-#ifdef DFLASH_HAVE_CUDA
-  DF_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> be, CudaBackend::create(index));
+  DF_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, make_backend(m.device_name, threads));
   DF_ASSIGN_OR_RETURN(Weights dev, m.host->to_backend(*be));
   m.device = std::make_unique<Weights>(std::move(dev));
   m.runner = std::make_unique<Runner>(*m.device, *be);
   m.backend = std::move(be);
   return m;
-#else
-  return unsupported("--device {}: this dflash was built without CUDA", m.device_name);
-#endif
 }
 
 Result<std::string> default_model_path() {

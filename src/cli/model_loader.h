@@ -24,6 +24,8 @@ struct LoadedModel {
 
 // `device`: "cpu" (default) or "cuda:N" (when this build has CUDA).
 Result<LoadedModel> load_model(const std::string& path, const std::string& device, int threads);
+// A backend of its own on `device` ("cpu" or "cuda:N"), e.g. for a draft on another device than its target.
+Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int threads);
 
 // The bundled default model's file name (models/ of the source tree; docs/default-model.md).
 inline constexpr const char* kDefaultModelFile = "default-coder-19m-q8_0.gguf";

@@ -6,9 +6,12 @@
 
 namespace dflash {
 
-Result<std::unique_ptr<ResidentDraft>> ResidentDraft::load(const std::string& path, const Weights& target, Backend& be,
-                                                           DraftResidency policy, int threads) {
-  std::unique_ptr<ResidentDraft> d(new ResidentDraft(path, target, be, policy, threads));
+Result<std::unique_ptr<ResidentDraft>> ResidentDraft::load(const std::string& path, const Weights& target,
+                                                           Backend& target_be, const Weights& target_host,
+                                                           std::unique_ptr<Backend> draft_be, DraftResidency policy,
+                                                           int threads) {
+  std::unique_ptr<ResidentDraft> d(
+      new ResidentDraft(path, target, target_be, target_host, std::move(draft_be), policy, threads));
   std::lock_guard<std::mutex> lock(d->mu_);
   DF_RETURN_IF_ERROR(d->unpark_locked().with_context("draft"));
   d->stats_.unparks = 0;  // the first load is not an unpark
@@ -29,20 +32,33 @@ Status ResidentDraft::unpark_locked() {
     device_ = std::make_unique<Weights>(std::move(dev));
     on_backend = device_.get();
   }
-  DF_ASSIGN_OR_RETURN(draft_, DFlashDraft::create(*on_backend, target_, be_));
+  // The target's embedding and head where the draft computes: the target's own when they share a backend;
+  // else a copy of just those two (on the CPU, the host load itself).
+  const Weights* head = &target_;
+  if (own_be_ != nullptr) {
+    head = &target_host_;
+    if (be_.device_memory()) {
+      const std::string_view names[] = {"token_embd", "output"};
+      DF_ASSIGN_OR_RETURN(Weights h, target_host_.to_backend(be_, names));
+      head_ = std::make_unique<Weights>(std::move(h));
+      head = head_.get();
+    }
+  }
+  DF_ASSIGN_OR_RETURN(draft_, DFlashDraft::create(*on_backend, *head, be_));
   spec_ = host_->spec();
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   ++stats_.unparks;
   stats_.last_unpark_ms = ms;
   stats_.total_unpark_ms += ms;
   stats_.parked = false;
-  stats_.weight_bytes = host_->bytes();
-  stats_.resident_bytes = host_->bytes();
+  stats_.weight_bytes = host_->bytes() + (head_ ? head_->bytes() : 0);
+  stats_.resident_bytes = stats_.weight_bytes;
   return Status();
 }
 
 void ResidentDraft::park_locked() {
   draft_.reset();
+  head_.reset();
   if (device_ != nullptr) {
     device_.reset();  // the device copy: the host load (a file mapping) stays for the next unpark
   } else {

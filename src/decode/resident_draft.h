@@ -29,10 +29,13 @@ class ResidentDraft {
     uint64_t weight_bytes = 0;     // the draft's weights (what a park returns)
   };
 
-  // Loads the draft from `path`, checks it against `target` (which lives on `be`, and outlives this) and,
-  // when the policy starts it parked, parks it again at once (its file was still read and checked: a bad
-  // draft fails at start-up, not at the first request).
-  static Result<std::unique_ptr<ResidentDraft>> load(const std::string& path, const Weights& target, Backend& be,
+  // Loads the draft from `path`, checks it against the target and, when the policy starts it parked, parks it
+  // again at once (its file was still read and checked: a bad draft fails at start-up, not at the first
+  // request). `target` lives on `target_be` (and outlives this). `draft_be` (owned, may be null) is another
+  // backend for the draft (--draft-device): the draft then computes there with its own copy of the target's
+  // embedding and LM head, made from `target_host` (the target as read, in host memory).
+  static Result<std::unique_ptr<ResidentDraft>> load(const std::string& path, const Weights& target, Backend& target_be,
+                                                     const Weights& target_host, std::unique_ptr<Backend> draft_be,
                                                      DraftResidency policy, int threads);
 
   // The draft for one use (a request's decoding), unparked first if it is parked. Pair with release().
@@ -47,20 +50,25 @@ class ResidentDraft {
   Stats stats() const;
 
  private:
-  ResidentDraft(std::string path, const Weights& target, Backend& be, DraftResidency policy, int threads)
-      : path_(std::move(path)), target_(target), be_(be), policy_(policy), threads_(threads) {}
+  ResidentDraft(std::string path, const Weights& target, Backend& target_be, const Weights& target_host,
+                std::unique_ptr<Backend> draft_be, DraftResidency policy, int threads)
+      : path_(std::move(path)), target_(target), target_host_(target_host), own_be_(std::move(draft_be)),
+        be_(own_be_ ? *own_be_ : target_be), policy_(policy), threads_(threads) {}
   Status unpark_locked();
   void park_locked();
 
   std::string path_;
   const Weights& target_;
-  Backend& be_;
+  const Weights& target_host_;
+  std::unique_ptr<Backend> own_be_;  // the draft's own backend (--draft-device), declared before what lives on it
+  Backend& be_;                      // where the draft computes: own_be_, or the target's
   DraftResidency policy_;
   int threads_;
   ModelSpec spec_;
   mutable std::mutex mu_;
   std::unique_ptr<Weights> host_;    // the draft as read (views into the file; on the CPU, what computes)
   std::unique_ptr<Weights> device_;  // its copy on a device backend
+  std::unique_ptr<Weights> head_;    // on another device than the target: the target's embedding and head there
   std::unique_ptr<DFlashDraft> draft_;
   int users_ = 0;
   Stats stats_;

@@ -83,17 +83,24 @@ Result<Weights> Weights::load(const std::string& path, int threads) {
   return w;
 }
 
-Result<Weights> Weights::to_backend(Backend& be) const {
+Result<Weights> Weights::to_backend(Backend& be, std::span<const std::string_view> only) const {
+  const auto wanted = [&](const std::string& name) {
+    return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
+  };
   Weights out;
   out.spec_ = spec_;
   out.path_ = path_;
-  out.bytes_ = bytes_;
+  out.bytes_ = 0;
+  for (const auto& [name, view] : tensors_)
+    if (wanted(name)) out.bytes_ += *row_bytes(view.type, static_cast<uint64_t>(view.cols)) * static_cast<uint64_t>(view.rows);
+  const uint64_t total_bytes = out.bytes_;
   std::vector<float> staging;
   // Progress in tenths of the bytes, for big models on slow links (one log line each).
   uint64_t copied = 0;
   int reported = 0;
-  const double total = std::max<double>(1.0, static_cast<double>(bytes_));
+  const double total = std::max<double>(1.0, static_cast<double>(total_bytes));
   for (const auto& [name, view] : tensors_) {
+    if (!wanted(name)) continue;
     const uint64_t bytes = *row_bytes(view.type, static_cast<uint64_t>(view.cols)) * static_cast<uint64_t>(view.rows);
     const int64_t floats = static_cast<int64_t>((bytes + 3) / 4);
     staging.assign(static_cast<size_t>(floats), 0.0f);  // padded to whole floats
@@ -106,7 +113,7 @@ Result<Weights> Weights::to_backend(Backend& be) const {
     out.on_backend_.push_back(std::move(buf));
     copied += bytes;
     const int tenth = static_cast<int>(10.0 * static_cast<double>(copied) / total);
-    if (tenth > reported && bytes_ > (uint64_t{256} << 20)) {
+    if (tenth > reported && total_bytes > (uint64_t{256} << 20)) {
       reported = tenth;
       log::info("loading weights onto {}: {}% ({:.0f} of {:.0f} MiB)", be.name(), std::min(100, 10 * tenth),
                 static_cast<double>(copied) / 1048576.0, total / 1048576.0);

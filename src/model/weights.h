@@ -4,6 +4,7 @@
 
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,7 +37,9 @@ class Weights {
   uint64_t bytes() const { return bytes_; }
 
   // The same tensors copied into `be`'s memory (a device backend); the result does not refer to this one.
-  Result<Weights> to_backend(Backend& be) const;
+  // With `only` non-empty, just those tensors (names absent here are skipped): e.g. a target's embedding
+  // and head for a draft on another device.
+  Result<Weights> to_backend(Backend& be, std::span<const std::string_view> only = {}) const;
 
  private:
   Status add(const std::string& canonical, cpu::WeightView view);

@@ -17,7 +17,8 @@ prompts=(
   'Parse a JSON file and return the value of the key "name".'
   'Implement binary search over a sorted list in Python.'
 )
-modes=("" "--ddtree" "--ddtree --ddtree-budget 40" "--no-adaptive-draft" "--ddtree --no-adaptive-draft")
+modes=("" "--ddtree" "--ddtree --ddtree-budget 40" "--no-adaptive-draft" "--ddtree --no-adaptive-draft"
+       "--draft-device cpu --no-adaptive-draft")
 for i in "${!prompts[@]}"; do
   p="${prompts[$i]}"
   "$bin" run --device "$device" --chat -p "$p" -n "$n" --temperature 0 --draft none >/tmp/spec_plain.txt 2>>"$log"
