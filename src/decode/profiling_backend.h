@@ -38,6 +38,7 @@ class ProfilingBackend final : public Backend {
   bool device_memory() const override { return inner_.device_memory(); }
   MemoryStats memory_stats() const override { return inner_.memory_stats(); }
   void set_token_exact(bool on) override { inner_.set_token_exact(on); }
+  void trim() override { inner_.trim(); }
   Result<Buffer> alloc(int64_t n_floats) override { return inner_.alloc(n_floats); }
   void release(float* data) override { inner_.release(data); }
   Status upload(float* dst, const float* src, int64_t n) override;

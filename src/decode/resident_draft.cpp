@@ -64,6 +64,7 @@ void ResidentDraft::park_locked() {
   } else {
     host_.reset();    // on the CPU the load itself is what computes: read again on unpark
   }
+  be_.trim();  // the freed buffers back to the device, not just to the backend's cache
   ++stats_.parks;
   stats_.parked = true;
   stats_.resident_bytes = 0;

@@ -68,6 +68,9 @@ class Backend {
   // True when buffers live in device memory (not addressable by the host).
   virtual bool device_memory() const { return false; }
   virtual MemoryStats memory_stats() const { return MemoryStats{}; }
+  // Returns the memory of freed buffers that a caching backend keeps for reuse to the device (a parked
+  // draft's weights, so the driver and other processes see them free). A no-op on the CPU.
+  virtual void trim() {}
   // Waits until all work queued on the backend is done (a no-op on the CPU).
   virtual Status synchronize() { return Status(); }
 

@@ -28,7 +28,7 @@ class CudaBackend final : public Backend {
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
   // Returns cached free buffers to the device (after waiting for the stream).
-  void trim();
+  void trim() override;
   // Steps of more than 16 tokens (prefill): bf16 tensor-core GEMM (on, the default) or the GEMV kernels
   // in 16-token slices (exactly the numerics of decode, re-streaming the weights per slice).
   void set_tensor_core_prefill(bool on) { tensor_core_prefill_ = on; }

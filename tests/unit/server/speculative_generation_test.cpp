@@ -70,7 +70,7 @@ class SpeculativeGeneration : public ::testing::Test {
 
   static std::string draft_path() { return test::fixture_path("models/tiny-qwen35-dflash"); }
   static std::unique_ptr<ResidentDraft> load_draft(DraftResidency policy) {
-    auto d = ResidentDraft::load(draft_path(), *target_, runner_->backend(), policy, kThreads);
+    auto d = ResidentDraft::load(draft_path(), *target_, runner_->backend(), *target_, nullptr, policy, kThreads);
     EXPECT_TRUE(d.ok()) << d.status().to_string();
     return d.ok() ? std::move(d).value() : nullptr;
   }
@@ -399,7 +399,7 @@ TEST_F(SpeculativeGeneration, a_request_that_fills_the_context_equals_plain_deco
   ASSERT_TRUE(w.ok()) << w.status().to_string();
   ASSERT_EQ(w->spec().max_context, 96);
   Runner runner(*w, kThreads);
-  auto draft = ResidentDraft::load(draft_path(), *w, runner.backend(), DraftResidency::kPersistent, kThreads);
+  auto draft = ResidentDraft::load(draft_path(), *w, runner.backend(), *w, nullptr, DraftResidency::kPersistent, kThreads);
   ASSERT_TRUE(draft.ok()) << draft.status().to_string();
   Engine plain = plain_engine();
   plain.runner = &runner;
