@@ -3,7 +3,7 @@
 # random draft of z-lab's Qwen3-8B DFlash shape (2.1 GB bf16), --lazy-draft against persistent: /props
 # speculative (parked, unparks, last_unpark_ms, resident_bytes) and the device memory nvidia-smi reports after
 # each of three requests. Run from the repository root with a GPU bundle (tests/gpu/run_gpu_tests.sh bundle).
-source tests/gpu/bundle_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/bundle_env.sh"
 ( "$bin" bench --make-random qwen3-8b --type q4_k_m --tokenizer models/default-coder-19m-q8_0.gguf -o /dev/shm/q8b.gguf >/dev/null 2>&1 & "$bin" bench --make-random qwen3-8b-dflash --type bf16 -o /dev/shm/q8b-dflash.gguf >/dev/null 2>&1; wait )
 mem() { nvidia-smi --query-gpu=memory.used --format=csv,noheader; }
 for policy in "--lazy-draft" "--draft-residency persistent"; do
