@@ -47,8 +47,6 @@ Result<std::unique_ptr<DFlashDraft>> DFlashDraft::create(const Weights& draft, c
   if (*d.mask_token_id < 0 || *d.mask_token_id >= t.vocab)
     return invalid_argument("the draft's mask token id {} is outside the target's vocabulary of {}", *d.mask_token_id,
                             t.vocab);
-  for (int64_t w : d.sliding_window)
-    if (w > 0) return unsupported("DFlash drafts with sliding-window layers are not supported yet");
   if (target.find("token_embd") == nullptr) return invalid_argument("the target has no token embedding");
   return std::unique_ptr<DFlashDraft>(new DFlashDraft(draft, target, be, static_cast<int32_t>(*d.mask_token_id)));
 }

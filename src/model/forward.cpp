@@ -261,7 +261,10 @@ Status draft_attention(const Weights& w, int64_t L, const float* z, int64_t n_ne
   const cpu::KvView kv = state.kv_view(L, n_total);
   DF_RETURN_IF_ERROR(be.kv_write(kv, first_slot, k.data(), v.data(), rows));
   DF_ASSIGN_OR_RETURN(Buffer o, be.alloc(B * nh * hd));
-  const cpu::AttentionMask mask{cpu::MaskKind::kFull, first_slot + n_new, {}};
+  // Full layers: the block sees every context slot and itself both ways. Sliding-window layers (A.3): causal
+  // inside the block and the last `window` positions up to each query's own.
+  const int64_t window = s.sliding_window.empty() ? 0 : s.sliding_window[static_cast<size_t>(L)];
+  const cpu::AttentionMask mask{window > 0 ? cpu::MaskKind::kCausal : cpu::MaskKind::kFull, first_slot + n_new, {}, window};
   DF_RETURN_IF_ERROR(be.attention(q.data(), B, nh, kv, mask, 1.0f / std::sqrt(static_cast<float>(hd)), o.data()));
   return be.matmul(*wo, o.data(), B, out);
 }
@@ -289,8 +292,6 @@ Status draft_layers(const Weights& draft, const float* ctx, int64_t n_new, int64
   if (n_new < 0 || first_slot < 0 || first_pos < 0 || B < 1)
     return invalid_argument("draft step: {} context rows at slot {} position {}, block of {}", n_new, first_slot,
                             first_pos, B);
-  for (int64_t w : s.sliding_window)
-    if (w > 0) return unsupported("DFlash drafts with sliding-window layers are not supported yet");
   if (s.rope_scaling.type == RopeScalingType::kYarn) return unsupported("YaRN RoPE scaling is not implemented yet");
   const int64_t H = s.hidden, rows = n_new + B;
   const float eps = static_cast<float>(s.rms_eps);

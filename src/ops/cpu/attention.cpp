@@ -71,10 +71,16 @@ void attention(const float* q, int64_t n_q, int64_t n_heads, const KvView& kv, c
 
         float m = kNegInf, l = 0.0f;
         std::fill(acc.begin(), acc.end(), 0.0f);
+        // A sliding window (causal only) hides the keys before n_prefix + i - (window - 1).
+        const int64_t lo = mask.window > 0 && mask.kind == MaskKind::kCausal ? n_prefix + i - (mask.window - 1) : 0;
         for (int64_t t0 = 0; t0 < n_keys; t0 += ct) {
           const int64_t t1 = std::min(n_keys, t0 + ct);
           float mb = kNegInf;
           for (int64_t t = t0; t < t1; ++t) {
+            if (t < lo) {
+              scores[t - t0] = kNegInf;
+              continue;
+            }
             const float s = detail::dot(qv, k_at(slot_of(t)), hd) * scale;
             mb = std::max(mb, s);
             scores[t - t0] = s;

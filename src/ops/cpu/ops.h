@@ -84,6 +84,9 @@ struct AttentionMask {
   MaskKind kind = MaskKind::kCausal;
   int64_t n_prefix = 0;
   std::span<const int32_t> parents;  // kTree only: one per query
+  // kCausal only, > 0: a sliding window besides: query i also sees no key j with (n_prefix + i) - j >= window
+  // (DFlash drafts' sliding-window layers: the last `window` positions up to the query's own).
+  int64_t window = 0;
 };
 
 // out[i, h, :] = softmax_j(q[i, h, :] . k[j, h / (nh / nkv), :] * scale | visible) v[j, ...]

@@ -36,6 +36,7 @@ struct Params {
   int64_t n_tokens;
   int64_t n_q;
   int64_t n_prefix;
+  int64_t window;  // causal sliding window (0: none)
   const int32_t* parents;
   int32_t kind;
   int32_t n_heads;
@@ -188,6 +189,8 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(Params p) {
         if (p.kind == static_cast<int32_t>(AttnMaskKind::kCausal)) vis = s <= i;
         else if (p.kind == static_cast<int32_t>(AttnMaskKind::kTree)) vis = (tmask[r] >> t) & 1u;
       }
+      if (vis && p.window > 0 && p.kind == static_cast<int32_t>(AttnMaskKind::kCausal))
+        vis = n_prefix + g / group - j < p.window;
       float sc = -INFINITY;
       if (vis) {
         const float4* qr = reinterpret_cast<const float4*>(Qs + r * S::QS);
@@ -438,6 +441,7 @@ cudaError_t attention(const float* q, int64_t n_q, int64_t n_heads, const Device
   p.n_tokens = kv.n_tokens;
   p.n_q = n_q;
   p.n_prefix = mask.n_prefix;
+  p.window = mask.window;
   p.parents = mask.parents;
   p.kind = static_cast<int32_t>(mask.kind);
   p.n_heads = static_cast<int32_t>(n_heads);

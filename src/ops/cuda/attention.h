@@ -52,6 +52,8 @@ struct DeviceAttnMask {
   // overriding n_prefix and kv.n_tokens (a replayed graph's lengths). The launch shape does not depend on
   // them: decode-shaped calls always split the keys into the same number of ranges.
   const int32_t* lengths = nullptr;
+  // kCausal only, > 0: query i also sees no key j with (n_prefix + i) - j >= window (cpu::AttentionMask).
+  int64_t window = 0;
 };
 
 bool attention_head_dim_supported(int64_t head_dim);

@@ -20,6 +20,7 @@ Status attention_checked(const float* q, int64_t n_q, int64_t n_heads, const Dev
     return invalid_argument("GPU attention: bad KV view ({} tokens in chunks of {})", kv.n_tokens, kv.chunk_tokens);
   if (mask.n_prefix < 0 || mask.n_prefix > kv.n_tokens)
     return invalid_argument("GPU attention: prefix of {} keys outside the {} stored", mask.n_prefix, kv.n_tokens);
+  if (mask.window < 0) return invalid_argument("GPU attention: negative sliding window {}", mask.window);
   if (n_q == 0) return Status();
   if (q == nullptr || out == nullptr) return invalid_argument("GPU attention: null q or out pointer");
   if (kv.n_tokens > 0 && (kv.k_chunks == nullptr || kv.v_chunks == nullptr))

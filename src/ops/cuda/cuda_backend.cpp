@@ -444,6 +444,7 @@ Status CudaBackend::attention(const float* q, int64_t n_q, int64_t n_heads, cons
   cuda::DeviceKvView dkv{k_table, v_table, kv.chunk_tokens, kv.n_tokens, kv.n_kv_heads, kv.head_dim};
   DF_ASSIGN_OR_RETURN(const void* par, stage(parents_, mask.parents.data(), mask.parents.size_bytes()));
   cuda::DeviceAttnMask dmask{cuda::to_device(mask.kind), mask.n_prefix, static_cast<const int32_t*>(par)};
+  dmask.window = mask.window;
   if (capturing_) {
     if (n_q != 1 || mask.kind != cpu::MaskKind::kCausal) return unsupported("a recorded step is one causal token");
     dmask.lengths = step_params_ + 2;  // the replay's {KV prefix, KV length}

@@ -65,9 +65,10 @@ struct Case {
   float scale_mul = 1.0f;   // scale = scale_mul / sqrt(hd)
   bool workspace = true;    // give attention() its preferred workspace
   int64_t extra_keys = 0;   // kFull: keys stored past n_prefix + n_q
+  int64_t window = 0;       // kCausal: sliding window (0: none)
   std::string name() const {
     const char* k = kind == cpu::MaskKind::kCausal ? "causal" : (kind == cpu::MaskKind::kTree ? "tree" : "full");
-    return std::string(k) + " hd=" + std::to_string(hd) + " nh=" + std::to_string(nh) + " nkv=" +
+    return std::string(k) + (window > 0 ? " window=" + std::to_string(window) : std::string()) + " hd=" + std::to_string(hd) + " nh=" + std::to_string(nh) + " nkv=" +
            std::to_string(nkv) + " n_q=" + std::to_string(n_q) + " n_prefix=" + std::to_string(n_prefix) +
            " scale_mul=" + std::to_string(scale_mul) + (workspace ? "" : " no-workspace") +
            (extra_keys ? " extra=" + std::to_string(extra_keys) : "");
@@ -122,7 +123,7 @@ class AttentionTest : public ::testing::Test {
       vp.push_back(vc[ch].data());
     }
     cpu::KvView kv{kp, vp, kChunk, n_tokens, c.nkv, c.hd};
-    cpu::AttentionMask mask{c.kind, c.n_prefix, parents};
+    cpu::AttentionMask mask{c.kind, c.n_prefix, parents, c.window};
     std::vector<float> want(q.size());
     ThreadPool pool(4);
     cpu::attention(q.data(), c.n_q, c.nh, kv, mask, scale, want.data(), pool);
@@ -146,6 +147,7 @@ class AttentionTest : public ::testing::Test {
     cuda::DeviceAttnMask dmask;
     dmask.kind = cuda::to_device(c.kind);
     dmask.n_prefix = c.n_prefix;
+    dmask.window = c.window;
     if (c.kind == cpu::MaskKind::kTree) dmask.parents = arena.upload(parents);
     const float* dq = arena.upload(q);
     float* dout = arena.alloc<float>(q.size());
@@ -228,6 +230,26 @@ TEST_F(AttentionTest, NoPrefixAndSharpScores) {
       run_case({hd, 6, 1, 130, 64, kind, 8.0f});
     }
   std::printf("attention (sharp): worst scaled error %.3g (of 2e-5)\n", worst_);
+}
+
+// A causal sliding window (DFlash drafts' sliding-window layers): windows shorter than a tile, about one, and
+// past the context; a block of queries behind a prefix (the draft's shape), and decode with split keys.
+TEST_F(AttentionTest, CausalSlidingWindow) {
+  SCOPED_TRACE(seed_note());
+  for (int64_t hd : {64, 128})
+    for (int64_t window : {1, 7, 64, 100, 5000}) {
+      Case c{hd, 8, 2, 16, 300, cpu::MaskKind::kCausal};
+      c.window = window;
+      run_case(c);
+      Case d{hd, 8, 2, 1, 4099, cpu::MaskKind::kCausal};
+      d.window = window;
+      run_case(d);
+      Case e{hd, 4, 4, 100, 0, cpu::MaskKind::kCausal};
+      e.window = window;
+      run_case(e);
+      if (HasFatalFailure()) return;
+    }
+  std::printf("attention (sliding window): worst scaled error %.3g (of 2e-5)\n", worst_);
 }
 
 // Long contexts: the decode kernel splits the keys across blocks and merges; prefill splits when its

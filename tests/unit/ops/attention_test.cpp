@@ -40,6 +40,7 @@ Kv make_kv(std::mt19937& rng, int64_t n_tokens, int64_t ct, int64_t nkv, int64_t
 }
 
 bool sees(const AttentionMask& m, int64_t i, int64_t j) {
+  if (m.window > 0 && m.kind == MaskKind::kCausal && m.n_prefix + i - j >= m.window) return false;
   if (j < m.n_prefix) return true;
   const int64_t s = j - m.n_prefix;
   switch (m.kind) {
@@ -54,11 +55,11 @@ bool sees(const AttentionMask& m, int64_t i, int64_t j) {
 }
 
 void check(std::mt19937& rng, MaskKind kind, int64_t n_prefix, int64_t n_q, int64_t nh, int64_t nkv, int64_t ct,
-           ThreadPool& pool) {
+           ThreadPool& pool, int64_t window = 0) {
   const int64_t hd = 32;
   SCOPED_TRACE("kind " + std::to_string(int(kind)) + " prefix " + std::to_string(n_prefix) + " n_q " +
                std::to_string(n_q) + " nh " + std::to_string(nh) + " nkv " + std::to_string(nkv) + " chunk " +
-               std::to_string(ct));
+               std::to_string(ct) + " window " + std::to_string(window));
   const int64_t n_tokens = n_prefix + n_q;
   Kv kv = make_kv(rng, n_tokens, ct, nkv, hd);
   const auto q = test::normal_vec(rng, n_q * nh * hd, 0.5f);
@@ -66,7 +67,8 @@ void check(std::mt19937& rng, MaskKind kind, int64_t n_prefix, int64_t n_q, int6
   std::uniform_real_distribution<double> u(0, 1);
   for (int64_t i = 0; i < n_q; ++i)
     parents[i] = (i == 0 || u(rng) < 0.1) ? -1 : static_cast<int32_t>(std::uniform_int_distribution<int64_t>(0, i - 1)(rng));
-  AttentionMask mask{kind, n_prefix, kind == MaskKind::kTree ? std::span<const int32_t>(parents) : std::span<const int32_t>()};
+  AttentionMask mask{kind, n_prefix, kind == MaskKind::kTree ? std::span<const int32_t>(parents) : std::span<const int32_t>(),
+                     window};
   const float scale = 1.0f / std::sqrt(float(hd));
   std::vector<float> out(n_q * nh * hd, NAN);
   attention(q.data(), n_q, nh, kv.view, mask, scale, out.data(), pool);
@@ -111,6 +113,20 @@ TEST(Attention, CausalTreeFullGqaChunks) {
       check(s.rng, MaskKind::kFull, 45, 16, nh, nkv, ct, pool);      // draft block
       check(s.rng, MaskKind::kFull, 0, 5, nh, nkv, ct, pool);
     }
+}
+
+// A causal sliding window (DFlash drafts' sliding-window layers): the prefix cut at each query's own lower
+// bound, windows shorter and longer than a chunk, a block of queries behind a long prefix, a window of one.
+TEST(Attention, CausalSlidingWindow) {
+  SeededRng s;
+  ThreadPool pool(3);
+  for (int64_t ratio : {1, 4})
+    for (int64_t ct : {8, 64})
+      for (int64_t window : {1, 5, 16, 70, 500}) {
+        const int64_t nkv = 2, nh = nkv * ratio;
+        check(s.rng, MaskKind::kCausal, 100, 16, nh, nkv, ct, pool, window);  // draft block after its context
+        check(s.rng, MaskKind::kCausal, 0, 40, nh, nkv, ct, pool, window);
+      }
 }
 
 TEST(Attention, LargeScoresStayFinite) {
