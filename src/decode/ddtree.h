@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "ops/backend.h"
 
 namespace dflash {
 
@@ -30,14 +31,12 @@ struct DraftTopK {
   std::vector<float> logprobs;    // [L, K] log_softmax of the token's logit in its row (<= 0; -inf possible)
 };
 
-// Top-K of each row of raw logits [rows, vocab] (row-major), with log-probs log_softmax(row)[token]
-// (exp terms to ~1e-7 relative, summed in double). k is clamped to vocab. One pass over a row keeps the k
-// best in a small heap, skipping 64-token blocks that hold nothing better (nth_element on a copy for
-// k > 64); a second, vectorized pass sums exp. About 0.3 ms a row of 248K tokens with k = 8 on one core.
-// -inf logits are masked tokens (log-prob -inf; they appear only when fewer than k tokens are finite).
-// Errors (invalid_argument): rows < 0, vocab < 1, k < 1, logits.size() != rows * vocab, a NaN or +inf
-// logit, a row whose every logit is -inf (each naming the row and token).
-Result<DraftTopK> draft_top_k(std::span<const float> logits, int64_t rows, int64_t vocab, int64_t k);
+// Top-K of each row of raw logits [rows, vocab] in `be`'s memory, reduced there (Backend::top_k_rows: only
+// rows x k values reach the host; NaN counts as -inf), with log-probs log_softmax(row)[token]. -inf logits
+// are masked tokens (log-prob -inf; they appear only when fewer than k tokens are finite). Errors
+// (invalid_argument): those of Backend::top_k_rows (rows, vocab, 1 <= k <= min(vocab, 16)), a row holding
+// +inf or no finite logit (named by its index).
+Result<DraftTopK> draft_top_k(Backend& be, const float* logits, int64_t rows, int64_t vocab, int64_t k);
 
 // A tree of drafted tokens. Node 0 is the root: the last committed token (the pending bonus), depth 0,
 // parent -1. Nodes are in topological order (parents[i] < i for i >= 1), which is the order the verify

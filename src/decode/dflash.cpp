@@ -91,19 +91,7 @@ Result<DraftTopK> DFlashDraft::propose(Context& ctx, const FeatureRing& ring, in
   for (int64_t i = 0; i < rows; ++i) out_rows[static_cast<size_t>(i)] = i + 1;
   DF_ASSIGN_OR_RETURN(Buffer logits, be.alloc(rows * V));
   DF_RETURN_IF_ERROR(draft_head(draft_, target_, x.data(), out_rows, logits.data(), be));
-  DraftTopK top;
-  top.depth = rows;
-  top.k = k;
-  top.tokens.resize(static_cast<size_t>(rows * k));
-  top.logprobs.resize(static_cast<size_t>(rows * k));
-  std::vector<float> lse(static_cast<size_t>(rows));
-  DF_RETURN_IF_ERROR(be.top_k_rows(logits.data(), rows, V, k, top.tokens.data(), top.logprobs.data(), lse.data()));
-  for (int64_t r = 0; r < rows; ++r) {
-    if (!std::isfinite(lse[static_cast<size_t>(r)]))
-      return internal_error("the draft's logits of block row {} are not finite", r + 1);
-    for (int64_t j = 0; j < k; ++j) top.logprobs[static_cast<size_t>(r * k + j)] -= lse[static_cast<size_t>(r)];
-  }
-  return top;
+  return draft_top_k(be, logits.data(), rows, V, k);
 }
 
 Result<std::span<const float>> NodeLogits::row() {
