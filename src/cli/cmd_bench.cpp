@@ -226,11 +226,7 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
     SequenceState st(s, runner.backend());
     FeatureRing ring(draft->feature_width(), spec.feature_window);
     DFlashDraft::Context ctx(*draft);
-    Step step;
-    step.tokens = prompt;
-    step.capture_layers = draft->capture_layers();
-    DF_ASSIGN_OR_RETURN(StepOutput o, runner.forward(st, step));
-    DF_RETURN_IF_ERROR(append_features(ring, 0, o, static_cast<int64_t>(prompt.size())));
+    DF_ASSIGN_OR_RETURN(StepOutput o, forward_capturing(runner, st, ring, draft->capture_layers(), prompt));
     got = {greedy(o.logits)};
     stats = SpecStats();
     const ChooseFn choose = [](NodeLogits& l) -> Result<Choice> { return Choice{l.argmax(), false}; };
@@ -254,11 +250,7 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
     SequenceState st(s, runner.backend());
     FeatureRing ring(draft->feature_width(), spec.feature_window);
     DFlashDraft::Context ctx(*prof_draft);
-    Step step;
-    step.tokens = prompt;
-    step.capture_layers = draft->capture_layers();
-    DF_ASSIGN_OR_RETURN(StepOutput o, runner.forward(st, step));
-    DF_RETURN_IF_ERROR(append_features(ring, 0, o, static_cast<int64_t>(prompt.size())));
+    DF_ASSIGN_OR_RETURN(StepOutput o, forward_capturing(runner, st, ring, draft->capture_layers(), prompt));
     int32_t root = greedy(o.logits);
     const ChooseFn choose = [](NodeLogits& l) -> Result<Choice> { return Choice{l.argmax(), false}; };
     double wall = 0;

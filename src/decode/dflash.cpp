@@ -117,6 +117,17 @@ Status append_features(FeatureRing& ring, int64_t first_pos, const StepOutput& o
   return ring.append(first_pos, rows);
 }
 
+Result<StepOutput> forward_capturing(Runner& target, SequenceState& state, FeatureRing& ring,
+                                     std::span<const int64_t> capture_layers, std::span<const int32_t> tokens) {
+  Step step;
+  step.tokens = tokens;
+  step.capture_layers = capture_layers;
+  const int64_t pos = state.n_past();
+  DF_ASSIGN_OR_RETURN(StepOutput out, target.forward(state, step));
+  DF_RETURN_IF_ERROR(append_features(ring, pos, out, static_cast<int64_t>(tokens.size())));
+  return out;
+}
+
 namespace {
 
 // The features of the step's rows `keep` (tree nodes on the accepted path) as a contiguous StepOutput.

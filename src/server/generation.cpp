@@ -398,12 +398,15 @@ Result<bool> Generation::commit_token(int32_t next) {
 }
 
 Status Generation::evaluate(std::span<const int32_t> tokens) {
+  if (ring_) {
+    DF_ASSIGN_OR_RETURN(StepOutput out,
+                        forward_capturing(*engine_.runner, *state_, *ring_, draft_->capture_layers(), tokens));
+    logits_ = std::move(out.logits);
+    return Status();
+  }
   Step step;
   step.tokens = tokens;
-  if (ring_) step.capture_layers = draft_->capture_layers();
-  const int64_t pos = state_->n_past();
   DF_ASSIGN_OR_RETURN(StepOutput out, engine_.runner->forward(*state_, step));
-  if (ring_) DF_RETURN_IF_ERROR(append_features(*ring_, pos, out, static_cast<int64_t>(tokens.size())));
   logits_ = std::move(out.logits);
   return Status();
 }

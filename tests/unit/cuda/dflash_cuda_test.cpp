@@ -103,15 +103,9 @@ class CudaDFlash : public ::testing::Test {
 
   // Prefills `tokens` with the draft's capture layers into `ring`; the last logits.
   std::vector<float> prefill(Runner& r, SequenceState& st, FeatureRing& ring, std::span<const int32_t> tokens) {
-    Step step;
-    step.tokens = tokens;
-    step.capture_layers = gpu_draft_->capture_layers();
-    const int64_t pos = st.n_past();
-    auto o = r.forward(st, step);
+    auto o = forward_capturing(r, st, ring, gpu_draft_->capture_layers(), tokens);
     EXPECT_TRUE(o.ok()) << o.status().to_string();
-    if (!o.ok()) return {};
-    EXPECT_TRUE(append_features(ring, pos, *o, static_cast<int64_t>(tokens.size())).ok());
-    return o->logits;
+    return o.ok() ? o->logits : std::vector<float>{};
   }
 
   std::unique_ptr<CudaBackend> be_;  // declared first: destroyed last
