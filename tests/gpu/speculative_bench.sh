@@ -9,6 +9,8 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bundle_env.sh"
 log="${OUT:-/tmp}/speculative_bench.log"
 : >"$log"
+# What it prints is kept beside the log, so a run cut short by a time limit still tells what it checked.
+[[ -n "${OUT:-}" ]] && exec > >(tee "$OUT/speculative_bench.txt")
 n="${SPEC_TOKENS:-256}"
 fail=0
 prompts=(

@@ -48,7 +48,12 @@ struct Params {
   float* part_acc;  // [n_splits][n_q * n_heads][HD]
   float* part_ml;   // [n_splits][n_q * n_heads][2]
   const int32_t* lengths;  // device {n_prefix, n_tokens} overriding the fields above, or null
+  int32_t path_mode;         // 1: a block per query, its keys walked as plain decoding at its position would
+  int32_t blocks_per_query;  // path mode: row blocks of one query (ceil(group / R))
 };
+
+// Path mode takes trees of at most this many nodes (a node's path to the root is shorter).
+constexpr int kMaxPathQueries = 128;
 
 // Keys per split of a fixed-split (decode) plan: the visible keys cut into n_splits ranges of whole tiles.
 __host__ __device__ inline int64_t decode_keys_per_split(int64_t max_keys, int n_splits, int tile) {
@@ -76,7 +81,8 @@ struct Shape {
   static constexpr int kL = kM + R;
   static constexpr int kC = kL + R;
   static constexpr int kMask = kC + R;  // R uint64, 8-byte aligned since R % 16 == 0
-  static constexpr size_t kBytes = sizeof(float) * kMask + sizeof(uint64_t) * R;
+  static constexpr int kPath = kMask + 2 * R;  // path mode: the query's depth, then its path's slots
+  static constexpr size_t kBytes = sizeof(float) * kPath + sizeof(int32_t) * (1 + kMaxPathQueries);
 };
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -101,26 +107,63 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(Params p) {
   float* l_s = smem + S::kL;
   float* c_s = smem + S::kC;
   uint64_t* tmask = reinterpret_cast<uint64_t*>(smem + S::kMask);
+  int32_t* path_s = reinterpret_cast<int32_t*>(smem + S::kPath);  // [0]: depth; [1 + d]: slot at depth d
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int kvh = blockIdx.y;
   const int split = blockIdx.z;
   const int group = p.group;
-  const int64_t rows_total = p.n_q * group;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * R;
+  const bool path = p.path_mode != 0;
+  const bool tree = p.kind == static_cast<int32_t>(AttnMaskKind::kTree);
+  // Rows [row0, row_end) of the block: R of all the rows, or (path mode) R of one query's group.
+  int64_t row0, row_end;
+  if (path) {
+    const int64_t i = blockIdx.x / p.blocks_per_query, sub = blockIdx.x % p.blocks_per_query;
+    row0 = i * group + sub * R;
+    row_end = i * group + std::min<int64_t>(group, (sub + 1) * R);
+  } else {
+    row0 = static_cast<int64_t>(blockIdx.x) * R;
+    row_end = std::min<int64_t>(row0 + R, p.n_q * group);
+  }
   int64_t n_prefix = p.n_prefix, n_tokens = p.n_tokens, keys_per_split = p.keys_per_split;
   if (p.lengths != nullptr) {
     n_prefix = p.lengths[0];
     n_tokens = p.lengths[1];
-    int64_t max_keys = n_tokens;
-    if (p.kind != static_cast<int32_t>(AttnMaskKind::kFull)) max_keys = std::min<int64_t>(max_keys, n_prefix + p.n_q);
-    keys_per_split = decode_keys_per_split(max_keys, p.n_splits, T);
   }
 
   // Keys this block may see: every query of the block sees nothing past n_prefix + i_hi (causal, tree).
-  const int64_t i_hi = (std::min<int64_t>(row0 + R, rows_total) - 1) / group;
   int64_t kend = n_tokens;
-  if (p.kind != static_cast<int32_t>(AttnMaskKind::kFull)) kend = std::min<int64_t>(kend, n_prefix + i_hi + 1);
+  if (path) {
+    // The query at depth d sees the prefix and its path: virtual keys [0, n_prefix + d], key n_prefix + e
+    // being its ancestor at depth e (a chain's slot e). Split and tiled as a one-token decode at position
+    // n_prefix + d splits and tiles its keys, so the output is that decode's, bit for bit.
+    const int64_t i = row0 / group;
+    if (tid == 0) {
+      int32_t depth = static_cast<int32_t>(i);
+      if (tree) {  // two walks up the parents: the depth, then the slots from the deepest up
+        // (a malformed parent, parents[a] >= a, ends the walk rather than loop)
+        depth = 0;
+        for (int64_t a = i; p.parents[a] >= 0 && p.parents[a] < a; a = p.parents[a]) ++depth;
+        int32_t d = depth;
+        for (int64_t a = i;; a = p.parents[a]) {
+          path_s[1 + d] = static_cast<int32_t>(a);
+          if (d-- == 0) break;
+        }
+      }
+      path_s[0] = depth;
+    }
+    __syncthreads();
+    kend = std::min<int64_t>(kend, n_prefix + path_s[0] + 1);
+    keys_per_split = decode_keys_per_split(kend, p.n_splits, T);
+  } else {
+    if (p.kind != static_cast<int32_t>(AttnMaskKind::kFull)) {
+      if (p.lengths != nullptr) keys_per_split = decode_keys_per_split(std::min<int64_t>(n_tokens, n_prefix + p.n_q),
+                                                                       p.n_splits, T);
+      kend = std::min<int64_t>(kend, n_prefix + (row_end - 1) / group + 1);
+    } else if (p.lengths != nullptr) {
+      keys_per_split = decode_keys_per_split(n_tokens, p.n_splits, T);
+    }
+  }
   const int64_t kb = split * keys_per_split;
   const int64_t ke = std::min<int64_t>(kend, kb + keys_per_split);
 
@@ -129,7 +172,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(Params p) {
     const int r = e / S::kD4, c4 = e % S::kD4;
     const int64_t g = row0 + r;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (g < rows_total) {
+    if (g < row_end) {
       const int64_t i = g / group, h = static_cast<int64_t>(kvh) * group + g % group;
       v = *reinterpret_cast<const float4*>(p.q + (i * p.n_heads + h) * HD + 4 * c4);
     }
@@ -153,19 +196,21 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(Params p) {
       const int64_t j = j0 + t;
       float4 kv4 = make_float4(0.f, 0.f, 0.f, 0.f), vv4 = kv4;
       if (j < ke) {
-        const int64_t c = j / p.chunk_tokens;
-        const int64_t off = ((j - c * p.chunk_tokens) * p.n_kv_heads + kvh) * HD + 4 * d4;
+        // Path mode: virtual key j past the prefix is the path's slot at depth j - n_prefix.
+        const int64_t pj = path && tree && j >= n_prefix ? n_prefix + path_s[1 + (j - n_prefix)] : j;
+        const int64_t c = pj / p.chunk_tokens;
+        const int64_t off = ((pj - c * p.chunk_tokens) * p.n_kv_heads + kvh) * HD + 4 * d4;
         kv4 = *reinterpret_cast<const float4*>(p.k_chunks[c] + off);
         vv4 = *reinterpret_cast<const float4*>(p.v_chunks[c] + off);
       }
       *reinterpret_cast<float4*>(Ks + t * S::KS + 4 * d4) = kv4;
       *reinterpret_cast<float4*>(Vs + t * S::VS + 4 * d4) = vv4;
     }
-    const bool tree_tile = p.kind == static_cast<int32_t>(AttnMaskKind::kTree) && j0 + T > n_prefix;
+    const bool tree_tile = !path && tree && j0 + T > n_prefix;
     if (tree_tile && tid < R) {
       const int64_t g = row0 + tid;
       uint64_t mk = 0;
-      if (g < rows_total) {
+      if (g < row_end) {
         const int64_t s0 = j0 - n_prefix;  // slot of the tile's first key (may be negative)
         int64_t a = g / group;
         while (a >= 0 && a >= s0) {
@@ -183,8 +228,8 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(Params p) {
     for (int e = tid; e < R * T; e += kThreads) {
       const int r = e / T, t = e % T;
       const int64_t g = row0 + r, j = j0 + t;
-      bool vis = g < rows_total && j < ke;
-      if (vis && j >= n_prefix) {
+      bool vis = g < row_end && j < ke;
+      if (vis && !path && j >= n_prefix) {
         const int64_t i = g / group, s = j - n_prefix;
         if (p.kind == static_cast<int32_t>(AttnMaskKind::kCausal)) vis = s <= i;
         else if (p.kind == static_cast<int32_t>(AttnMaskKind::kTree)) vis = (tmask[r] >> t) & 1u;
@@ -261,7 +306,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(Params p) {
   for (int k = 0; k < S::kRowsPerThread; ++k) {
     const int r = rg + k * S::kRowGroups;
     const int64_t g = row0 + r;
-    if (g >= rows_total) continue;
+    if (g >= row_end) continue;
     const int64_t i = g / group, h = static_cast<int64_t>(kvh) * group + g % group;
     const int64_t row = i * p.n_heads + h;
     if (p.n_splits == 1) {
@@ -311,6 +356,8 @@ constexpr int64_t kMinKeysPerSplit = 128;
 constexpr int kMaxSplits = 256;
 
 struct Plan {
+  bool path;  // path mode (Params::path_mode)
+  int blocks_per_query;
   int rows_per_block;
   int keys_per_tile;
   int64_t row_blocks;
@@ -345,14 +392,19 @@ bool args_ok(const float* q, int64_t n_q, int64_t n_heads, const DeviceKvView& k
 Plan make_plan(int64_t n_q, int64_t n_heads, const DeviceKvView& kv, const DeviceAttnMask& mask,
                size_t workspace_bytes) {
   Plan pl{};
-  const bool decode = n_q <= kDecodeMaxQueries;
+  pl.path = (mask.kind == AttnMaskKind::kTree && n_q <= kMaxPathQueries) ||
+            (mask.kind == AttnMaskKind::kCausal && mask.window == 0 && n_q <= kDecodeMaxQueries);
+  const bool decode = pl.path || n_q <= kDecodeMaxQueries;
   pl.rows_per_block = decode ? 16 : 64;
   pl.keys_per_tile = decode ? 32 : (kv.head_dim >= 256 ? 16 : 32);
   const int64_t group = n_heads / kv.n_kv_heads;
-  pl.row_blocks = (n_q * group + pl.rows_per_block - 1) / pl.rows_per_block;
+  pl.blocks_per_query = static_cast<int>((group + pl.rows_per_block - 1) / pl.rows_per_block);
+  pl.row_blocks = pl.path ? n_q * pl.blocks_per_query : (n_q * group + pl.rows_per_block - 1) / pl.rows_per_block;
   int64_t max_keys = kv.n_tokens;
   if (mask.kind != AttnMaskKind::kFull) max_keys = std::min<int64_t>(max_keys, mask.n_prefix + n_q);
-  const int64_t base = pl.row_blocks * kv.n_kv_heads;
+  // Path mode splits as the one-token decode does (the grid of one query), so its queries' outputs are
+  // those decodes'.
+  const int64_t base = (pl.path ? pl.blocks_per_query : pl.row_blocks) * kv.n_kv_heads;
   const int64_t target = 2 * static_cast<int64_t>(multiprocessors());
   const size_t per_split = sizeof(float) * static_cast<size_t>(n_q * n_heads) * static_cast<size_t>(kv.head_dim + 2);
   if (decode) {  // a fixed number of ranges, whatever the key count (see attention.h)
@@ -451,6 +503,8 @@ cudaError_t attention(const float* q, int64_t n_q, int64_t n_heads, const Device
   p.n_splits = pl.n_splits;
   p.keys_per_split = pl.keys_per_split;
   p.lengths = n_q <= kDecodeMaxQueries ? mask.lengths : nullptr;
+  p.path_mode = pl.path ? 1 : 0;
+  p.blocks_per_query = pl.blocks_per_query;
   if (pl.n_splits > 1) {
     p.part_acc = static_cast<float*>(workspace);
     p.part_ml = p.part_acc + static_cast<size_t>(pl.n_splits) * n_rows * kv.head_dim;

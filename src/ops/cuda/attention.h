@@ -13,11 +13,17 @@
 //     tile in shared memory serves every query head of the group; tiles of 32 keys (16 at hd 256) are
 //     scored against the rows in shared memory, then an online softmax per row and the P.V update of
 //     float32 accumulators in registers (f32 FMA, no tensor cores yet).
-//   decode (n_q <= 32: decode, chain verify, tree verify): 16 rows per block and split-K: the visible keys
+//   decode (n_q <= 32, and trees of up to 128 nodes): 16 rows per block and split-K: the visible keys
 //     are cut into a fixed number of equal ranges (set by the grid's size, not the key count, so the
 //     launch is the same at every length) handled by different blocks, each leaving a partial (max, sum,
 //     unnormalised output) in the workspace; a merge kernel combines them. Prefill splits too when its
 //     grid alone would not fill the GPU.
+//   Path mode (a causal mask without a window and n_q <= 32 -- decode, chain verify --, or a tree of up
+//     to 128 nodes): each block serves one query, whose visible keys are walked as plain decoding at its
+//     position would walk them: the prefix, then its ancestors in depth order (a chain's slots in order),
+//     in the tiles and split ranges a one-token call at position n_prefix + depth uses. So a verify
+//     step's query outputs equal plain decoding's of its path bit for bit (DFlash stays lossless on the
+//     GPU), given the workspace attention_workspace_bytes asks for (n_q times a decode's).
 // head_dim 64, 128 or 256.
 //
 // This header is included by nvcc-compiled code: no base/status.h (see attention_host.h for the Status API).

@@ -269,6 +269,91 @@ TEST_F(AttentionTest, LongContextSplitK) {
   std::printf("attention (long): worst scaled error %.3g (of 2e-5)\n", worst_);
 }
 
+// A verify step's queries against plain decoding, bit for bit: chain (causal, n_q <= 32) and tree queries
+// (up to 128 nodes) each equal a one-token causal call whose keys are the prefix and the query's path laid
+// out in order (what plain decoding of that path stored), at prefixes that split the keys and ones that
+// do not. Path mode (attention.h) is what makes DFlash lossless on the GPU; a tolerance would not do.
+TEST_F(AttentionTest, VerifyQueriesEqualPlainDecodeBitForBit) {
+  SCOPED_TRACE(seed_note());
+  struct Shape {
+    int64_t hd, nh, nkv, n_q, n_prefix;
+    cpu::MaskKind kind;
+  };
+  const Shape shapes[] = {
+      {128, 32, 8, 16, 1000, cpu::MaskKind::kCausal}, {128, 32, 8, 23, 1000, cpu::MaskKind::kTree},
+      {256, 24, 4, 23, 4099, cpu::MaskKind::kTree},   {64, 8, 2, 41, 70, cpu::MaskKind::kTree},
+      {128, 16, 2, 128, 300, cpu::MaskKind::kTree},   {128, 4, 4, 17, 0, cpu::MaskKind::kCausal},
+      {64, 40, 2, 9, 5, cpu::MaskKind::kTree},  // group 20: two row blocks a query
+  };
+  for (const Shape& c : shapes) {
+    SCOPED_TRACE("hd=" + std::to_string(c.hd) + " nh=" + std::to_string(c.nh) + " nkv=" + std::to_string(c.nkv) +
+                 " n_q=" + std::to_string(c.n_q) + " n_prefix=" + std::to_string(c.n_prefix));
+    const size_t tok = static_cast<size_t>(c.nkv * c.hd), row = static_cast<size_t>(c.nh * c.hd);
+    const int64_t n_tokens = c.n_prefix + c.n_q;
+    const auto keys = normal(static_cast<size_t>(n_tokens) * tok), vals = normal(static_cast<size_t>(n_tokens) * tok);
+    const auto q = normal(static_cast<size_t>(c.n_q) * row);
+    std::vector<int32_t> parents(static_cast<size_t>(c.n_q));
+    for (int64_t i = 0; i < c.n_q; ++i) {
+      std::uniform_int_distribution<int32_t> d(-1, static_cast<int32_t>(i) - 1);
+      parents[i] = c.kind == cpu::MaskKind::kCausal || i == 0 || rng_() % 3 != 0 ? static_cast<int32_t>(i - 1) : d(rng_);
+    }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+    Arena arena;
+    // Keys `order` (token indices into keys/vals) stored in 64-token chunks; runs one call.
+    auto run = [&](const std::vector<int64_t>& order, const float* dq, int64_t n_q, const cuda::DeviceAttnMask& m,
+                   std::vector<float>* out) {
+      const int64_t n = static_cast<int64_t>(order.size()), n_chunks = (n + kChunk - 1) / kChunk;
+      std::vector<const float*> dk, dv;
+      for (int64_t ch = 0; ch < n_chunks; ++ch) {
+        std::vector<float> kc(kChunk * tok, 0.0f), vc(kChunk * tok, 0.0f);
+        for (int64_t t = ch * kChunk; t < std::min(n, (ch + 1) * kChunk); ++t) {
+          std::copy_n(keys.begin() + order[t] * tok, tok, kc.begin() + (t - ch * kChunk) * tok);
+          std::copy_n(vals.begin() + order[t] * tok, tok, vc.begin() + (t - ch * kChunk) * tok);
+        }
+        dk.push_back(arena.upload(kc));
+        dv.push_back(arena.upload(vc));
+      }
+      cuda::DeviceKvView dkv{arena.upload(dk), arena.upload(dv), kChunk, n, c.nkv, c.hd};
+      float* dout = arena.alloc<float>(static_cast<size_t>(n_q) * row);
+      ASSERT_NE(dout, nullptr);
+      DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dout), static_cast<size_t>(n_q) * row, kNaN));
+      const size_t ws_bytes = cuda::attention_workspace_bytes(n_q, c.nh, dkv, m);
+      void* ws = ws_bytes ? arena.alloc<uint8_t>(ws_bytes) : nullptr;
+      if (ws_bytes) DF_ASSERT_CUDA(cuda::fill_u32(static_cast<uint32_t*>(ws), ws_bytes / 4, kNaN));
+      const Status st = cuda::attention_checked(dq, n_q, c.nh, dkv, m, scale, dout, ws, ws_bytes);
+      ASSERT_TRUE(st.ok()) << st.message();
+      out->resize(static_cast<size_t>(n_q) * row);
+      DF_ASSERT_CUDA(cudaMemcpy(out->data(), dout, sizeof(float) * out->size(), cudaMemcpyDeviceToHost));
+    };
+    std::vector<int64_t> all(static_cast<size_t>(n_tokens));
+    for (int64_t t = 0; t < n_tokens; ++t) all[t] = t;
+    cuda::DeviceAttnMask vm;
+    vm.kind = cuda::to_device(c.kind);
+    vm.n_prefix = c.n_prefix;
+    if (c.kind == cpu::MaskKind::kTree) vm.parents = arena.upload(parents);
+    const float* dq = arena.upload(q);
+    std::vector<float> verify;
+    run(all, dq, c.n_q, vm, &verify);
+    if (HasFatalFailure()) return;
+    int bad = 0;
+    for (int64_t i = 0; i < c.n_q; ++i) {
+      std::vector<int64_t> path;
+      for (int64_t a = i; a >= 0; a = parents[a]) path.push_back(c.n_prefix + a);
+      std::vector<int64_t> order(all.begin(), all.begin() + c.n_prefix);
+      order.insert(order.end(), path.rbegin(), path.rend());
+      cuda::DeviceAttnMask dm;  // plain decoding: one causal query at the last position
+      dm.n_prefix = static_cast<int64_t>(order.size()) - 1;
+      std::vector<float> one;
+      run(order, dq + i * row, 1, dm, &one);
+      if (HasFatalFailure()) return;
+      if (std::memcmp(one.data(), verify.data() + i * row, sizeof(float) * row) != 0 && bad++ < 3)
+        ADD_FAILURE() << "query " << i << " (depth " << path.size() - 1 << ") differs from plain decoding; "
+                      << seed_note();
+    }
+    EXPECT_EQ(bad, 0) << bad << " of " << c.n_q << " queries differ";
+  }
+}
+
 // No stored key: every query sees nothing and gets zeros (not NaN).
 TEST_F(AttentionTest, NoKeysGivesZeros) {
   SCOPED_TRACE(seed_note());
