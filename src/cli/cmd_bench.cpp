@@ -39,7 +39,7 @@ struct BenchOptions {
   int64_t prompt_len = 512;
   int64_t gen_len = 64;
   int threads = 0;
-  std::string device = "cpu";
+  PlacementFlags where;  // --device, or --target-devices and --target-layer-split
   int64_t profile = 0;  // decode steps to profile per op (0: none)
   bool json = false;
   DraftOptions draft;   // speculative decoding beside plain decoding (when a draft is given or bundled)
@@ -206,7 +206,7 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
   std::vector<int32_t> plain;
   double plain_s = 0;
   for (int rep = 0; rep < 2; ++rep) {
-    SequenceState st(s, runner.backend());
+    SequenceState st(s, runner.state_layout());
     DF_ASSIGN_OR_RETURN(std::vector<float> logits, runner.prefill(st, prompt));
     plain = {greedy(logits)};
     const double t0 = now_s();
@@ -223,7 +223,7 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
   SpecStats stats;
   double spec_s = 0;
   for (int rep = 0; rep < 2; ++rep) {
-    SequenceState st(s, runner.backend());
+    SequenceState st(s, runner.state_layout());
     FeatureRing ring(draft->feature_width(), spec.feature_window);
     DFlashDraft::Context ctx(*draft);
     DF_ASSIGN_OR_RETURN(StepOutput o, forward_capturing(runner, st, ring, draft->capture_layers(), prompt));
@@ -247,7 +247,7 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
     Runner prof_runner(model.weights(), prof);
     DF_ASSIGN_OR_RETURN(std::unique_ptr<DFlashDraft> prof_draft,
                         DFlashDraft::create(draft->weights(), model.weights(), prof));
-    SequenceState st(s, runner.backend());
+    SequenceState st(s, runner.state_layout());
     FeatureRing ring(draft->feature_width(), spec.feature_window);
     DFlashDraft::Context ctx(*prof_draft);
     DF_ASSIGN_OR_RETURN(StepOutput o, forward_capturing(runner, st, ring, draft->capture_layers(), prompt));
@@ -294,7 +294,8 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
 Status run_bench(const BenchOptions& opt) {
   if (opt.prompt_len < 1 || opt.gen_len < 1) return invalid_argument("--prompt-len and --gen-len must be >= 1");
   if (opt.profile < 0) return invalid_argument("--profile takes a number of decode steps >= 0");
-  DF_ASSIGN_OR_RETURN(LoadedModel model, load_model(opt.model, opt.device, opt.threads));
+  DF_ASSIGN_OR_RETURN(LoadedModel model, load_model(opt.model, opt.where, opt.threads));
+  if (model.split() && opt.profile > 0) return invalid_argument("--profile needs a target on one device");
   const Weights& weights = model.weights();
   const ModelSpec& s = weights.spec();
   if (s.max_context > 0 && opt.prompt_len + opt.gen_len + opt.profile > s.max_context)
@@ -312,12 +313,13 @@ Status run_bench(const BenchOptions& opt) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     t = static_cast<int32_t>(x % static_cast<uint64_t>(s.vocab));
   }
-  SequenceState state(s, runner.backend());
+  SequenceState state(s, runner.state_layout());
   const double t0 = now_s();
   DF_ASSIGN_OR_RETURN(std::vector<float> logits, runner.prefill(state, prompt));
   const double prefill_s = now_s() - t0;
   std::vector<int32_t> tokens = {static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin())};
   const double ttft_s = now_s() - t0;
+  const HandoffStats h0 = runner.handoff_stats();
   const double t1 = now_s();
   for (int64_t i = 0; i < opt.gen_len; ++i) {
     Step step;
@@ -326,18 +328,22 @@ Status run_bench(const BenchOptions& opt) {
     tokens.push_back(static_cast<int32_t>(std::max_element(o.logits.begin(), o.logits.end()) - o.logits.begin()));
   }
   const double decode_s = now_s() - t1;
+  const HandoffStats h1 = runner.handoff_stats();
+  const double handoff_ms_per_token = (h1.ms - h0.ms) / static_cast<double>(opt.gen_len);
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   const MemoryStats mem = runner.backend().memory_stats();
   constexpr double kMiB = 1048576.0;
 
   const double prefill_tps = opt.prompt_len / prefill_s, decode_tps = opt.gen_len / decode_s;
-  const double bytes = decode_bytes(weights, opt.prompt_len + opt.gen_len / 2.0);
+  const double bytes = decode_bytes(*model.host, opt.prompt_len + opt.gen_len / 2.0);
   const double decode_ceiling = bandwidth / bytes;
-  nlohmann::json j = {{"backend", model.device_name},
+  nlohmann::json j = {{"backend", model.placement_name},
+                      {"handoffs_per_token", static_cast<double>(h1.count - h0.count) / static_cast<double>(opt.gen_len)},
+                      {"handoff_ms_per_token", handoff_ms_per_token},
                       {"threads", copy_pool.size()},
                       {"model", s.summary()},
-                      {"weights_mib", weights.bytes() / 1048576.0},
+                      {"weights_mib", model.host->bytes() / 1048576.0},
                       {"prompt_len", opt.prompt_len},
                       {"gen_len", opt.gen_len},
                       {"prefill_tok_s", prefill_tps},
@@ -368,8 +374,11 @@ Status run_bench(const BenchOptions& opt) {
     std::printf("%s\n", j.dump(2).c_str());
     return Status();
   }
-  std::printf("dflash bench (%s, %d cpu threads): %s, %.1f MiB of weights\n", model.device_name.c_str(),
-              copy_pool.size(), s.summary().c_str(), weights.bytes() / 1048576.0);
+  std::printf("dflash bench (%s, %d cpu threads): %s, %.1f MiB of weights\n", model.placement_name.c_str(),
+              copy_pool.size(), s.summary().c_str(), model.host->bytes() / 1048576.0);
+  if (model.split())
+    std::printf("  layer split: %lld hand-offs a decode step, %.3f ms a token\n",
+                static_cast<long long>((h1.count - h0.count) / opt.gen_len), handoff_ms_per_token);
   std::printf("  %-8s %12s %22s %8s\n", "", "measured", "ceiling", "ratio");
   std::printf("  %-8s %8.1f tok/s %14s %8s   (%lld tokens, TTFT %.1f ms)\n", "prefill", prefill_tps, "n/a on cpu", "",
               static_cast<long long>(opt.prompt_len), ttft_s * 1e3);
@@ -423,7 +432,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--prompt-len", opt->prompt_len, "Prompt tokens")->capture_default_str();
   cmd->add_option("--gen-len", opt->gen_len, "Generated tokens")->capture_default_str();
   cmd->add_option("--threads,-t", opt->threads, "CPU threads (default: all cores)");
-  cmd->add_option("--device", opt->device, "cpu or cuda:N")->capture_default_str();
+  add_placement_flags(cmd, &opt->where);
   cmd->add_option("--profile", opt->profile, "Then profile this many decode steps per op (time, bytes, GB/s)")
       ->capture_default_str();
   cmd->add_flag("--json", opt->json, "Machine-readable output");

@@ -23,7 +23,7 @@ struct LogitsOptions {
   std::string out;
   bool all = false;
   int threads = 0;
-  std::string device = "cpu";
+  PlacementFlags where;  // --device, or --target-devices and --target-layer-split
 };
 
 Result<std::vector<int32_t>> parse_ids(const std::string& text) {
@@ -47,10 +47,10 @@ Result<std::vector<int32_t>> parse_ids(const std::string& text) {
 
 Status run_logits(const LogitsOptions& opt) {
   DF_ASSIGN_OR_RETURN(std::vector<int32_t> ids, parse_ids(opt.tokens));
-  DF_ASSIGN_OR_RETURN(LoadedModel model, load_model(opt.model, opt.device, opt.threads));
+  DF_ASSIGN_OR_RETURN(LoadedModel model, load_model(opt.model, opt.where, opt.threads));
   const Weights& weights = model.weights();
   Runner& runner = *model.runner;
-  SequenceState state(weights.spec(), runner.backend());
+  SequenceState state(weights.spec(), runner.state_layout());
   Step step;
   step.tokens = ids;
   step.all_logits = opt.all;
@@ -93,7 +93,7 @@ void add_logits_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--out,-o", opt->out, "Output file (raw little-endian float32 [rows, vocab])")->required();
   cmd->add_flag("--all", opt->all, "Logits of every position (default: the last)");
   cmd->add_option("--threads,-t", opt->threads, "CPU threads (default: all cores)");
-  cmd->add_option("--device", opt->device, "cpu or cuda:N")->capture_default_str();
+  add_placement_flags(cmd, &opt->where);
   cmd->callback([opt, &exit_code] {
     Status st = run_logits(*opt);
     exit_code = st.ok() ? 0 : report(st);

@@ -31,7 +31,7 @@ struct RunOptions {
   bool think = false;
   int64_t n_predict = 128;
   int threads = 0;
-  std::string device = "cpu";
+  PlacementFlags where;  // --device, or --target-devices and --target-layer-split
   SamplingParams sampling;
   uint64_t seed = 0;
   bool seed_set = false;
@@ -65,7 +65,7 @@ Status run_generate(RunOptions opt) {
   if (ids.empty()) return invalid_argument("the prompt is empty");
 
   auto t_load = std::chrono::steady_clock::now();
-  DF_ASSIGN_OR_RETURN(LoadedModel model, load_model(opt.model, opt.device, opt.threads));
+  DF_ASSIGN_OR_RETURN(LoadedModel model, load_model(opt.model, opt.where, opt.threads));
   const Weights& weights = model.weights();
   if (tok.size() > weights.spec().vocab)
     return invalid_argument("the tokenizer has {} tokens but the model only {}", tok.size(), weights.spec().vocab);
@@ -77,7 +77,7 @@ Status run_generate(RunOptions opt) {
   const int64_t model_ctx = weights.spec().max_context > 0 ? weights.spec().max_context : 32768;
   engine.n_ctx = model_ctx;
   std::fprintf(stderr, "model: %s (%.1f MiB) loaded on %s in %.2f s\n", weights.spec().summary().c_str(),
-               weights.bytes() / 1048576.0, model.device_name.c_str(), seconds_since(t_load));
+               model.host->bytes() / 1048576.0, model.placement_name.c_str(), seconds_since(t_load));
   if (opt.n_predict == 0) return Status();
   server::GenerationRequest req;
   req.prompt = std::move(ids);
@@ -128,7 +128,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--repeat-last-n", opt->sampling.penalty_last_n, "Penalty window (-1 = all)")->capture_default_str();
   auto* seed = cmd->add_option("--seed", opt->seed, "RNG seed (default: random, printed on stderr)");
   cmd->add_option("--threads,-t", opt->threads, "CPU threads (default: all cores)");
-  cmd->add_option("--device", opt->device, "cpu or cuda:N")->capture_default_str();
+  add_placement_flags(cmd, &opt->where);
   add_draft_options(cmd, opt->draft);
   cmd->callback([opt, seed, &exit_code] {
     RunOptions o = *opt;

@@ -26,7 +26,7 @@ namespace {
 
 struct ServeOptions {
   std::string model;
-  std::string device = "cpu";
+  PlacementFlags where;  // --device, or --target-devices and --target-layer-split
   int threads = 0;
   int64_t ctx = 0;  // 0: the model's own context (capped at 32768)
   int64_t prefix_cache_mib = 1024;  // host memory for prompt-prefix snapshots; 0: off
@@ -70,11 +70,14 @@ SnapshotIdentity snapshot_identity(const std::string& model_path, const std::str
       id.model_mtime = std::max<int64_t>(id.model_mtime, fst.st_mtime);
     }
   }
-  const std::string layout =
+  std::string layout =
       fmt::format("prefill schedule v{} (chunk {}, min segment {}); {}; weights {} bytes; backend {}",
                   server::Generation::kPrefillScheduleVersion, server::Generation::kPrefillChunk,
-                  server::Generation::kMinPrefixSegment, spec.summary(), model.weights().bytes(),
+                  server::Generation::kMinPrefixSegment, spec.summary(), model.host->bytes(),
                   model.runner->backend().name());
+  // A split's files are its placement's: another placement runs other kernels on some layers, so its
+  // restores would not be exact (FEATURES.md F3); its files are left to it, not re-bound here.
+  if (model.split()) layout += "; placement " + model.placement_name;
   id.layout_hash = XXH3_64bits(layout.data(), layout.size());
   id.n_ctx = n_ctx;
   id.template_hash = template_hash;
@@ -123,7 +126,7 @@ Status serve(ServeOptions opt) {
     log::warn("serve: {} has no chat template ({}); /v1/chat/completions will refuse", opt.model,
               src.status().message());
   }
-  DF_ASSIGN_OR_RETURN(LoadedModel model, load_model(opt.model, opt.device, opt.threads));
+  DF_ASSIGN_OR_RETURN(LoadedModel model, load_model(opt.model, opt.where, opt.threads));
   const ModelSpec& spec = model.weights().spec();
   if (tok.size() > spec.vocab)
     return invalid_argument("the tokenizer has {} tokens but the model only {}", tok.size(), spec.vocab);
@@ -137,7 +140,8 @@ Status serve(ServeOptions opt) {
   engine.chat_template = tmpl.get();
   engine.xml_tool_calls = xml_tool_calls;
   engine.model_id = model_id_of(opt.model);
-  engine.device = model.device_name;
+  engine.device = model.placement_name;
+  for (const ShardPlan& p : model.placement) engine.shard_devices.push_back(p.device);
   engine.version = DFLASH_VERSION;
   const JsonConstraint json_constraint(tok);  // response_format json_object's token table, built once
   engine.json = &json_constraint;
@@ -165,7 +169,7 @@ Status serve(ServeOptions opt) {
   http.set_engine(&engine);
   log::info("serve: {} ready on {} in {:.1f} s ({}; context {} tokens, {} slot{}; prefix cache {}; disk cache {}; "
             "draft {})",
-            engine.model_id, model.device_name,
+            engine.model_id, model.placement_name,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), spec.summary(), engine.n_ctx,
             opt.server.parallel, opt.server.parallel == 1 ? "" : "s",
             opt.prefix_cache_mib > 0 ? fmt::format("{} MiB", opt.prefix_cache_mib) : std::string("off"),
@@ -189,7 +193,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("model,--model,-m", opt->model, model_option_help());
   cmd->add_option("--host", opt->server.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", opt->server.port, "Port (0: any free port)")->capture_default_str();
-  cmd->add_option("--device", opt->device, "cpu or cuda:N")->capture_default_str();
+  add_placement_flags(cmd, &opt->where);
   cmd->add_option("--threads,-t", opt->threads, "CPU threads (default: all cores)");
   cmd->add_option("--ctx", opt->ctx, "Context tokens per request (default: the model's, at most 32768)");
   auto* key = cmd->add_option("--api-key", opt->server.api_key, "Require this key (Authorization: Bearer KEY)");

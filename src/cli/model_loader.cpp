@@ -29,20 +29,61 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int thr
 #endif
 }
 
-Result<LoadedModel> load_model(const std::string& path, const std::string& device, int threads) {
+void add_placement_flags(CLI::App* cmd, PlacementFlags* flags) {
+  cmd->add_option("--device", flags->device, "cpu or cuda:N")->capture_default_str();
+  cmd->add_option("--target-devices", flags->target_devices,
+                  "split the target's layers across these devices, in order (e.g. cuda:0,cuda:1,cpu)");
+  cmd->add_option("--target-layer-split", flags->target_layer_split,
+                  "positive weights of the devices' layer shares, one per device (default equal)");
+}
+
+Result<LoadedModel> load_model(const std::string& path, const PlacementFlags& where, int threads) {
+  if (!where.target_devices.empty() && where.device != "cpu")
+    return invalid_argument("--device and --target-devices exclude each other (name the devices in --target-devices)");
+  if (where.target_devices.empty() && !where.target_layer_split.empty())
+    return invalid_argument("--target-layer-split needs --target-devices");
   LoadedModel m;
-  m.device_name = device.empty() ? "cpu" : device;
   DF_ASSIGN_OR_RETURN(Weights w, Weights::load(path, threads));
   m.host = std::make_unique<Weights>(std::move(w));
-  if (m.device_name == "cpu") {
+  const ModelSpec& spec = m.host->spec();
+  if (where.target_devices.empty()) {
+    m.placement.push_back(ShardPlan{where.device.empty() ? "cpu" : where.device, 0, spec.n_layers});
+  } else {
+    DF_ASSIGN_OR_RETURN(m.placement, plan_target_split(where.target_devices, where.target_layer_split, spec.n_layers));
+  }
+  m.device_name = m.placement.front().device;
+  m.placement_name = m.split() ? describe(m.placement) : m.device_name;
+  if (!m.split() && m.device_name == "cpu") {
     m.runner = std::make_unique<Runner>(*m.host, threads);
+    m.device.emplace_back();
+    m.shard_weight_bytes.push_back(m.host->bytes());
     return m;
   }
-  DF_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, make_backend(m.device_name, threads));
-  DF_ASSIGN_OR_RETURN(Weights dev, m.host->to_backend(*be));
-  m.device = std::make_unique<Weights>(std::move(dev));
-  m.runner = std::make_unique<Runner>(*m.device, *be);
-  m.backend = std::move(be);
+  std::vector<RunnerShard> shards;
+  for (const ShardPlan& p : m.placement) {
+    DF_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, make_backend(p.device, threads));
+    const Weights* on = m.host.get();
+    uint64_t bytes = 0;
+    if (be->device_memory()) {
+      DF_ASSIGN_OR_RETURN(Weights dev, m.host->to_backend_if(*be, [&](std::string_view name) {
+        return m.host->shard_needs(name, p.layer_begin, p.layer_end);
+      }));
+      m.device.push_back(std::make_unique<Weights>(std::move(dev)));
+      on = m.device.back().get();
+      bytes = on->bytes();
+    } else {
+      m.device.emplace_back();
+      bytes = m.host->shard_bytes(p.layer_begin, p.layer_end);
+    }
+    m.shard_weight_bytes.push_back(bytes);
+    shards.push_back(RunnerShard{on, be.get(), p.layer_begin, p.layer_end});
+    m.backends.push_back(std::move(be));
+  }
+  if (m.split()) {
+    DF_ASSIGN_OR_RETURN(m.runner, Runner::create(std::move(shards)));
+  } else {
+    m.runner = std::make_unique<Runner>(*shards[0].weights, *shards[0].backend);
+  }
   return m;
 }
 

@@ -1,29 +1,51 @@
-// Loads a model for a subcommand onto the device the user named (--device cpu | cuda:N): the weights,
-// the backend they live in, and a Runner over them. One place, used by run, logits and bench.
+// Loads a model for a subcommand onto the device the user named (--device cpu | cuda:N) or across the
+// devices of a layer split (--target-devices, --target-layer-split: FEATURES.md F2): the weights, the backends
+// they live in, and a Runner over them. One place, used by serve, run, logits and bench.
 #pragma once
 
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "base/status.h"
 #include "decode/runner.h"
 #include "model/weights.h"
 #include "ops/backend.h"
+#include "placement/target_placement.h"
 
 namespace dflash::cli {
 
+// Where a subcommand puts its target: one device, or a layer split.
+struct PlacementFlags {
+  std::string device = "cpu";    // --device cpu | cuda:N
+  std::string target_devices;    // --target-devices cuda:0,cuda:1,cpu (overrides --device)
+  std::string target_layer_split;  // --target-layer-split w0,w1,... (default equal)
+};
+// Registers --device, --target-devices and --target-layer-split on `cmd`.
+void add_placement_flags(CLI::App* cmd, PlacementFlags* flags);
+
 struct LoadedModel {
-  std::unique_ptr<Backend> backend;  // declared first: weights and runner release memory through it
-  std::unique_ptr<Weights> host;     // as read from the file
-  std::unique_ptr<Weights> device;   // copied to the device backend (null on the CPU)
+  std::vector<std::unique_ptr<Backend>> backends;  // declared first: weights and runner release memory through them
+  std::unique_ptr<Weights> host;                   // as read from the file
+  std::vector<std::unique_ptr<Weights>> device;    // per shard: its tensors copied to its device (null: a CPU shard)
   std::unique_ptr<Runner> runner;
-  const Weights& weights() const { return device ? *device : *host; }
-  std::string device_name;
+  std::vector<ShardPlan> placement;  // one entry per shard, in layer order
+  // The first shard's weights (the whole model's when not split).
+  const Weights& weights() const { return !device.empty() && device[0] ? *device[0] : *host; }
+  bool split() const { return placement.size() > 1; }
+  std::string device_name;  // the first shard's device
+  std::string placement_name;  // "cuda:0" or "cuda:0[0,18) cpu[18,36)"
+  // Bytes of weights on each shard's device, in shard order.
+  std::vector<uint64_t> shard_weight_bytes;
 };
 
-// `device`: "cpu" (default) or "cuda:N" (when this build has CUDA).
-Result<LoadedModel> load_model(const std::string& path, const std::string& device, int threads);
+// The target on `where`: "cpu" (default) or "cuda:N" (when this build has CUDA), or split across
+// --target-devices in the --target-layer-split proportions. Each shard loads only its layers (a CUDA shard
+// copies just those tensors; a CPU shard reads them from the file's mapping).
+Result<LoadedModel> load_model(const std::string& path, const PlacementFlags& where, int threads);
 // A backend of its own on `device` ("cpu" or "cuda:N"), e.g. for a draft on another device than its target.
 Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int threads);
 

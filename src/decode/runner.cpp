@@ -1,12 +1,77 @@
 #include "decode/runner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
 
 namespace dflash {
 
+Runner::Runner(const Weights& weights, int threads) : owned_(std::make_unique<CpuBackend>(threads)) {
+  shards_.push_back(RunnerShard{&weights, owned_.get(), 0, weights.spec().n_layers});
+}
+
+Runner::Runner(const Weights& weights, Backend& backend) {
+  shards_.push_back(RunnerShard{&weights, &backend, 0, weights.spec().n_layers});
+}
+
+Result<std::unique_ptr<Runner>> Runner::create(std::vector<RunnerShard> shards) {
+  if (shards.empty()) return invalid_argument("a placement needs at least one shard");
+  const ModelSpec& s = shards.front().weights->spec();
+  int64_t next = 0;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const RunnerShard& sh = shards[i];
+    if (sh.weights == nullptr || sh.backend == nullptr) return invalid_argument("shard {} has no weights or backend", i);
+    if (sh.weights->spec().n_layers != s.n_layers || sh.weights->spec().hidden != s.hidden)
+      return invalid_argument("shard {} holds another model than shard 0", i);
+    if (sh.layer_begin != next || sh.layer_end <= sh.layer_begin)
+      return invalid_argument("shard {} has layers [{}, {}); it must start at {} and hold at least one", i,
+                              sh.layer_begin, sh.layer_end, next);
+    next = sh.layer_end;
+  }
+  if (next != s.n_layers) return invalid_argument("the shards end at layer {} of {}", next, s.n_layers);
+  return std::unique_ptr<Runner>(new Runner(std::move(shards)));
+}
+
+std::vector<StateShard> Runner::state_layout() const {
+  std::vector<StateShard> out;
+  for (const RunnerShard& sh : shards_) out.push_back(StateShard{sh.backend, sh.layer_begin, sh.layer_end});
+  return out;
+}
+
+const RunnerShard& Runner::shard_of(int64_t layer) const {
+  for (const RunnerShard& sh : shards_)
+    if (layer < sh.layer_end) return sh;
+  return shards_.back();
+}
+
+bool Runner::one_backend() const {
+  for (const RunnerShard& sh : shards_)
+    if (sh.backend != shards_.front().backend) return false;
+  return true;
+}
+
+Result<Buffer> Runner::hand_off(const float* x, int64_t n, Backend& from, Backend& to) {
+  const auto t0 = std::chrono::steady_clock::now();
+  DF_ASSIGN_OR_RETURN(Buffer out, to.alloc(n));
+  if (!from.device_memory()) {
+    DF_RETURN_IF_ERROR(to.upload(out.data(), x, n));
+  } else if (!to.device_memory()) {
+    DF_RETURN_IF_ERROR(from.download(out.data(), x, n));
+  } else if (const Status peer = to.copy_from_peer(out.data(), from, x, n); peer.code() == ErrorCode::kUnsupported) {
+    std::vector<float> host(static_cast<size_t>(n));  // device to device through the host
+    DF_RETURN_IF_ERROR(from.download(host.data(), x, n));
+    DF_RETURN_IF_ERROR(to.upload(out.data(), host.data(), n));
+  } else {
+    DF_RETURN_IF_ERROR(peer);
+  }
+  ++handoffs_.count;
+  handoffs_.bytes += static_cast<uint64_t>(n) * sizeof(float);
+  handoffs_.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
 Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
-  const ModelSpec& s = w_.spec();
+  const ModelSpec& s = spec();
   const int64_t n = static_cast<int64_t>(step.tokens.size());
   if (n == 0) return invalid_argument("a step needs at least one token");
   for (int32_t t : step.tokens)
@@ -26,13 +91,13 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
   DF_RETURN_IF_ERROR(state.status());
   const bool plain_decode = n == 1 && step.positions.empty() && step.mask == cpu::MaskKind::kCausal &&
                             !step.capture_recurrent && !step.logits_on_device;
-  if (plain_decode && graphs_on_ && be_->step_graphs_supported()) {
+  if (plain_decode && graphs_on_ && one_backend() && backend().step_graphs_supported()) {
     bool used = false;
     auto out = decode_recorded(state, step, &used);
     if (used || !out.ok()) return out;
   }
 
-  Backend& be = *be_;
+  Backend& be = backend();
   std::vector<int64_t> rows;
   if (step.all_logits) {
     rows.resize(static_cast<size_t>(n));
@@ -57,9 +122,10 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
     out.logits.resize(static_cast<size_t>(out.rows * s.vocab));
     DF_RETURN_IF_ERROR(be.download(out.logits.data(), logits.data(), out.rows * s.vocab));
   }
-  for (auto& f : feature_bufs) {
+  for (size_t c = 0; c < feature_bufs.size(); ++c) {
     out.features.emplace_back(static_cast<size_t>(n * s.hidden));
-    DF_RETURN_IF_ERROR(be.download(out.features.back().data(), f.data(), n * s.hidden));
+    DF_RETURN_IF_ERROR(shard_of(step.capture_layers[c])
+                           .backend->download(out.features.back().data(), feature_bufs[c].data(), n * s.hidden));
   }
   if (step.mask != cpu::MaskKind::kTree) state.set_n_past(state.n_past() + n);
   return out;
@@ -67,31 +133,47 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
 
 Runner::~Runner() {
   for (auto& [key, r] : recorded_)
-    if (r.id >= 0) be_->drop_step(r.id);
+    if (r.id >= 0) backend().drop_step(r.id);
 }
 
 Status Runner::run_layers(SequenceState& state, const Step& step, std::span<const int32_t> positions,
                           std::span<const int64_t> rows, float* logits, std::vector<Buffer>& feature_bufs) {
-  const ModelSpec& s = w_.spec();
+  const ModelSpec& s = spec();
   const int64_t n = static_cast<int64_t>(step.tokens.size());
-  Backend& be = *be_;
-  DF_ASSIGN_OR_RETURN(Buffer x, be.alloc(n * s.hidden));
-  DF_RETURN_IF_ERROR(embed_tokens(w_, step.tokens, x.data(), be));
-  // Capture buffers: the caller's when it passes them (a recording allocates its own before it starts: what
-  // is allocated while recording belongs to the recording), else new ones.
+  const RunnerShard& first = shards_.front();
+  DF_ASSIGN_OR_RETURN(Buffer x, first.backend->alloc(n * s.hidden));
+  DF_RETURN_IF_ERROR(embed_tokens(*first.weights, step.tokens, x.data(), *first.backend));
+  // Capture buffers, each in the memory of the shard that owns its layer: the caller's when it passes them (a
+  // recording allocates its own before it starts: what is allocated while recording belongs to the
+  // recording), else new ones.
   if (feature_bufs.size() != step.capture_layers.size()) {
     feature_bufs.clear();
-    for (size_t c = 0; c < step.capture_layers.size(); ++c) {
-      DF_ASSIGN_OR_RETURN(Buffer f, be.alloc(n * s.hidden));
+    for (int64_t layer : step.capture_layers) {
+      DF_ASSIGN_OR_RETURN(Buffer f, shard_of(layer).backend->alloc(n * s.hidden));
       feature_bufs.push_back(std::move(f));
     }
   }
-  std::vector<float*> captured;
-  for (const Buffer& f : feature_bufs) captured.push_back(f.data());
   StepShape shape{n, state.n_past(), positions, step.mask, step.parents, step.capture_recurrent};
-  DF_RETURN_IF_ERROR(forward_layers(w_, 0, s.n_layers, shape, x.data(), state, step.capture_layers, captured, be));
+  Backend* at = first.backend;  // where x is
+  for (const RunnerShard& sh : shards_) {
+    if (sh.backend != at) {
+      DF_ASSIGN_OR_RETURN(Buffer moved, hand_off(x.data(), n * s.hidden, *at, *sh.backend));
+      x = std::move(moved);
+      at = sh.backend;
+    }
+    // This shard's capture layers.
+    std::vector<int64_t> captures;
+    std::vector<float*> captured;
+    for (size_t c = 0; c < step.capture_layers.size(); ++c)
+      if (step.capture_layers[c] >= sh.layer_begin && step.capture_layers[c] < sh.layer_end) {
+        captures.push_back(step.capture_layers[c]);
+        captured.push_back(feature_bufs[c].data());
+      }
+    DF_RETURN_IF_ERROR(
+        forward_layers(*sh.weights, sh.layer_begin, sh.layer_end, shape, x.data(), state, captures, captured, *sh.backend));
+  }
   DF_RETURN_IF_ERROR(state.status());
-  return lm_head(w_, x.data(), rows, logits, be);
+  return lm_head(*shards_.back().weights, x.data(), rows, logits, *shards_.back().backend);
 }
 
 Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& step, bool* used) {
@@ -100,7 +182,8 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
   // the least recently used goes first.
   constexpr size_t kMaxRecorded = 64;
   *used = false;
-  const ModelSpec& s = w_.spec();
+  const ModelSpec& s = spec();
+  Backend& be = backend();
   const int64_t pos = state.n_past();
   // The recording does not run the host side of the layers: reserve this position's KV chunks first.
   for (int64_t L = 0; L < s.n_layers; ++L)
@@ -111,7 +194,7 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
   const bool same_captures = std::equal(rec.capture_layers.begin(), rec.capture_layers.end(),
                                         step.capture_layers.begin(), step.capture_layers.end());
   if (rec.id >= 0 && (rec.layout != state.layout_version() || !same_captures)) {
-    be_->drop_step(rec.id);
+    be.drop_step(rec.id);
     rec.id = -1;
   }
   if (rec.id < 0) {
@@ -122,19 +205,19 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
         if (it->first != state.id() && (victim == recorded_.end() || it->second.last_use < victim->second.last_use))
           victim = it;
       if (victim != recorded_.end()) {
-        if (victim->second.id >= 0) be_->drop_step(victim->second.id);
+        if (victim->second.id >= 0) be.drop_step(victim->second.id);
         recorded_.erase(victim);
       }
     }
-    auto logits = be_->alloc(s.vocab);
+    auto logits = be.alloc(s.vocab);
     if (!logits.ok()) return logits.status();
     std::vector<Buffer> features;  // where the recording leaves the captured layers, allocated before it starts
     for (size_t c = 0; c < step.capture_layers.size(); ++c) {
-      auto f = be_->alloc(s.hidden);
+      auto f = be.alloc(s.hidden);
       if (!f.ok()) return f.status();
       features.push_back(std::move(f).value());
     }
-    if (!be_->begin_step_capture().ok()) {
+    if (!be.begin_step_capture().ok()) {
       ++rec.failures;
       return StepOutput{};
     }
@@ -143,11 +226,11 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
     Status st = run_layers(state, step, std::span<const int32_t>(&position, 1), std::span<const int64_t>(&last, 1),
                            logits->data(), features);
     if (!st.ok()) {
-      be_->abort_step_capture();
+      be.abort_step_capture();
       ++rec.failures;
       return StepOutput{};  // run it eagerly: an error there is a real one
     }
-    auto id = be_->end_step_capture();
+    auto id = be.end_step_capture();
     if (!id.ok()) {
       ++rec.failures;
       return StepOutput{};
@@ -158,7 +241,7 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
     rec.capture_layers.assign(step.capture_layers.begin(), step.capture_layers.end());
     rec.features = std::move(features);
   }
-  const Status st = be_->replay_step(rec.id, step.tokens[0], pos);
+  const Status st = be.replay_step(rec.id, step.tokens[0], pos);
   if (st.code() == ErrorCode::kNotFound) {  // invalidated: record again next step, run this one eagerly
     rec.id = -1;
     return StepOutput{};
@@ -167,10 +250,10 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
   StepOutput out;
   out.rows = 1;
   out.logits.resize(static_cast<size_t>(s.vocab));
-  DF_RETURN_IF_ERROR(be_->download(out.logits.data(), rec.logits.data(), s.vocab));
+  DF_RETURN_IF_ERROR(be.download(out.logits.data(), rec.logits.data(), s.vocab));
   for (const Buffer& f : rec.features) {
     out.features.emplace_back(static_cast<size_t>(s.hidden));
-    DF_RETURN_IF_ERROR(be_->download(out.features.back().data(), f.data(), s.hidden));
+    DF_RETURN_IF_ERROR(be.download(out.features.back().data(), f.data(), s.hidden));
   }
   state.set_n_past(pos + 1);
   *used = true;

@@ -1,5 +1,7 @@
-// Runner: one forward step of a target over its shards (one local CPU shard for now), with the sequence
-// state, and the helpers every decoder uses (chunked prefill, single-token decode).
+// Runner: one forward step of a target over the shards of its placement (one shard on one device, or a layer
+// split across devices: FEATURES.md F2), with the sequence state, and the helpers every decoder uses (chunked
+// prefill, single-token decode). A split is a placement of this one runner, not a second model path: the
+// same forward_layers runs each shard's range, and the residual stream is handed from shard to shard.
 #pragma once
 
 #include <cstdint>
@@ -35,20 +37,43 @@ struct StepOutput {
   std::vector<std::vector<float>> features;  // per capture layer: [n, H]
 };
 
+// One shard of a placement: layers [layer_begin, layer_end) of `weights`, computed by `backend` (the weights'
+// data in its memory). The first shard's weights also hold the token embedding, the last's the final norm
+// and the LM head (or the tied embedding).
+struct RunnerShard {
+  const Weights* weights = nullptr;
+  Backend* backend = nullptr;
+  int64_t layer_begin = 0, layer_end = 0;
+};
+
+// The residual stream handed between shards of different backends, since the runner was made.
+struct HandoffStats {
+  int64_t count = 0;
+  uint64_t bytes = 0;
+  double ms = 0;
+};
+
 class Runner {
  public:
   // On the CPU, with `threads` threads (<= 0: all cores).
-  Runner(const Weights& weights, int threads = 0)
-      : w_(weights), owned_(std::make_unique<CpuBackend>(threads)), be_(owned_.get()) {}
+  Runner(const Weights& weights, int threads = 0);
   // On `backend`; the weights' data must live in its memory (Weights::to_backend).
-  Runner(const Weights& weights, Backend& backend) : w_(weights), be_(&backend) {}
+  Runner(const Weights& weights, Backend& backend);
+  // A placement of several shards: contiguous layer ranges in order from layer 0 to the last, one model.
+  static Result<std::unique_ptr<Runner>> create(std::vector<RunnerShard> shards);
   ~Runner();
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;
 
-  const ModelSpec& spec() const { return w_.spec(); }
-  const Weights& weights() const { return w_; }
-  Backend& backend() { return *be_; }
+  const ModelSpec& spec() const { return shards_.front().weights->spec(); }
+  std::span<const RunnerShard> shards() const { return shards_; }
+  // The last shard's backend: where a step's logits are (Step::logits_on_device).
+  Backend& backend() { return *shards_.back().backend; }
+  // The layout of this placement's sequence states: SequenceState(spec(), state_layout()).
+  std::vector<StateShard> state_layout() const;
+  // The shard that runs `layer`.
+  const RunnerShard& shard_of(int64_t layer) const;
+  HandoffStats handoff_stats() const { return handoffs_; }
 
   // Runs the step and advances state.n_past by the number of tokens (causal steps). Tree steps leave
   // n_past unchanged: the caller commits accepted nodes. On a backend that records steps, a plain
@@ -83,9 +108,15 @@ class Runner {
   // The recorded path of a plain decode step; *used = false when it fell back to the caller.
   Result<StepOutput> decode_recorded(SequenceState& state, const Step& step, bool* used);
 
-  const Weights& w_;
+  explicit Runner(std::vector<RunnerShard> shards) : shards_(std::move(shards)) {}
+  // Copies x [n, H] from `from`'s memory into a new buffer of `to`'s (a shard boundary).
+  Result<Buffer> hand_off(const float* x, int64_t n, Backend& from, Backend& to);
+  // Whether every shard computes on one backend (steps can be recorded as one graph).
+  bool one_backend() const;
+
   std::unique_ptr<CpuBackend> owned_;
-  Backend* be_;
+  std::vector<RunnerShard> shards_;
+  HandoffStats handoffs_;
   bool graphs_on_ = true;
   std::map<uint64_t, Recorded> recorded_;  // by SequenceState::id()
   uint64_t uses_ = 0;

@@ -84,9 +84,36 @@ Result<Weights> Weights::load(const std::string& path, int threads) {
 }
 
 Result<Weights> Weights::to_backend(Backend& be, std::span<const std::string_view> only) const {
-  const auto wanted = [&](const std::string& name) {
+  return to_backend_if(be, [&](std::string_view name) {
     return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
-  };
+  });
+}
+
+bool Weights::shard_needs(std::string_view canonical, int64_t begin, int64_t end) const {
+  const int64_t n_layers = spec_.n_layers;
+  if (canonical.rfind("layers.", 0) == 0) {
+    const std::string_view rest = canonical.substr(7);
+    int64_t layer = 0;
+    size_t i = 0;
+    for (; i < rest.size() && rest[i] >= '0' && rest[i] <= '9'; ++i) layer = layer * 10 + (rest[i] - '0');
+    return i > 0 && layer >= begin && layer < end;
+  }
+  const bool first = begin == 0, last = end == n_layers;
+  if (canonical == "token_embd") return first || (last && find("output") == nullptr);
+  if (canonical == "output" || canonical == "output_norm") return last;
+  return true;
+}
+
+uint64_t Weights::shard_bytes(int64_t begin, int64_t end) const {
+  uint64_t b = 0;
+  for (const auto& [name, view] : tensors_)
+    if (shard_needs(name, begin, end))
+      b += *row_bytes(view.type, static_cast<uint64_t>(view.cols)) * static_cast<uint64_t>(view.rows);
+  return b;
+}
+
+Result<Weights> Weights::to_backend_if(Backend& be, const std::function<bool(std::string_view)>& keep) const {
+  const auto wanted = [&](const std::string& name) { return keep(name); };
   Weights out;
   out.spec_ = spec_;
   out.path_ = path_;

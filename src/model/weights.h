@@ -2,6 +2,7 @@
 // an HF checkpoint (converted to canonical form once, at load: norm +1, -exp(A_log), tiled V-heads).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -40,6 +41,14 @@ class Weights {
   // With `only` non-empty, just those tensors (names absent here are skipped): e.g. a target's embedding
   // and head for a draft on another device.
   Result<Weights> to_backend(Backend& be, std::span<const std::string_view> only = {}) const;
+  // The tensors whose canonical names `keep` accepts, copied into `be`'s memory (a shard of a layer split).
+  Result<Weights> to_backend_if(Backend& be, const std::function<bool(std::string_view)>& keep) const;
+  // Whether a shard holding layers [begin, end) of `n_layers` needs tensor `canonical`: its layers'
+  // ("layers.<i>."), the embedding on the first shard, the final norm and head on the last (the embedding
+  // too when the head is tied to it), and any tensor outside the layers.
+  bool shard_needs(std::string_view canonical, int64_t begin, int64_t end) const;
+  // Bytes of the tensors such a shard needs.
+  uint64_t shard_bytes(int64_t begin, int64_t end) const;
 
  private:
   Status add(const std::string& canonical, cpu::WeightView view);

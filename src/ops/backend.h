@@ -65,6 +65,13 @@ class Backend {
   virtual Status upload(float* dst, const float* host_src, int64_t n) = 0;
   virtual Status download(float* host_dst, const float* src, int64_t n) = 0;
   virtual Status copy(float* dst, const float* src, int64_t n) = 0;
+  // n floats from `src` in backend `from`'s memory into `dst` in this one's, without a host hop (CUDA devices:
+  // a peer copy); unsupported where the two cannot (the caller stages through the host). Returns when the
+  // copy is complete.
+  virtual Status copy_from_peer(float* dst, Backend& from, const float* src, int64_t n) {
+    (void)dst, (void)from, (void)src, (void)n;
+    return unsupported("no peer copy between these backends");
+  }
   // True when buffers live in device memory (not addressable by the host).
   virtual bool device_memory() const { return false; }
   virtual MemoryStats memory_stats() const { return MemoryStats{}; }

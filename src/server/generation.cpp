@@ -487,7 +487,7 @@ Result<GenerationResult> generate(const Engine& engine, const GenerationRequest&
                                   const std::atomic<bool>* cancel, std::chrono::steady_clock::time_point deadline) {
   if (engine.runner == nullptr || engine.tokenizer == nullptr) return internal_error("the engine is not loaded");
   Generation gen(engine, req, sink, cancel, deadline);
-  SequenceState state(engine.runner->spec(), engine.runner->backend());
+  SequenceState state(engine.runner->spec(), engine.runner->state_layout());
   DF_RETURN_IF_ERROR(gen.start(state));
   for (;;) {
     DF_ASSIGN_OR_RETURN(bool done, gen.step());

@@ -62,7 +62,8 @@ struct Engine {
   bool xml_tool_calls = false;  // the template writes calls as <function=NAME> (Qwen3.5), not JSON (Qwen3)
   std::string model_id;
   int64_t n_ctx = 0;    // prompt + generated tokens a request may use
-  std::string device;   // "cpu", "cuda:0", ... (for /props)
+  std::string device;   // "cpu", "cuda:0", or a split's "cuda:0[0,18) cpu[18,36)" (for /props)
+  std::vector<std::string> shard_devices;  // the device of each of runner's shards (for /props)
   std::string version;  // dflash's version (for /props)
   // The tokenizer's JSON constraint, built once (its token table) and copied per json_object request;
   // null: built per request.

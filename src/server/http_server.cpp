@@ -496,6 +496,22 @@ struct HttpServer::Impl {
                 {"disk_min_tokens", e.disk_cache != nullptr ? e.disk_cache->min_tokens() : 0}};
   }
 
+  // /props runtime.placement: the target's shards in layer order, with the memory each one's backend holds.
+  json placement_props(const Engine& e) {
+    json shards = json::array();
+    const auto sh = e.runner->shards();
+    for (size_t i = 0; i < sh.size(); ++i) {
+      const MemoryStats m = sh[i].backend->memory_stats();
+      shards.push_back({{"device", i < e.shard_devices.size() ? e.shard_devices[i] : sh[i].backend->name()},
+                        {"layers", {sh[i].layer_begin, sh[i].layer_end}},
+                        {"weight_bytes", sh[i].weights->bytes()},
+                        {"memory_live_bytes", m.buffers_live},
+                        {"memory_peak_bytes", m.buffers_peak}});
+    }
+    const HandoffStats h = e.runner->handoff_stats();
+    return {{"shards", shards}, {"handoffs", h.count}, {"handoff_bytes", h.bytes}, {"handoff_ms", h.ms}};
+  }
+
   // /props "speculative": the draft, how requests draft with it, and the acceptance so far.
   json speculative_props(const Engine& e) {
     if (e.draft == nullptr) return json{{"enabled", false}};
@@ -578,7 +594,8 @@ struct HttpServer::Impl {
                      {"chat_template", e->chat_template != nullptr},
                      {"runtime",
                       {{"backend", e->runner->backend().name()},
-                       {"devices", json::array({e->device})},
+                       {"devices", e->shard_devices.empty() ? json::array({e->device}) : json(e->shard_devices)},
+                       {"placement", placement_props(*e)},
                        {"draft_residency", e->draft != nullptr ? draft_residency_name(e->draft->policy()) : "none"},
                        {"lazy_draft", e->draft != nullptr && e->draft->policy() == DraftResidency::kRequestScoped},
                        {"kv_type", "f32"}}},

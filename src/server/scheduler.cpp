@@ -123,7 +123,7 @@ void Scheduler::admit() {
     s.cancel = std::move(job.cancel);
     const Status st = guarded([&]() -> Status {
       if (s.state == nullptr) {
-        s.state = std::make_unique<SequenceState>(engine_.runner->spec(), engine_.runner->backend());
+        s.state = std::make_unique<SequenceState>(engine_.runner->spec(), engine_.runner->state_layout());
       } else {
         s.state->reset();  // a prefix shared with earlier requests comes back from the prefix cache (start())
       }

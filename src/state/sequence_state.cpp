@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
+#include <string_view>
 
 namespace dflash {
 
@@ -95,18 +97,36 @@ std::atomic<uint64_t> g_next_state_id{1};
 }  // namespace
 
 SequenceState::SequenceState(const ModelSpec& spec, Backend& be, int64_t layer_begin, int64_t layer_end)
+    : SequenceState(spec, std::span<const StateShard>(std::vector<StateShard>{
+                              StateShard{&be, layer_begin, layer_end < 0 ? spec.n_layers : layer_end}})) {}
+
+SequenceState::SequenceState(const ModelSpec& spec, std::span<const StateShard> shards)
     : spec_(spec),
-      be_(&be),
+      shards_(shards.begin(), shards.end()),
       id_(g_next_state_id.fetch_add(1)),
-      layer_begin_(layer_begin),
-      layer_end_(layer_end < 0 ? spec.n_layers : layer_end) {
+      layer_begin_(shards.empty() ? 0 : shards.front().layer_begin),
+      layer_end_(shards.empty() ? 0 : shards.back().layer_end) {
+  if (shards_.empty()) {
+    status_ = invalid_argument("a sequence state needs at least one shard");
+    return;
+  }
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    if (shards_[s].backend == nullptr || shards_[s].layer_end < shards_[s].layer_begin ||
+        (s > 0 && shards_[s].layer_begin != shards_[s - 1].layer_end)) {
+      status_ = invalid_argument("sequence state shards must be contiguous layer ranges with a backend each");
+      layer_end_ = layer_begin_;
+      return;
+    }
+    for (int64_t L = shards_[s].layer_begin; L < shards_[s].layer_end; ++L) shard_of_.push_back(s);
+  }
   const int64_t conv_floats = (spec_.gdn.conv_kernel - 1) * spec_.gdn.conv_dim();
   const int64_t ssm_floats = spec_.gdn.n_v_heads * spec_.gdn.d_v * spec_.gdn.d_k;
   for (int64_t L = layer_begin_; L < layer_end_; ++L) {
+    Backend& shard_be = be(slot(L));
     if (spec_.is_recurrent(L)) {
       kv_.push_back(nullptr);
-      auto c = zeros(be, conv_floats);
-      auto s = zeros(be, ssm_floats);
+      auto c = zeros(shard_be, conv_floats);
+      auto s = zeros(shard_be, ssm_floats);
       if (!c.ok() || !s.ok()) {
         status_ = !c.ok() ? c.status() : s.status();
         conv_.emplace_back();
@@ -116,7 +136,7 @@ SequenceState::SequenceState(const ModelSpec& spec, Backend& be, int64_t layer_b
       conv_.push_back(std::move(c).value());
       ssm_.push_back(std::move(s).value());
     } else {
-      kv_.push_back(std::make_unique<KvStore>(be, spec_.n_kv_heads, spec_.head_dim));
+      kv_.push_back(std::make_unique<KvStore>(shard_be, spec_.n_kv_heads, spec_.head_dim));
       conv_.emplace_back();
       ssm_.emplace_back();
     }
@@ -131,12 +151,14 @@ void SequenceState::reset() {
   for (auto& kv : kv_)
     if (kv) kv->shrink(0);
   for (auto* group : {&conv_, &ssm_})
-    for (auto& b : *group)
+    for (size_t i = 0; i < group->size(); ++i) {
+      Buffer& b = (*group)[i];
       if (b.size() > 0) {
         std::vector<float> z(static_cast<size_t>(b.size()), 0.0f);
-        Status st = be_->upload(b.data(), z.data(), b.size());
+        Status st = be(i).upload(b.data(), z.data(), b.size());
         if (!st.ok() && status_.ok()) status_ = st;
       }
+    }
 }
 
 uint64_t SequenceState::bytes() const {
@@ -179,13 +201,13 @@ void SequenceState::mark_capture(size_t i, int64_t n, bool conv) {
 float* SequenceState::ssm_capture(int64_t layer, int64_t n) {
   if (ssm_capture_.size() != ssm_.size()) ssm_capture_.resize(ssm_.size());
   mark_capture(slot(layer), n, false);
-  return ensure_capture(*be_, ssm_capture_[slot(layer)], n * ssm_[slot(layer)].size(), status_);
+  return ensure_capture(be(slot(layer)), ssm_capture_[slot(layer)], n * ssm_[slot(layer)].size(), status_);
 }
 
 float* SequenceState::conv_capture(int64_t layer, int64_t n) {
   if (conv_capture_.size() != conv_.size()) conv_capture_.resize(conv_.size());
   mark_capture(slot(layer), n, true);
-  return ensure_capture(*be_, conv_capture_[slot(layer)], conv_[slot(layer)].size() + n * spec_.gdn.conv_dim(),
+  return ensure_capture(be(slot(layer)), conv_capture_[slot(layer)], conv_[slot(layer)].size() + n * spec_.gdn.conv_dim(),
                         status_);
 }
 
@@ -215,9 +237,9 @@ Status SequenceState::rollback_captured(int64_t n_keep) {
     if (kv_[i]) continue;
     marks_[i] = StepMark{};  // consumed
     const int64_t state_size = ssm_[i].size();
-    DF_RETURN_IF_ERROR(be_->copy(ssm_[i].data(), ssm_capture_[i].data() + (n_keep - 1) * state_size, state_size));
+    DF_RETURN_IF_ERROR(be(i).copy(ssm_[i].data(), ssm_capture_[i].data() + (n_keep - 1) * state_size, state_size));
     // The window after n_keep tokens: rows [n_keep, n_keep + K - 1) of (old window ; step inputs).
-    DF_RETURN_IF_ERROR(be_->copy(conv_[i].data(), conv_capture_[i].data() + n_keep * C, conv_[i].size()));
+    DF_RETURN_IF_ERROR(be(i).copy(conv_[i].data(), conv_capture_[i].data() + n_keep * C, conv_[i].size()));
   }
   n_past_ = capture_base_ + n_keep;
   capture_base_ = -1;
@@ -272,8 +294,8 @@ Status SequenceState::commit_tree(std::span<const int32_t> parents, std::span<co
       const int64_t rf = kv.row_floats();
       for (int64_t d = 1; d < m; ++d) {
         if (path[d] == d) continue;
-        DF_RETURN_IF_ERROR(be_->copy(kv.k_row(n_past_ + d), kv.k_row(n_past_ + path[d]), rf));
-        DF_RETURN_IF_ERROR(be_->copy(kv.v_row(n_past_ + d), kv.v_row(n_past_ + path[d]), rf));
+        DF_RETURN_IF_ERROR(be(i).copy(kv.k_row(n_past_ + d), kv.k_row(n_past_ + path[d]), rf));
+        DF_RETURN_IF_ERROR(be(i).copy(kv.v_row(n_past_ + d), kv.v_row(n_past_ + path[d]), rf));
       }
       continue;
     }
@@ -281,16 +303,16 @@ Status SequenceState::commit_tree(std::span<const int32_t> parents, std::span<co
     // kernels leave it): ssm_capture [n, Hv, dv, dk]; conv_capture [(K-1) + n, C] = (window before the
     // step ; node inputs).
     const int64_t state_size = ssm_[i].size();
-    DF_RETURN_IF_ERROR(be_->copy(ssm_[i].data(), ssm_capture_[i].data() + path[m - 1] * state_size, state_size));
+    DF_RETURN_IF_ERROR(be(i).copy(ssm_[i].data(), ssm_capture_[i].data() + path[m - 1] * state_size, state_size));
     const float* cap = conv_capture_[i].data();
     if (spine) {  // rows [m, m + K - 1) of the capture, as in a chain rollback
-      DF_RETURN_IF_ERROR(be_->copy(conv_[i].data(), cap + m * C, hist * C));
+      DF_RETURN_IF_ERROR(be(i).copy(conv_[i].data(), cap + m * C, hist * C));
     } else {
       // Window row r is row m + r of (window before the step ; inputs of path[0], path[1], ...).
       for (int64_t r = 0; r < hist; ++r) {
         const int64_t u = m + r;
         const int64_t src_row = u < hist ? u : hist + path[u - hist];
-        DF_RETURN_IF_ERROR(be_->copy(conv_[i].data() + r * C, cap + src_row * C, C));
+        DF_RETURN_IF_ERROR(be(i).copy(conv_[i].data() + r * C, cap + src_row * C, C));
       }
     }
   }
@@ -310,7 +332,7 @@ Result<Snapshot> SequenceState::export_snapshot() const {
       const int64_t rf = kv_[i]->row_floats();
       for (int which = 0; which < 2; ++which) {
         SnapshotTensor t;
-        t.name = (which == 0 ? "kv_k." : "kv_v.") + std::to_string(L);
+        t.name = tensor_name(which == 0 ? "kv_k" : "kv_v", L);
         t.shape = {n_past_, spec_.n_kv_heads, spec_.head_dim};
         t.data.resize(static_cast<size_t>(n_past_ * rf));
         auto& kv = *kv_[i];
@@ -318,17 +340,17 @@ Result<Snapshot> SequenceState::export_snapshot() const {
         for (int64_t p = 0; p < n_past_; p += kKvChunkTokens) {
           const int64_t rows = std::min(kKvChunkTokens, n_past_ - p);
           const float* src = which == 0 ? kv.k_row(p) : kv.v_row(p);
-          DF_RETURN_IF_ERROR(be_->download(t.data.data() + p * rf, src, rows * rf));
+          DF_RETURN_IF_ERROR(be(i).download(t.data.data() + p * rf, src, rows * rf));
         }
         snap.tensors.push_back(std::move(t));
       }
     } else {
-      SnapshotTensor conv{"conv." + std::to_string(L), {spec_.gdn.conv_kernel - 1, spec_.gdn.conv_dim()}, {}};
+      SnapshotTensor conv{tensor_name("conv", L), {spec_.gdn.conv_kernel - 1, spec_.gdn.conv_dim()}, {}};
       conv.data.resize(static_cast<size_t>(conv_[i].size()));
-      DF_RETURN_IF_ERROR(be_->download(conv.data.data(), conv_[i].data(), conv_[i].size()));
-      SnapshotTensor ssm{"ssm." + std::to_string(L), {spec_.gdn.n_v_heads, spec_.gdn.d_v, spec_.gdn.d_k}, {}};
+      DF_RETURN_IF_ERROR(be(i).download(conv.data.data(), conv_[i].data(), conv_[i].size()));
+      SnapshotTensor ssm{tensor_name("ssm", L), {spec_.gdn.n_v_heads, spec_.gdn.d_v, spec_.gdn.d_k}, {}};
       ssm.data.resize(static_cast<size_t>(ssm_[i].size()));
-      DF_RETURN_IF_ERROR(be_->download(ssm.data.data(), ssm_[i].data(), ssm_[i].size()));
+      DF_RETURN_IF_ERROR(be(i).download(ssm.data.data(), ssm_[i].data(), ssm_[i].size()));
       snap.tensors.push_back(std::move(conv));
       snap.tensors.push_back(std::move(ssm));
     }
@@ -336,44 +358,68 @@ Result<Snapshot> SequenceState::export_snapshot() const {
   return snap;
 }
 
+std::string SequenceState::tensor_name(const char* base, int64_t L) const {
+  std::string name = std::string(base) + "." + std::to_string(L);
+  if (shards_.size() > 1) name = "ls" + std::to_string(shard_of_[slot(L)]) + "_" + name;
+  return name;
+}
+
 Status SequenceState::import_snapshot(const Snapshot& snap) {
   DF_RETURN_IF_ERROR(status_);
+  // Tensors by their name without a shard prefix ("ls<shard>_kv_k.3" -> "kv_k.3"): layer numbers are the
+  // model's, so a snapshot of any placement binds by layer. A layer's tensor under two names is refused.
+  std::map<std::string, const SnapshotTensor*, std::less<>> by_layer;
+  for (const SnapshotTensor& t : snap.tensors) {
+    std::string_view name = t.name;
+    if (name.rfind("ls", 0) == 0) {
+      const size_t us = name.find('_');
+      const std::string_view digits = name.substr(2, us == std::string_view::npos ? 0 : us - 2);
+      if (!digits.empty() && digits.find_first_not_of("0123456789") == std::string_view::npos) name.remove_prefix(us + 1);
+    }
+    if (!by_layer.emplace(std::string(name), &t).second)
+      return corrupt("snapshot holds '{}' twice (under two shards)", name);
+  }
+  const auto find = [&](const char* base, int64_t L) -> const SnapshotTensor* {
+    auto it = by_layer.find(std::string(base) + "." + std::to_string(L));
+    return it == by_layer.end() ? nullptr : it->second;
+  };
   // Check everything before changing anything: a bad snapshot leaves the state as it was.
   for (int64_t L = layer_begin_; L < layer_end_; ++L) {
     const size_t i = slot(L);
-    std::vector<std::pair<std::string, std::vector<int64_t>>> want;
+    std::vector<std::pair<const char*, std::vector<int64_t>>> want;
     if (kv_[i]) {
-      want = {{"kv_k." + std::to_string(L), {snap.n_past, spec_.n_kv_heads, spec_.head_dim}},
-              {"kv_v." + std::to_string(L), {snap.n_past, spec_.n_kv_heads, spec_.head_dim}}};
+      want = {{"kv_k", {snap.n_past, spec_.n_kv_heads, spec_.head_dim}},
+              {"kv_v", {snap.n_past, spec_.n_kv_heads, spec_.head_dim}}};
     } else {
-      want = {{"conv." + std::to_string(L), {spec_.gdn.conv_kernel - 1, spec_.gdn.conv_dim()}},
-              {"ssm." + std::to_string(L), {spec_.gdn.n_v_heads, spec_.gdn.d_v, spec_.gdn.d_k}}};
+      want = {{"conv", {spec_.gdn.conv_kernel - 1, spec_.gdn.conv_dim()}},
+              {"ssm", {spec_.gdn.n_v_heads, spec_.gdn.d_v, spec_.gdn.d_k}}};
     }
-    for (const auto& [name, shape] : want) {
-      const SnapshotTensor* t = snap.find(name);
-      if (t == nullptr) return corrupt("snapshot has no tensor '{}'", name);
+    for (const auto& [base, shape] : want) {
+      const SnapshotTensor* t = find(base, L);
+      if (t == nullptr) return corrupt("snapshot has no tensor '{}.{}'", base, L);
       int64_t n = 1;
       for (int64_t d : shape) n *= d;
       if (t->shape != shape || static_cast<int64_t>(t->data.size()) != n)
-        return corrupt("snapshot tensor '{}' does not have this model's shape", name);
+        return corrupt("snapshot tensor '{}' does not have this model's shape", t->name);
     }
   }
   for (int64_t L = layer_begin_; L < layer_end_; ++L) {
     const size_t i = slot(L);
+    Backend& b = be(i);
     if (kv_[i]) {
       kv_[i]->shrink(0);
       DF_RETURN_IF_ERROR(kv_[i]->reserve(snap.n_past));
       const int64_t rf = kv_[i]->row_floats();
-      const SnapshotTensor* k = snap.find("kv_k." + std::to_string(L));
-      const SnapshotTensor* v = snap.find("kv_v." + std::to_string(L));
+      const SnapshotTensor* k = find("kv_k", L);
+      const SnapshotTensor* v = find("kv_v", L);
       for (int64_t p = 0; p < snap.n_past; p += kKvChunkTokens) {
         const int64_t rows = std::min(kKvChunkTokens, snap.n_past - p);
-        DF_RETURN_IF_ERROR(be_->upload(kv_[i]->k_row(p), k->data.data() + p * rf, rows * rf));
-        DF_RETURN_IF_ERROR(be_->upload(kv_[i]->v_row(p), v->data.data() + p * rf, rows * rf));
+        DF_RETURN_IF_ERROR(b.upload(kv_[i]->k_row(p), k->data.data() + p * rf, rows * rf));
+        DF_RETURN_IF_ERROR(b.upload(kv_[i]->v_row(p), v->data.data() + p * rf, rows * rf));
       }
     } else {
-      DF_RETURN_IF_ERROR(be_->upload(conv_[i].data(), snap.find("conv." + std::to_string(L))->data.data(), conv_[i].size()));
-      DF_RETURN_IF_ERROR(be_->upload(ssm_[i].data(), snap.find("ssm." + std::to_string(L))->data.data(), ssm_[i].size()));
+      DF_RETURN_IF_ERROR(b.upload(conv_[i].data(), find("conv", L)->data.data(), conv_[i].size()));
+      DF_RETURN_IF_ERROR(b.upload(ssm_[i].data(), find("ssm", L)->data.data(), ssm_[i].size()));
     }
   }
   n_past_ = snap.n_past;

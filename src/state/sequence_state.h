@@ -1,5 +1,6 @@
-// SequenceState: everything one sequence holds on one shard (attention KV in 64-token chunks, DeltaNet
-// conv windows and states), exportable to and importable from a Snapshot of named host tensors.
+// SequenceState: everything one sequence holds across the shards of its target's placement (attention KV in
+// 64-token chunks, DeltaNet conv windows and states, each layer's in the memory of the shard that runs it),
+// exportable to and importable from a Snapshot of named host tensors.
 #pragma once
 
 #include <cstdint>
@@ -57,7 +58,8 @@ struct SnapshotTensor {
 
 // What a sequence needs to continue: its tokens, position, the last logits, and every state tensor.
 // Names: "kv_k.<layer>" / "kv_v.<layer>" [n_past, nkv, hd], "conv.<layer>" [K-1, conv_dim],
-// "ssm.<layer>" [Hv, dv, dk]. (Placements prefix them per shard: "ls<shard>_<name>", FEATURES.md F3.)
+// "ssm.<layer>" [Hv, dv, dk]; a split target's carry their shard: "ls<shard>_<name>" (FEATURES.md F3).
+// Layer numbers are the model's, whatever the placement, so a snapshot re-binds to any placement by layer.
 struct Snapshot {
   std::vector<int32_t> tokens;
   int64_t n_past = 0;
@@ -66,11 +68,20 @@ struct Snapshot {
   const SnapshotTensor* find(const std::string& name) const;
 };
 
+// Layers [layer_begin, layer_end) of a placement, whose state lives in `backend`'s memory.
+struct StateShard {
+  Backend* backend = nullptr;
+  int64_t layer_begin = 0, layer_end = 0;
+};
+
 class SequenceState : public LayerStateAccess {
  public:
-  // State for layers [layer_begin, layer_end) of `spec` (a shard's range; the whole model by default), in
-  // the memory of backend `be` (which must outlive the state).
+  // State for layers [layer_begin, layer_end) of `spec` (the whole model by default), in the memory of
+  // backend `be` (which must outlive the state).
   SequenceState(const ModelSpec& spec, Backend& be, int64_t layer_begin = 0, int64_t layer_end = -1);
+  // State for a placement's shards: contiguous layer ranges in order, each in its shard's backend (which
+  // must outlive the state). Snapshot tensors of a state of more than one shard carry "ls<shard>_".
+  SequenceState(const ModelSpec& spec, std::span<const StateShard> shards);
 
   int64_t n_past() const { return n_past_; }
   // Unique among the states of this process (keys of per-sequence caches such as recorded steps).
@@ -119,6 +130,10 @@ class SequenceState : public LayerStateAccess {
  private:
   KvStore& kv(int64_t layer) { return *kv_[slot(layer)]; }
   size_t slot(int64_t layer) const { return static_cast<size_t>(layer - layer_begin_); }
+  // The backend holding layer slot i's state.
+  Backend& be(size_t i) const { return *shards_[shard_of_[i]].backend; }
+  // Snapshot name of layer L's tensor `base` ("kv_k", ...): "ls<shard>_" first when split.
+  std::string tensor_name(const char* base, int64_t L) const;
   // Records that a step starting at n_past asked layer slot i for n tokens' captures (conv or ssm).
   void mark_capture(size_t i, int64_t n, bool conv);
   Status check_tree_step(std::span<const int32_t> parents, std::span<const int32_t> path) const;
@@ -133,7 +148,8 @@ class SequenceState : public LayerStateAccess {
   };
 
   ModelSpec spec_;
-  Backend* be_;
+  std::vector<StateShard> shards_;
+  std::vector<size_t> shard_of_;  // per layer slot: index into shards_
   uint64_t id_;
   Status status_;
   int64_t layer_begin_, layer_end_;

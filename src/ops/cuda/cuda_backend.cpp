@@ -35,6 +35,17 @@ Status check(cudaError_t err, const char* what) {
 
 }  // namespace
 
+namespace {
+thread_local int t_current_device = -1;  // this thread's current CUDA device, as activate() last set it
+}  // namespace
+
+// Several backends (a layer split's shards, a draft on another GPU) share threads: every public op makes
+// its device current first (a thread-local check; cudaSetDevice only on a switch).
+void CudaBackend::activate() const {
+  if (t_current_device == device_) return;
+  if (cudaSetDevice(device_) == cudaSuccess) t_current_device = device_;
+}
+
 Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -42,9 +53,9 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device) {
     return unsupported("no CUDA device is available");
   }
   if (device < 0 || device >= n) return invalid_argument("cuda:{} does not exist ({} device(s))", device, n);
-  DF_RETURN_IF_ERROR(check(cudaSetDevice(device), "cudaSetDevice"));
   std::unique_ptr<CudaBackend> be(new CudaBackend());
   be->device_ = device;
+  be->activate();
   DF_RETURN_IF_ERROR(check(cudaDeviceGetAttribute(&be->sm_count_, cudaDevAttrMultiProcessorCount, device),
                            "cudaDeviceGetAttribute"));
   DF_RETURN_IF_ERROR(check(cudaStreamCreate(&be->stream_), "cudaStreamCreate"));
@@ -64,6 +75,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device) {
 }
 
 CudaBackend::~CudaBackend() {
+  activate();
   if (capturing_) abort_step_capture();
   std::vector<int64_t> ids;
   for (const auto& [id, g] : graphs_) ids.push_back(id);
@@ -85,6 +97,7 @@ CudaBackend::~CudaBackend() {
 // ---- step recording
 
 Status CudaBackend::begin_step_capture() {
+  activate();
   forget_q8();
   if (capturing_) return internal_error("a step is already being recorded");
   DF_RETURN_IF_ERROR(check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture"));
@@ -94,6 +107,7 @@ Status CudaBackend::begin_step_capture() {
 }
 
 void CudaBackend::abort_step_capture() {
+  activate();
   forget_q8();
   if (!capturing_) return;
   cudaGraph_t graph = nullptr;
@@ -106,6 +120,7 @@ void CudaBackend::abort_step_capture() {
 }
 
 Result<int64_t> CudaBackend::end_step_capture() {
+  activate();
   forget_q8();
   if (!capturing_) return internal_error("no step is being recorded");
   cudaGraph_t graph = nullptr;
@@ -130,6 +145,7 @@ Result<int64_t> CudaBackend::end_step_capture() {
 }
 
 void CudaBackend::drop_step(int64_t id) {
+  activate();
   auto it = graphs_.find(id);
   if (it == graphs_.end()) return;
   cudaGraphExecDestroy(it->second.exec);
@@ -141,6 +157,7 @@ void CudaBackend::drop_step(int64_t id) {
 }
 
 Status CudaBackend::replay_step(int64_t id, int32_t token, int64_t pos) {
+  activate();
   forget_q8();
   auto it = graphs_.find(id);
   if (it == graphs_.end()) return not_found("no recorded step {}", id);
@@ -163,6 +180,7 @@ Status CudaBackend::replay_step(int64_t id, int32_t token, int64_t pos) {
 }
 
 MemoryStats CudaBackend::memory_stats() const {
+  activate();
   MemoryStats m;
   m.buffers_live = allocated_bytes_ - cached_bytes_;
   m.buffers_peak = peak_live_;
@@ -182,6 +200,7 @@ MemoryStats CudaBackend::memory_stats() const {
 }
 
 int64_t CudaBackend::mark() {
+  activate();
   if (marks_used_ == marks_.size()) {
     cudaEvent_t e = nullptr;
     if (cudaEventCreate(&e) != cudaSuccess) {
@@ -199,6 +218,7 @@ int64_t CudaBackend::mark() {
 }
 
 double CudaBackend::elapsed_ms(int64_t a, int64_t b) const {
+  activate();
   if (a < 0 || b < 0 || static_cast<size_t>(a) >= marks_used_ || static_cast<size_t>(b) >= marks_used_) return 0.0;
   float ms = 0.0f;
   if (cudaEventElapsedTime(&ms, marks_[static_cast<size_t>(a)], marks_[static_cast<size_t>(b)]) != cudaSuccess) {
@@ -209,6 +229,7 @@ double CudaBackend::elapsed_ms(int64_t a, int64_t b) const {
 }
 
 void CudaBackend::trim() {
+  activate();
   cudaStreamSynchronize(stream_);
   for (auto& [n, list] : free_)
     for (float* p : list) {
@@ -223,6 +244,8 @@ void CudaBackend::trim() {
 Status CudaBackend::synchronize() { return check(cudaStreamSynchronize(stream_), "CUDA stream"); }
 
 Result<void*> CudaBackend::reserve(Scratch& s, size_t bytes, bool recorded) {
+  activate();
+  activate();
   if (bytes <= s.bytes) return s.ptr;
   if (capturing_) return unsupported("scratch must grow while a step is recorded");
   if (recorded) ++epoch_;  // recordings that used the old buffer are stale
@@ -238,6 +261,7 @@ Result<void*> CudaBackend::reserve(Scratch& s, size_t bytes, bool recorded) {
 }
 
 Result<const void*> CudaBackend::stage(Scratch& s, const void* host, size_t bytes) {
+  activate();
   if (bytes == 0) return static_cast<const void*>(nullptr);
   if (capturing_) return unsupported("host data cannot be staged while a step is recorded");
   DF_ASSIGN_OR_RETURN(void* p, reserve(s, bytes));
@@ -260,6 +284,7 @@ Result<const void*> CudaBackend::stage(Scratch& s, const void* host, size_t byte
 }
 
 Result<Buffer> CudaBackend::alloc(int64_t n_floats) {
+  activate();
   if (n_floats < 0) return invalid_argument("negative buffer size {}", n_floats);
   const int64_t n = std::max<int64_t>(n_floats, 1);
   // While recording, temporaries are fresh memory the recording will own (never a free-list buffer that
@@ -292,6 +317,7 @@ Result<Buffer> CudaBackend::alloc(int64_t n_floats) {
 }
 
 void CudaBackend::release(float* data) {
+  activate();
   if (!sizes_.count(data)) {  // not ours: should not happen; free it the safe way
     cudaStreamSynchronize(stream_);
     cudaFree(data);
@@ -303,6 +329,7 @@ void CudaBackend::release(float* data) {
 }
 
 void CudaBackend::free_list_push(float* p) {
+  activate();
   auto it = sizes_.find(p);
   if (it == sizes_.end()) return;
   free_[it->second].push_back(p);
@@ -310,6 +337,7 @@ void CudaBackend::free_list_push(float* p) {
 }
 
 Status CudaBackend::upload(float* dst, const float* src, int64_t n) {
+  activate();
   forget_q8();
   if (capturing_) return unsupported("upload while a step is recorded");
   DF_RETURN_IF_ERROR(check(
@@ -317,12 +345,37 @@ Status CudaBackend::upload(float* dst, const float* src, int64_t n) {
   return synchronize();  // the host buffer may go away when the call returns
 }
 Status CudaBackend::download(float* dst, const float* src, int64_t n) {
+  activate();
   if (capturing_) return unsupported("download while a step is recorded");
   DF_RETURN_IF_ERROR(check(
       cudaMemcpyAsync(dst, src, sizeof(float) * static_cast<size_t>(n), cudaMemcpyDeviceToHost, stream_), "download"));
   return synchronize();
 }
+Status CudaBackend::copy_from_peer(float* dst, Backend& from, const float* src, int64_t n) {
+  activate();
+  auto* peer = dynamic_cast<CudaBackend*>(&from);
+  if (peer == nullptr) return unsupported("a peer copy takes another CUDA backend's memory");
+  if (capturing_ || peer->capturing_) return unsupported("peer copy while a step is recorded");
+  DF_RETURN_IF_ERROR(peer->synchronize());  // x is complete on its device
+  activate();
+  if (peer->device_ != device_ && !peer_access_tried_) {
+    // Direct access over NVLink/PCIe where the devices allow it; cudaMemcpyPeer stages otherwise.
+    peer_access_tried_ = true;
+    int can = 0;
+    if (cudaDeviceCanAccessPeer(&can, device_, peer->device_) == cudaSuccess && can) {
+      const cudaError_t e = cudaDeviceEnablePeerAccess(peer->device_, 0);
+      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) return check(e, "cudaDeviceEnablePeerAccess");
+      cudaGetLastError();
+    }
+  }
+  DF_RETURN_IF_ERROR(check(
+      cudaMemcpyPeerAsync(dst, device_, src, peer->device_, sizeof(float) * static_cast<size_t>(n), stream_),
+      "peer copy"));
+  return synchronize();  // `src` may be released (to its own stream) once this returns
+}
+
 Status CudaBackend::copy(float* dst, const float* src, int64_t n) {
+  activate();
   forget_q8();
   return check(cudaMemcpyAsync(dst, src, sizeof(float) * static_cast<size_t>(n), cudaMemcpyDeviceToDevice, stream_),
                "device copy");
@@ -334,6 +387,7 @@ Status CudaBackend::copy(float* dst, const float* src, int64_t n) {
 // set_tensor_core_prefill(false) or while set_token_exact(true) (speculative verify steps), the GEMV kernels in
 // slices of 16 tokens: each token's row then equals what a one-token step computes.
 Status CudaBackend::matmul(const cpu::WeightView& w, const float* x, int64_t n, float* y) {
+  activate();
   const cpu::WeightView* ws[] = {&w};
   float* ys[] = {y};
   return matmul_group(ws, x, n, ys);
@@ -341,6 +395,7 @@ Status CudaBackend::matmul(const cpu::WeightView& w, const float* x, int64_t n, 
 
 Status CudaBackend::matmul_group(std::span<const cpu::WeightView* const> ws, const float* x, int64_t n,
                                  std::span<float* const> ys) {
+  activate();
   if (ws.size() != ys.size()) return invalid_argument("matmul_group: {} weights, {} outputs", ws.size(), ys.size());
   if (ws.empty()) return Status();
   const int64_t cols = ws[0]->cols;
@@ -377,6 +432,7 @@ Status CudaBackend::matmul_group(std::span<const cpu::WeightView* const> ws, con
 
 // Row bytes of the ids gathered on the device into scratch, then dequantized there (one launch each).
 Status CudaBackend::embedding(const cpu::WeightView& table, std::span<const int32_t> ids, float* out) {
+  activate();
   forget_q8();
   DF_ASSIGN_OR_RETURN(const uint64_t rb, row_bytes(table.type, static_cast<uint64_t>(table.cols)));
   if (ids.empty()) return Status();
@@ -409,12 +465,14 @@ cuda::Q8Out CudaBackend::q8_for(const float* y, int64_t elems) {
 }
 
 Status CudaBackend::rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* y) {
+  activate();
   forget_q8();
   return check(cuda::rms_norm(x, w, eps, n, dim, y, stream_), "rms_norm");
 }
 
 Status CudaBackend::rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
                               std::span<const int32_t> positions, double theta, double freq_scale) {
+  activate();
   forget_q8();
   DF_ASSIGN_OR_RETURN(const double* table, rope_table(theta, freq_scale, rot_dims));
   const void* pos = step_params_ + 1;  // a recorded step's position
@@ -430,6 +488,7 @@ Status CudaBackend::rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head
 
 Status CudaBackend::attention(const float* q, int64_t n_q, int64_t n_heads, const cpu::KvView& kv,
                               const cpu::AttentionMask& mask, float scale, float* out) {
+  activate();
   forget_q8();
   const float* const* k_table = kv.device_k_table;
   const float* const* v_table = kv.device_v_table;
@@ -456,6 +515,7 @@ Status CudaBackend::attention(const float* q, int64_t n_q, int64_t n_heads, cons
 
 // The frequencies as the CPU forms them (std::pow on the host), uploaded once per shape.
 Result<const double*> CudaBackend::rope_table(double theta, double freq_scale, int64_t rot_dims) {
+  activate();
   const RopeKey key{theta, freq_scale, rot_dims};
   auto table = rope_tables_.find(key);
   if (table != rope_tables_.end()) return static_cast<const double*>(table->second);
@@ -476,6 +536,7 @@ Status CudaBackend::attention_prep(float* q, float* k, const float* v, int64_t n
                                    const float* q_norm, const float* k_norm, float eps, int64_t rot,
                                    std::span<const int32_t> positions, double theta, double freq_scale,
                                    const cpu::KvView& kv, int64_t first_slot) {
+  activate();
   forget_q8();
   if (!cuda::qk_prep_supported(hd, rot) || kv.device_k_table == nullptr || kv.device_v_table == nullptr)
     return Backend::attention_prep(q, k, v, n, nh, nkv, hd, q_norm, k_norm, eps, rot, positions, theta, freq_scale, kv,
@@ -500,6 +561,7 @@ Status CudaBackend::attention_prep(float* q, float* k, const float* v, int64_t n
 }
 
 Status CudaBackend::kv_write(const cpu::KvView& kv, int64_t first_pos, const float* k, const float* v, int64_t n) {
+  activate();
   forget_q8();
   if (kv.device_k_table == nullptr || kv.device_v_table == nullptr) {
     if (capturing_) return unsupported("a recorded step needs the KV tables on the device");
@@ -519,6 +581,7 @@ Status CudaBackend::kv_write(const cpu::KvView& kv, int64_t first_pos, const flo
 Status CudaBackend::gated_delta_net(const float* q, const float* k, const float* v, const float* g, const float* beta,
                                     int64_t n, const cpu::DeltaNetShape& s, float* state, float* out,
                                     float* per_token_states, std::span<const int32_t> parents, bool chunked) {
+  activate();
   forget_q8();
   const cuda::DeltaNetDims dims{s.n_k_heads, s.n_v_heads, s.d_k, s.d_v};
   if (chunked) {
@@ -543,32 +606,39 @@ Status CudaBackend::causal_conv1d_silu(const float* x, int64_t n, int64_t channe
 
 Status CudaBackend::add_rms_norm(float* x, const float* delta, const float* w, float eps, int64_t n, int64_t dim,
                                  float* y) {
+  activate();
   forget_q8();
   return check(cuda::add_rms_norm(x, delta, w, eps, n, dim, y, stream_), "add_rms_norm");
 }
 Status CudaBackend::add_inplace(float* y, const float* x, int64_t n) {
+  activate();
   forget_q8();
   return check(cuda::add(y, x, y, n, stream_), "add");
 }
 Status CudaBackend::mul_inplace(float* y, const float* x, int64_t n) {
+  activate();
   forget_q8();
   return check(cuda::mul(y, x, y, n, stream_), "mul");
 }
 Status CudaBackend::silu_inplace(float* x, int64_t n) {
+  activate();
   forget_q8();
   return check(cuda::silu_inplace(x, n, stream_), "silu");
 }
 Status CudaBackend::sigmoid_inplace(float* x, int64_t n) {
+  activate();
   forget_q8();
   return check(cuda::sigmoid_inplace(x, n, stream_), "sigmoid");
 }
 Status CudaBackend::swiglu(const float* gate, const float* up, float* out, int64_t n) {
+  activate();
   Status st = check(cuda::swiglu(gate, up, out, n, stream_, q8_for(out, n)), "swiglu");
   if (!st.ok()) forget_q8();
   return st;
 }
 Status CudaBackend::slice_columns(const float* src, int64_t rows, int64_t src_width, int64_t offset, int64_t width,
                                   float* dst) {
+  activate();
   forget_q8();
   return check(cuda::slice_columns(src, rows, src_width, offset, width, dst, stream_), "slice_columns");
 }
@@ -578,10 +648,12 @@ Status CudaBackend::l2_norm_rows(float* x, int64_t rows, int64_t dim, float eps,
 }
 Status CudaBackend::deltanet_gates(float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a,
                                    int64_t n, int64_t n_heads) {
+  activate();
   forget_q8();
   return check(cuda::deltanet_gates(alpha_to_decay, beta, dt_bias, ssm_a, n, n_heads, stream_), "deltanet_gates");
 }
 Status CudaBackend::gather_rows(const float* x, int64_t dim, std::span<const int64_t> rows, float* out) {
+  activate();
   forget_q8();
   bool consecutive = !rows.empty();
   for (size_t i = 1; i < rows.size() && consecutive; ++i) consecutive = rows[i] == rows[0] + static_cast<int64_t>(i);
@@ -596,6 +668,7 @@ Status CudaBackend::gather_rows(const float* x, int64_t dim, std::span<const int
 // in one scratch (reserved at first for the largest usual call, 64 rows of k 16 over a large vocabulary).
 Status CudaBackend::top_k_rows(const float* x, int64_t rows, int64_t cols, int64_t k, int32_t* ids, float* values,
                                float* lse) {
+  activate();
   static_assert(Backend::kMaxTopK == cuda::kTopKMax);
   DF_RETURN_IF_ERROR(cpu::check_top_k_rows(rows, cols, k));
   if (rows == 0) return Status();

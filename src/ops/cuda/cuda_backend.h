@@ -35,6 +35,8 @@ class CudaBackend final : public Backend {
   void set_token_exact(bool on) override { token_exact_ = on; }
   // Waits for the stream; returns the first asynchronous error, if any.
   Status synchronize() override;
+  // From another CUDA backend's memory (another GPU: peer access where the devices allow it).
+  Status copy_from_peer(float* dst, Backend& from, const float* src, int64_t n) override;
 
   int64_t mark() override;
   double elapsed_ms(int64_t a, int64_t b) const override;
@@ -94,6 +96,8 @@ class CudaBackend final : public Backend {
 
  private:
   CudaBackend() = default;
+  // Makes this backend's device the calling thread's current one.
+  void activate() const;
   // Device scratch that grows as needed; `stage` copies host bytes into a slot of it.
   struct Scratch {
     void* ptr = nullptr;
@@ -135,6 +139,7 @@ class CudaBackend final : public Backend {
   Result<const double*> rope_table(double theta, double freq_scale, int64_t rot_dims);
 
   int device_ = 0;
+  bool peer_access_tried_ = false;
   int sm_count_ = 1;  // multiprocessors (top_k_rows spreads a row over enough blocks to fill them)
   cudaStream_t stream_ = nullptr;
   // Step recording: per-replay parameters {token, position, KV prefix, KV length} on the device, their

@@ -45,6 +45,7 @@
 #include "state/feature_ring.h"
 #include "state/sequence_state.h"
 #include "support/random_hf_model.h"
+#include "support/fixture_models.h"
 #include "support/test_paths.h"
 #include "unit/ops/ops_test_util.h"
 
@@ -54,19 +55,7 @@ namespace {
 constexpr int kThreads = 2;
 
 // Fixture models, loaded once per process.
-const Weights& model(const std::string& name) {
-  static std::map<std::string, std::unique_ptr<Weights>> loaded;
-  auto& slot = loaded[name];
-  if (slot == nullptr) {
-    auto w = Weights::load(test::fixture_path("models/" + name), kThreads);
-    if (!w.ok()) {
-      ADD_FAILURE() << name << ": " << w.status().to_string();
-      std::abort();
-    }
-    slot = std::make_unique<Weights>(std::move(w).value());
-  }
-  return *slot;
-}
+const Weights& model(const std::string& name) { return test::fixture_model(name); }
 
 int32_t argmax(std::span<const float> row) {
   return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
