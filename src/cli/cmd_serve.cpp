@@ -97,6 +97,7 @@ Status serve(ServeOptions opt) {
   if (opt.server.parallel < 1 || opt.server.parallel > 64)
     return invalid_argument("--parallel must be 1..64 (got {})", opt.server.parallel);
   if (opt.ctx < 0) return invalid_argument("--ctx must be >= 0");
+  DF_RETURN_IF_ERROR(check_placement_flags(opt.where));
   if (opt.prefix_cache_mib < 0 || opt.prefix_cache_mib > (int64_t{1} << 30))
     return invalid_argument("--prefix-cache-mib must be 0 (off) or a size in MiB (got {})", opt.prefix_cache_mib);
   if (!(opt.kv_cache_budget_mib > 0) || opt.kv_cache_budget_mib > double(int64_t{1} << 30))

@@ -30,18 +30,28 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int thr
 }
 
 void add_placement_flags(CLI::App* cmd, PlacementFlags* flags) {
-  cmd->add_option("--device", flags->device, "cpu or cuda:N")->capture_default_str();
+  auto* device = cmd->add_option("--device", flags->device, "cpu or cuda:N")->capture_default_str();
   cmd->add_option("--target-devices", flags->target_devices,
-                  "split the target's layers across these devices, in order (e.g. cuda:0,cuda:1,cpu)");
+                  "split the target's layers across these devices, in order (e.g. cuda:0,cuda:1,cpu)")
+      ->excludes(device)
+      ->check([](const std::string& v) { return v.empty() ? std::string("--target-devices is empty") : std::string(); });
   cmd->add_option("--target-layer-split", flags->target_layer_split,
                   "positive weights of the devices' layer shares, one per device (default equal)");
 }
 
-Result<LoadedModel> load_model(const std::string& path, const PlacementFlags& where, int threads) {
+Status check_placement_flags(const PlacementFlags& where) {
   if (!where.target_devices.empty() && where.device != "cpu")
     return invalid_argument("--device and --target-devices exclude each other (name the devices in --target-devices)");
-  if (where.target_devices.empty() && !where.target_layer_split.empty())
-    return invalid_argument("--target-layer-split needs --target-devices");
+  if (where.target_devices.empty()) {
+    if (!where.target_layer_split.empty()) return invalid_argument("--target-layer-split needs --target-devices");
+    return Status();
+  }
+  // Everything but what needs the model's layer count (checked again at load).
+  return plan_target_split(where.target_devices, where.target_layer_split, int64_t{1} << 40).status();
+}
+
+Result<LoadedModel> load_model(const std::string& path, const PlacementFlags& where, int threads) {
+  DF_RETURN_IF_ERROR(check_placement_flags(where));
   LoadedModel m;
   DF_ASSIGN_OR_RETURN(Weights w, Weights::load(path, threads));
   m.host = std::make_unique<Weights>(std::move(w));

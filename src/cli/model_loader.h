@@ -21,11 +21,13 @@ namespace dflash::cli {
 // Where a subcommand puts its target: one device, or a layer split.
 struct PlacementFlags {
   std::string device = "cpu";    // --device cpu | cuda:N
-  std::string target_devices;    // --target-devices cuda:0,cuda:1,cpu (overrides --device)
+  std::string target_devices;    // --target-devices cuda:0,cuda:1,cpu (excludes --device)
   std::string target_layer_split;  // --target-layer-split w0,w1,... (default equal)
 };
 // Registers --device, --target-devices and --target-layer-split on `cmd`.
 void add_placement_flags(CLI::App* cmd, PlacementFlags* flags);
+// The checks of the flags that need no model (serve makes them before it listens); load_model makes them too.
+Status check_placement_flags(const PlacementFlags& where);
 
 struct LoadedModel {
   std::vector<std::unique_ptr<Backend>> backends;  // declared first: weights and runner release memory through them

@@ -504,7 +504,7 @@ struct HttpServer::Impl {
       const MemoryStats m = sh[i].backend->memory_stats();
       shards.push_back({{"device", i < e.shard_devices.size() ? e.shard_devices[i] : sh[i].backend->name()},
                         {"layers", {sh[i].layer_begin, sh[i].layer_end}},
-                        {"weight_bytes", sh[i].weights->bytes()},
+                        {"weight_bytes", sh[i].weights->shard_bytes(sh[i].layer_begin, sh[i].layer_end)},
                         {"memory_live_bytes", m.buffers_live},
                         {"memory_peak_bytes", m.buffers_peak}});
     }
