@@ -19,6 +19,7 @@
 
 #include "base/file_io.h"
 #include "support/process.h"
+#include "unit/cli/serve_process.h"
 #include "support/test_paths.h"
 
 namespace dflash {
@@ -287,59 +288,7 @@ TEST(LayerSplitFlags, shard_ends_round_half_away_from_zero) {
 // ---- dflash serve ----------------------------------------------------------------------------------------
 
 // A `dflash serve` of the bundled model under test (one thread, a free port); the destructor stops it.
-class Server {
- public:
-  ::testing::AssertionResult start(std::vector<std::string> args, const std::string& log) {
-    port_ = test::free_port();
-    if (port_ <= 0) return ::testing::AssertionFailure() << "no free port";
-    std::vector<std::string> argv = {DFLASH_BIN, "serve", "--port", std::to_string(port_), "--threads", "1"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    log_ = log;
-    proc_ = std::make_unique<test::ChildProcess>(argv, log_);
-    client_ = std::make_unique<httplib::Client>("127.0.0.1", port_);
-    client_->set_read_timeout(60, 0);
-    for (int i = 0; i < 300; ++i) {  // up to 30 s
-      auto r = client_->Get("/health");
-      if (r && r->status == 200) return ::testing::AssertionSuccess();
-      if (!proc_->running()) return ::testing::AssertionFailure() << "the server exited; see " << log_;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return ::testing::AssertionFailure() << "the server did not become healthy; see " << log_;
-  }
-  json props() {
-    auto r = client_->Get("/props");
-    return r && r->status == 200 ? json::parse(r->body, nullptr, false) : json();
-  }
-  // POSTs a chat completion; the parsed reply (null unless the status is 200).
-  json chat(const json& body) {
-    auto r = client_->Post("/v1/chat/completions", body.dump(), "application/json");
-    return r && r->status == 200 ? json::parse(r->body, nullptr, false) : json();
-  }
-  // Waits until the disk writer has written every snapshot that the requests so far left (at least `entries`).
-  ::testing::AssertionResult wait_written(int64_t entries) {
-    for (int i = 0; i < 200; ++i) {
-      const json c = props()["cache"];
-      if (c.is_object() && c["disk_pending"] == 0 && c["disk_entries"].get<int64_t>() >= entries)
-        return ::testing::AssertionSuccess();
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return ::testing::AssertionFailure() << "the disk cache did not finish writing; see " << log_;
-  }
-  std::string log_text() const {
-    auto t = read_text_file(log_);
-    return t.ok() ? *t : std::string();
-  }
-  void stop() {
-    client_.reset();
-    proc_.reset();
-  }
-
- private:
-  int port_ = 0;
-  std::string log_;
-  std::unique_ptr<test::ChildProcess> proc_;
-  std::unique_ptr<httplib::Client> client_;
-};
+using Server = test::ServeProcess;
 
 json ask_body() {
   return {{"messages", {{{"role", "user"}, {"content", kAsk}}}}, {"max_tokens", kServeTokens}, {"temperature", 0}};

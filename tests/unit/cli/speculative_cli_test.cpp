@@ -20,6 +20,7 @@
 
 #include "base/file_io.h"
 #include "support/process.h"
+#include "unit/cli/serve_process.h"
 #include "support/test_paths.h"
 
 namespace dflash {
@@ -237,52 +238,7 @@ TEST(SpeculativeRun, corrupt_drafts_are_clear_errors) {
 
 // A `dflash serve` under test (the bundled model, one thread, a free port); the destructor stops it.
 // (A minimal copy of serve_test.cpp's Serve fixture: start, wait for /health, GET and POST JSON.)
-class Server {
- public:
-  ::testing::AssertionResult start(std::vector<std::string> args, const std::string& log) {
-    port_ = test::free_port();
-    if (port_ <= 0) return ::testing::AssertionFailure() << "no free port";
-    std::vector<std::string> argv = {DFLASH_BIN, "serve", "--port", std::to_string(port_), "--threads", "1"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    log_ = log;
-    proc_ = std::make_unique<test::ChildProcess>(argv, log_);
-    client_ = std::make_unique<httplib::Client>("127.0.0.1", port_);
-    client_->set_read_timeout(60, 0);
-    for (int i = 0; i < 300; ++i) {  // up to 30 s
-      auto r = client_->Get("/health");
-      if (r && r->status == 200) return ::testing::AssertionSuccess();
-      if (!proc_->running()) return ::testing::AssertionFailure() << "the server exited; see " << log_;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return ::testing::AssertionFailure() << "the server did not become healthy; see " << log_;
-  }
-  json props() { return get_json("/props"); }
-  std::string metrics() {
-    auto r = client_->Get("/metrics");
-    return r && r->status == 200 ? r->body : std::string();
-  }
-  json get_json(const std::string& path) {
-    auto r = client_->Get(path);
-    return r && r->status == 200 ? json::parse(r->body, nullptr, false) : json();
-  }
-  // POSTs a chat completion; the parsed reply (null unless the status is 200).
-  json chat(const json& body) {
-    auto r = client_->Post("/v1/chat/completions", body.dump(), "application/json");
-    return r && r->status == 200 ? json::parse(r->body, nullptr, false) : json();
-  }
-  // POSTs a streamed chat completion; the raw event stream (empty unless the status is 200).
-  std::string chat_stream(const json& body) {
-    auto r = client_->Post("/v1/chat/completions", body.dump(), "application/json");
-    return r && r->status == 200 ? r->body : std::string();
-  }
-  const std::string& log() const { return log_; }
-
- private:
-  int port_ = 0;
-  std::string log_;
-  std::unique_ptr<test::ChildProcess> proc_;
-  std::unique_ptr<httplib::Client> client_;
-};
+using Server = test::ServeProcess;
 
 json ask_body(bool stream = false) {
   json b = {{"messages", {{{"role", "user"}, {"content", kAsk}}}}, {"max_tokens", kTokens}, {"temperature", 0}};
