@@ -1,14 +1,24 @@
 // Integer-dot GEMV kernels (gemv_q8.h).
 //
-// Work split as in matmul.cu: a CTA of 4 warps, each weight row owned by `split` consecutive warps
-// (1, 2 or 4) that take interleaved blocks of it; a grouped launch lays the rows of up to four weights
-// end to end. Lanes per weight block and bytes per lane:
+// Work split: a CTA of 4 warps; the rows of the launch (a grouped launch lays up to four weights end to
+// end) are taken R consecutive rows at a time (a row group, R = 2 or 4 by block type and token count),
+// each group by `split` consecutive warps (1, 2 or 4: gemv_auto_split of the launch's rows) that take
+// interleaved blocks of it. A lane loads each token's activation slice of a block once for the group's R
+// rows, which divides the activation traffic through L1, the limit of a many-token product, by R; R is
+// bounded by the R x NT accumulators a lane keeps in registers. Lanes per weight block and bytes per lane:
 //   q4_K, q5_K  8 lanes, 16 bytes of nibbles each (+ q5_K's 16 bytes of high bits), 16-byte loads
-//   q6_K       16 lanes, one 16-element group each (16 bytes of ql, 16 of qh), 2-byte loads (210-byte blocks)
+//   q6_K       16 lanes, one 16-element group each (16 bytes of ql, 16 of qh), 4-byte loads (210-byte blocks)
 //   q8_0        4 lanes,  8 codes each, 2-byte loads (34-byte blocks)
 //   q4_0        4 lanes,  4 bytes = 8 codes each, 2-byte loads (18-byte blocks)
 // Each lane accumulates exact int32 sums of code * xq with __dp4a, then applies the block scales in f32:
 // sum_i (ds q_i - ms) xd xq_i = xd (ds * sum q_i xq_i - ms * sum xq_i).
+//
+// A token's outputs are bit for bit the same whatever the kernel (R, the token count): a lane's blocks
+// and their order depend only on split and the lane, each block adds the same pinned float expression to
+// the (row, token) sum, the lanes are summed in the xor-butterfly order and the split partials in order
+// (gemv_common::store_rows).
+#include <cuda_fp16.h>
+
 #include <climits>
 #include <cstdint>
 
@@ -20,8 +30,6 @@
 
 namespace dflash::cuda {
 namespace {
-
-using qblocks::fp16_to_f32;
 
 using gemv_common::kThreads;
 using gemv_common::kWarps;
@@ -43,6 +51,17 @@ struct Args {
   int n, split;
 };
 
+// Global loads. Weights are read once: K4's 16-byte weight loads skip L1 (ldw_u4: L1::no_allocate), so
+// that L1 keeps the activations every row of the SM reads again. The 2- and 4-byte weight loads of q6_K
+// and the legacy types re-read their lines (five 4-byte loads per 16 bytes) and go through L1.
+__device__ __forceinline__ uint4 ldw_u4(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint32_t ldw_u32(const void* p) { return __ldg(static_cast<const uint32_t*>(p)); }
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint16_t*>(p)); }
 // 4 bytes at a 2-byte aligned address.
 __device__ __forceinline__ int ld_i32_a2(const uint8_t* p) {
@@ -56,7 +75,7 @@ __device__ __forceinline__ void ld16_a2(const uint8_t* p, int (&out)[4]) {
   const unsigned shift = static_cast<unsigned>(addr & 3) * 8;  // 0 or 16
   uint32_t v[5];
 #pragma unroll
-  for (int i = 0; i < 5; ++i) v[i] = __ldg(w + i);
+  for (int i = 0; i < 5; ++i) v[i] = ldw_u32(w + i);
 #pragma unroll
   for (int i = 0; i < 4; ++i) out[i] = static_cast<int>(__funnelshift_r(v[i], v[i + 1], shift));
 }
@@ -67,207 +86,177 @@ __device__ __forceinline__ int dot4(const int (&q)[4], const uint4& v, int acc) 
   return __dp4a(q[3], static_cast<int>(v.w), acc);
 }
 
-// 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes s0 (bytes 0-3), s1 (4-7), s2 (8-11).
-__device__ __forceinline__ void k4_scale_min(int j, uint32_t s0, uint32_t s1, uint32_t s2, int& sc, int& m) {
-  const int sh = 8 * (j & 3);
-  if (j < 4) {
-    sc = (s0 >> sh) & 63;
-    m = (s1 >> sh) & 63;
-  } else {
-    sc = ((s2 >> sh) & 0x0f) | (((s0 >> sh) >> 6 & 3) << 4);
-    m = ((s2 >> sh) >> 4 & 0x0f) | (((s1 >> sh) >> 6 & 3) << 4);
-  }
+// fp16 bits as a float by the hardware conversion: exact, as qblocks::fp16_to_f32 (a branchy software
+// decode, a large share of a q4_K block's instructions at one token); the two differ only in a NaN's
+// payload. (q6_K and the legacy types keep fp16_to_f32: without its branches the compiler hoists their
+// many-token loads further and their kernels spill.)
+__device__ __forceinline__ float fp16_bits_to_f32(uint32_t h) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
 }
+
+// 6-bit scales and mins of sub-blocks 2c and 2c + 1 from the 12 packed bytes s0 (bytes 0-3), s1 (4-7),
+// s2 (8-11). Sub-block j < 4: scale s0 byte j & 63, min s1 byte j & 63; j >= 4: the low (scale) or high
+// (min) nibble of s2 byte j - 4, with the top two bits of s0 (scale) or s1 (min) byte j - 4 above it.
+// The pair's bytes are adjacent (bytes 2(c % 2) and + 1 of each word) and take the same case: both are
+// formed at once in 16 bits, without branches.
+__device__ __forceinline__ void k4_scales_mins(int c, uint32_t s0, uint32_t s1, uint32_t s2, int (&sc)[2],
+                                               int (&m)[2]) {
+  const unsigned sh = 16 * (c & 1);
+  const uint32_t w0 = s0 >> sh, w1 = s1 >> sh, w2 = s2 >> sh;
+  const uint32_t scs = c < 2 ? w0 & 0x3f3fu : (w2 & 0x0f0fu) | ((w0 >> 2) & 0x3030u);
+  const uint32_t ms = c < 2 ? w1 & 0x3f3fu : ((w2 >> 4) & 0x0f0fu) | ((w1 >> 2) & 0x3030u);
+  sc[0] = static_cast<int>(scs & 0xffu), sc[1] = static_cast<int>(scs >> 8 & 0xffu);
+  m[0] = static_cast<int>(ms & 0xffu), m[1] = static_cast<int>(ms >> 8 & 0xffu);
+}
+
+// The block types. Each gives, for the lane's share of a block (kLanes lanes a block): Raw (its weight
+// bytes as loaded), Codes (decoded once per block and row), Act (one token's activation slice: codes,
+// scales, and the integer sums the minimum terms need) and add(), the block's term of one token's dot
+// product. add() is the one float expression every kernel adds per block, with its rounding pinned by
+// the _rn intrinsics (no contraction left to the compiler), so a token's sum is bit for bit the same
+// whichever kernel (rows a warp, tokens a launch) made it; the integer parts are exact in any order.
+// The launch shape, measured on an H100 (docs/benchmarks.md): rows_a_warp(NT) (R), kInFlight (blocks of
+// a row a lane loads before using them, divided by R), min_ctas(NT) (__launch_bounds__), and
+// kHoistTokens: the token loop runs all NT tokens, those past n reloading token n - 1 (never stored), so
+// that every token's loads can be issued ahead of the arithmetic; worth it where Act is a few registers
+// (q6_K, the legacy types), not for K4's 12 (the hoisted loads take the registers of the accumulators).
 
 // q4_K (144 bytes) and q5_K (176 bytes): lane u = lane % 8 of a block holds bytes [16u, 16u + 16) of the
 // 128 nibble bytes: chunk c = u / 2, elements 64c + 16(u % 2) + [0, 16) (low nibbles, sub-block 2c) and
 // the same + 32 (high nibbles, sub-block 2c + 1); q5_K's fifth bits come from qh[16(u % 2) + i] bit 2c / 2c+1.
-// A lane's share of one q4_K/q5_K block, decoded: the codes of its two sub-blocks (low and high nibbles,
-// with q5_K's fifth bits) and their scales and mins.
-struct K4Codes {
-  int lo[4], hi[4];
-  float ds0, ms0, ds1, ms1;
-};
-template <bool kHigh>
-__device__ __forceinline__ K4Codes k4_codes(const uint4& hdr, const uint4& qs, const uint4& qh, int c) {
-  K4Codes k;
-  const float d = fp16_to_f32(hdr.x & 0xffffu), dmin = fp16_to_f32(hdr.x >> 16);
-  int sc0, m0, sc1, m1;
-  k4_scale_min(2 * c, hdr.y, hdr.z, hdr.w, sc0, m0);
-  k4_scale_min(2 * c + 1, hdr.y, hdr.z, hdr.w, sc1, m1);
-  k.ds0 = d * static_cast<float>(sc0), k.ms0 = dmin * static_cast<float>(m0);
-  k.ds1 = d * static_cast<float>(sc1), k.ms1 = dmin * static_cast<float>(m1);
-  const uint32_t v[4] = {qs.x, qs.y, qs.z, qs.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    k.lo[i] = static_cast<int>(v[i] & 0x0f0f0f0fu);
-    k.hi[i] = static_cast<int>((v[i] >> 4) & 0x0f0f0f0fu);
-    if constexpr (kHigh) {
-      const uint32_t h = i == 0 ? qh.x : i == 1 ? qh.y : i == 2 ? qh.z : qh.w;
-      k.lo[i] |= static_cast<int>(((h >> (2 * c)) & 0x01010101u) << 4);
-      k.hi[i] |= static_cast<int>(((h >> (2 * c + 1)) & 0x01010101u) << 4);
-    }
-  }
-  return k;
-}
-// The block's term of a token's dot product: xd (ds sum(q xq) - ms sum(xq)) for both sub-blocks. Every
-// kernel adds exactly this expression, so a token's sum is the same whichever kernel made it.
-__device__ __forceinline__ float k4_term(const K4Codes& k, const uint4& xl, const uint4& xh, float2 xd, int xs0,
-                                         int xs1) {
-  const int sl = dot4(k.lo, xl, 0), sh = dot4(k.hi, xh, 0);
-  return xd.x * (k.ds0 * static_cast<float>(sl) - k.ms0 * static_cast<float>(xs0)) +
-         xd.y * (k.ds1 * static_cast<float>(sh) - k.ms1 * static_cast<float>(xs1));
-}
-
 template <bool kHigh>
 struct K4 {
-  static constexpr int kBytes = kHigh ? 176 : 144;
-  template <int NT>
-  __device__ static void row_dot(const Args& a, const uint8_t* rowp, int part, int lane, float (&acc)[NT]) {
-    constexpr int U = 2;  // blocks in flight per lane (H100: 2 beats 4, which costs occupancy)
-    const int64_t blocks = a.cols / 256, xblocks = a.cols / 32;
-    const int u = lane & 7, c = u >> 1, half = u & 1;
-    const int64_t step = int64_t{a.split} * 4;
-    for (int64_t b0 = int64_t{part} * 4 + (lane >> 3); b0 < blocks; b0 += U * step) {
-      uint4 hdr[U], qs[U], qh[U];
-      // Token 0's activations are loaded with the weights, so one memory round trip serves both (the
-      // other tokens' follow in the dot loop).
-      uint4 x0l[U], x0h[U];
-      float2 x0d[U];
-      int x0s[U][2];
-#pragma unroll
-      for (int k = 0; k < U; ++k) {
-        const int64_t b = b0 + k * step;
-        if (b < blocks) {
-          const uint4* blk = reinterpret_cast<const uint4*>(rowp + b * kBytes);
-          hdr[k] = __ldg(blk);
-          if constexpr (kHigh) {
-            qh[k] = __ldg(blk + 1 + half);
-            qs[k] = __ldg(blk + 3 + u);
-          } else {
-            qs[k] = __ldg(blk + 1 + u);
-          }
-          const int64_t col = b * 256 + 64 * c + 16 * half;
-          x0l[k] = __ldg(reinterpret_cast<const uint4*>(a.xq + col));
-          x0h[k] = __ldg(reinterpret_cast<const uint4*>(a.xq + col + 32));
-          x0d[k] = __ldg(reinterpret_cast<const float2*>(a.xd + b * 8 + 2 * c));
-          x0s[k][0] = __ldg(a.xs + col / 16);
-          x0s[k][1] = __ldg(a.xs + col / 16 + 2);
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < U; ++k) {
-        const int64_t b = b0 + k * step;
-        if (b >= blocks) break;
-        const K4Codes codes = k4_codes<kHigh>(hdr[k], qs[k], qh[k], c);
-        const int64_t col = b * 256 + 64 * c + 16 * half;
-        acc[0] += k4_term(codes, x0l[k], x0h[k], x0d[k], x0s[k][0], x0s[k][1]);
-#pragma unroll
-        for (int t = 1; t < NT; ++t) {
-          if (t >= a.n) break;
-          const int8_t* xr = a.xq + t * a.cols + col;
-          const uint4 xl = __ldg(reinterpret_cast<const uint4*>(xr));
-          const uint4 xh = __ldg(reinterpret_cast<const uint4*>(xr + 32));
-          const float2 dr = __ldg(reinterpret_cast<const float2*>(a.xd + t * xblocks + b * 8 + 2 * c));
-          const int* sr = a.xs + t * (2 * xblocks) + col / 16;
-          acc[t] += k4_term(codes, xl, xh, dr, __ldg(sr), __ldg(sr + 2));
-        }
-      }
+  static constexpr int kBytes = kHigh ? 176 : 144, kElems = 256, kLanes = 8;
+  static constexpr int kInFlight = 2;  // blocks a lane loads before it uses them (H100: 2 beats 4)
+  static constexpr bool kHoistTokens = false;
+  static constexpr int rows_a_warp(int nt) { return nt == 8 ? 4 : 2; }
+  static constexpr int min_ctas(int nt) { return nt == 1 ? 8 : 1; }
+  struct Raw {
+    uint4 hdr, qs, qh;
+  };
+  // The codes of the lane's two sub-blocks (low and high nibbles, with q5_K's fifth bits), scales and mins.
+  struct Codes {
+    int lo[4], hi[4];
+    float ds0, ms0, ds1, ms1;
+  };
+  struct Act {
+    uint4 lo, hi;   // codes of the two sub-blocks' 16 elements
+    float2 d;       // their scales
+    float s0, s1;   // sums of those codes (exact: |s| <= 16 * 127)
+  };
+  __device__ static Raw load(const uint8_t* rowp, int64_t b, int lane) {
+    const int u = lane & 7;
+    const uint4* blk = reinterpret_cast<const uint4*>(rowp + b * kBytes);
+    Raw w;
+    w.hdr = ldw_u4(blk);
+    if constexpr (kHigh) {
+      w.qh = ldw_u4(blk + 1 + (u & 1));
+      w.qs = ldw_u4(blk + 3 + u);
+    } else {
+      w.qs = ldw_u4(blk + 1 + u);
     }
+    return w;
   }
-};
-
-// One token, two rows per warp (gemv_k4_pair_kernel): each lane's activation block is loaded once for both
-// rows. The per-row sums are formed exactly as in K4::row_dot with NT = 1 (same blocks per lane in the
-// same order, the same expression), so a token's output does not depend on the kernel that made it.
-template <bool kHigh>
-struct K4Pair {
-  __device__ static void dot(const Args& a, const uint8_t* const (&rowp)[2], int part, int lane, float (&acc)[2]);
-};
-template <bool kHigh>
-__device__ void K4Pair<kHigh>::dot(const Args& a, const uint8_t* const (&rowp)[2], int part, int lane,
-                                   float (&acc)[2]) {
-  constexpr int kBytes = K4<kHigh>::kBytes;
-  const int64_t blocks = a.cols / 256;
-  const int u = lane & 7, c = u >> 1, half = u & 1;
-  const int64_t step = int64_t{a.split} * 4;
-  for (int64_t b = int64_t{part} * 4 + (lane >> 3); b < blocks; b += step) {
-    uint4 hdr[2], qs[2], qh[2];
+  __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
+    const int u = lane & 7, c = u >> 1;
+    const int64_t col = b * 256 + 64 * c + 16 * (u & 1);
+    const int8_t* xr = a.xq + t * a.cols + col;
+    const int* sr = a.xs + t * (a.cols / 16) + col / 16;
+    Act x;
+    x.lo = __ldg(reinterpret_cast<const uint4*>(xr));
+    x.hi = __ldg(reinterpret_cast<const uint4*>(xr + 32));
+    x.d = __ldg(reinterpret_cast<const float2*>(a.xd + t * (a.cols / 32) + b * 8 + 2 * c));
+    x.s0 = static_cast<float>(__ldg(sr));
+    x.s1 = static_cast<float>(__ldg(sr + 2));
+    return x;
+  }
+  __device__ static Codes decode(const Raw& w, int lane) {
+    const int c = (lane & 7) >> 1;
+    Codes k;
+    const float d = fp16_bits_to_f32(w.hdr.x & 0xffffu), dmin = fp16_bits_to_f32(w.hdr.x >> 16);
+    int sc[2], m[2];
+    k4_scales_mins(c, w.hdr.y, w.hdr.z, w.hdr.w, sc, m);
+    k.ds0 = __fmul_rn(d, static_cast<float>(sc[0])), k.ms0 = __fmul_rn(dmin, static_cast<float>(m[0]));
+    k.ds1 = __fmul_rn(d, static_cast<float>(sc[1])), k.ms1 = __fmul_rn(dmin, static_cast<float>(m[1]));
+    const uint32_t v[4] = {w.qs.x, w.qs.y, w.qs.z, w.qs.w};
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const uint4* blk = reinterpret_cast<const uint4*>(rowp[j] + b * kBytes);
-      hdr[j] = __ldg(blk);
+    for (int i = 0; i < 4; ++i) {
+      k.lo[i] = static_cast<int>(v[i] & 0x0f0f0f0fu);
+      k.hi[i] = static_cast<int>((v[i] >> 4) & 0x0f0f0f0fu);
       if constexpr (kHigh) {
-        qh[j] = __ldg(blk + 1 + half);
-        qs[j] = __ldg(blk + 3 + u);
-      } else {
-        qs[j] = __ldg(blk + 1 + u);
+        const uint32_t h = i == 0 ? w.qh.x : i == 1 ? w.qh.y : i == 2 ? w.qh.z : w.qh.w;
+        k.lo[i] |= static_cast<int>(((h >> (2 * c)) & 0x01010101u) << 4);
+        k.hi[i] |= static_cast<int>(((h >> (2 * c + 1)) & 0x01010101u) << 4);
       }
     }
-    const int64_t col = b * 256 + 64 * c + 16 * half;
-    const uint4 xl = __ldg(reinterpret_cast<const uint4*>(a.xq + col));
-    const uint4 xh = __ldg(reinterpret_cast<const uint4*>(a.xq + col + 32));
-    const float2 xd = __ldg(reinterpret_cast<const float2*>(a.xd + b * 8 + 2 * c));
-    const int xs0 = __ldg(a.xs + col / 16), xs1 = __ldg(a.xs + col / 16 + 2);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) acc[j] += k4_term(k4_codes<kHigh>(hdr[j], qs[j], qh[j], c), xl, xh, xd, xs0, xs1);
+    return k;
   }
-}
+  // acc + xd0 (ds0 sum(q xq) - ms0 s0) + xd1 (ds1 sum(q xq) - ms1 s1) over the two sub-blocks.
+  __device__ static void add(float& acc, const Codes& k, const Act& x) {
+    const float sl = static_cast<float>(dot4(k.lo, x.lo, 0)), sh = static_cast<float>(dot4(k.hi, x.hi, 0));
+    const float t0 = __fmaf_rn(k.ds0, sl, -__fmul_rn(k.ms0, x.s0));
+    const float t1 = __fmaf_rn(k.ds1, sh, -__fmul_rn(k.ms1, x.s1));
+    acc = __fadd_rn(acc, __fmaf_rn(x.d.x, t0, __fmul_rn(x.d.y, t1)));
+  }
+};
 
 // q6_K (210 bytes): lane g = lane % 16 of a block holds group g (elements 16g + [0, 16)): low nibbles
 // from ql[64h + 16t + 32(k & 1)] (nibble k / 2), bits 4-5 from bit pair k of qh[32h + 16t] (h = g / 8,
 // k = g / 2 % 4, t = g % 2), scale int8 scales[g]; code - 32.
 struct Q6K {
-  template <int NT>
-  __device__ static void row_dot(const Args& a, const uint8_t* rowp, int part, int lane, float (&acc)[NT]) {
-    constexpr int U = 2;
-    const int64_t blocks = a.cols / 256, xblocks = a.cols / 32;
+  static constexpr int kBytes = 210, kElems = 256, kLanes = 16;
+  static constexpr int kInFlight = 2;
+  static constexpr bool kHoistTokens = true;
+  static constexpr int rows_a_warp(int nt) { return nt == 8 ? 4 : 2; }
+  // 16 tokens: 128 registers hold R = 2's 32 accumulators and the hoisted loads without spilling.
+  static constexpr int min_ctas(int nt) { return nt == 1 ? 8 : nt == 16 ? 4 : 1; }
+  struct Raw {
+    int ql[4], qh[4];
+    uint32_t sc, d;  // scales[g] in byte g % 2 of sc; d fp16
+  };
+  struct Codes {
+    int q[4];
+    float dsc;
+  };
+  struct Act {
+    uint4 q;
+    float d;
+    int s32;  // 32 * the sum of the 16 codes (the codes' -32 offset)
+  };
+  __device__ static Raw load(const uint8_t* rowp, int64_t b, int lane) {
     const int g = lane & 15, h = g >> 3, k = (g >> 1) & 3, tt = g & 1;
-    const int64_t step = int64_t{a.split} * 2;
-    for (int64_t b0 = int64_t{part} * 2 + (lane >> 4); b0 < blocks; b0 += U * step) {
-      int ql[U][4], qh[U][4];
-      uint32_t sd[U][2];
-      uint4 x0[U];  // token 0's activations, loaded with the weights
-      float x0d[U];
-      int x0s[U];
+    const uint8_t* blk = rowp + b * kBytes;
+    Raw w;
+    // ql bytes [64h + 16tt + 32(k & 1), +16) and qh bytes [128 + 32h + 16tt, +16): the loads' 4 bytes past
+    // them stay inside the 210-byte block.
+    ld16_a2(blk + 64 * h + 16 * tt + 32 * (k & 1), w.ql);
+    ld16_a2(blk + 128 + 32 * h + 16 * tt, w.qh);
+    w.sc = ld_u16(blk + 192 + (g & ~1));
+    w.d = ld_u16(blk + 208);
+    return w;
+  }
+  __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
+    const int g = lane & 15;
+    const int64_t col = b * 256 + 16 * g;
+    Act x;
+    x.q = __ldg(reinterpret_cast<const uint4*>(a.xq + t * a.cols + col));
+    x.d = __ldg(a.xd + t * (a.cols / 32) + b * 8 + g / 2);
+    x.s32 = 32 * __ldg(a.xs + t * (a.cols / 16) + col / 16);
+    return x;
+  }
+  __device__ static Codes decode(const Raw& w, int lane) {
+    const int g = lane & 15, k = (g >> 1) & 3;
+    Codes c;
+    const int sc = static_cast<int8_t>(w.sc >> (8 * (g & 1)));
+    c.dsc = __fmul_rn(qblocks::fp16_to_f32(w.d), static_cast<float>(sc));
 #pragma unroll
-      for (int j = 0; j < U; ++j) {
-        const int64_t b = b0 + j * step;
-        if (b < blocks) {
-          x0[j] = __ldg(reinterpret_cast<const uint4*>(a.xq + b * 256 + 16 * g));
-          x0d[j] = __ldg(a.xd + b * 8 + g / 2);
-          x0s[j] = __ldg(a.xs + b * 16 + g);
-          const uint8_t* blk = rowp + b * 210;
-          // ql bytes [64h + 16tt + 32(k & 1), +16) and qh bytes [128 + 32h + 16tt, +16): the loads' 4
-          // bytes past them stay inside the 210-byte block.
-          ld16_a2(blk + 64 * h + 16 * tt + 32 * (k & 1), ql[j]);
-          ld16_a2(blk + 128 + 32 * h + 16 * tt, qh[j]);
-          sd[j][0] = ld_u16(blk + 192 + (g & ~1));  // scales[g] in the byte g % 2 of this word
-          sd[j][1] = ld_u16(blk + 208);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < U; ++j) {
-        const int64_t b = b0 + j * step;
-        if (b >= blocks) break;
-        const int sc = static_cast<int8_t>(sd[j][0] >> (8 * (g & 1)));
-        const float dsc = fp16_to_f32(sd[j][1]) * static_cast<float>(sc);
-        int q[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          q[i] = static_cast<int>(((static_cast<uint32_t>(ql[j][i]) >> (4 * (k >> 1))) & 0x0f0f0f0fu) |
-                                  (((static_cast<uint32_t>(qh[j][i]) >> (2 * k)) & 0x03030303u) << 4));
-        const int64_t col = b * 256 + 16 * g;
-        acc[0] += x0d[j] * (dsc * static_cast<float>(dot4(q, x0[j], 0) - 32 * x0s[j]));
-#pragma unroll
-        for (int t = 1; t < NT; ++t) {
-          if (t >= a.n) break;
-          const uint4 xv = __ldg(reinterpret_cast<const uint4*>(a.xq + t * a.cols + col));
-          const int s = dot4(q, xv, 0) - 32 * __ldg(a.xs + t * (2 * xblocks) + col / 16);
-          acc[t] += __ldg(a.xd + t * xblocks + b * 8 + g / 2) * (dsc * static_cast<float>(s));
-        }
-      }
-    }
+    for (int i = 0; i < 4; ++i)
+      c.q[i] = static_cast<int>(((static_cast<uint32_t>(w.ql[i]) >> (4 * (k >> 1))) & 0x0f0f0f0fu) |
+                                (((static_cast<uint32_t>(w.qh[i]) >> (2 * k)) & 0x03030303u) << 4));
+    return c;
+  }
+  __device__ static void add(float& acc, const Codes& c, const Act& x) {
+    acc = __fmaf_rn(x.d, __fmul_rn(c.dsc, static_cast<float>(dot4(c.q, x.q, 0) - x.s32)), acc);
   }
 };
 
@@ -275,128 +264,167 @@ struct Q6K {
 // bytes [4j, 4j + 4) of qs = elements 4j + [0, 4) (low nibbles) and 16 + 4j + [0, 4) (high), code - 8.
 template <bool kQ8>
 struct Legacy {
-  static constexpr int kBytes = kQ8 ? 34 : 18;
-  template <int NT>
-  __device__ static void row_dot(const Args& a, const uint8_t* rowp, int part, int lane, float (&acc)[NT]) {
-    constexpr int U = 4;
-    const int64_t blocks = a.cols / 32;
+  static constexpr int kBytes = kQ8 ? 34 : 18, kElems = 32, kLanes = 4;
+  static constexpr int kInFlight = 4;
+  static constexpr bool kHoistTokens = true;
+  static constexpr int rows_a_warp(int nt) { return nt == 1 ? 2 : 4; }
+  static constexpr int min_ctas(int nt) { return nt == 1 ? 8 : 1; }
+  struct Raw {
+    int q0, q1;  // q8_0: two words of codes; q4_0: q0 the word of nibbles
+    uint32_t d;  // fp16
+  };
+  struct Codes {
+    int q0, q1;
+    float d;
+  };
+  struct Act {
+    int x0, x1;
+    int m8;  // q4_0: 8 * the sum of the lane's 8 codes (the codes' -8 offset)
+    float d;
+  };
+  __device__ static Raw load(const uint8_t* rowp, int64_t b, int lane) {
     const int j = lane & 3;
-    const int64_t step = int64_t{a.split} * 8;
-    for (int64_t b0 = int64_t{part} * 8 + (lane >> 2); b0 < blocks; b0 += U * step) {
-      int q0[U], q1[U];
-      uint32_t dh[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t b = b0 + u * step;
-        if (b < blocks) {
-          const uint8_t* blk = rowp + b * kBytes;
-          dh[u] = ld_u16(blk);
-          if constexpr (kQ8) {
-            q0[u] = ld_i32_a2(blk + 2 + 8 * j);
-            q1[u] = ld_i32_a2(blk + 6 + 8 * j);
-          } else {
-            const uint32_t v = static_cast<uint32_t>(ld_i32_a2(blk + 2 + 4 * j));
-            q0[u] = static_cast<int>(v & 0x0f0f0f0fu);
-            q1[u] = static_cast<int>((v >> 4) & 0x0f0f0f0fu);
-          }
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t b = b0 + u * step;
-        if (b >= blocks) break;
-        const float d = fp16_to_f32(dh[u]);
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          if (t >= a.n) break;
-          const int8_t* xr = a.xq + t * a.cols + b * 32;
-          int s;
-          if constexpr (kQ8) {
-            const uint2 xv = __ldg(reinterpret_cast<const uint2*>(xr + 8 * j));
-            s = __dp4a(q1[u], static_cast<int>(xv.y), __dp4a(q0[u], static_cast<int>(xv.x), 0));
-          } else {
-            const int xl = __ldg(reinterpret_cast<const int*>(xr + 4 * j));
-            const int xh = __ldg(reinterpret_cast<const int*>(xr + 16 + 4 * j));
-            s = __dp4a(q1[u], xh, __dp4a(q0[u], xl, 0)) - 8 * __dp4a(xh, kOnes, __dp4a(xl, kOnes, 0));
-          }
-          acc[t] += __ldg(a.xd + t * blocks + b) * (d * static_cast<float>(s));
-        }
-      }
+    const uint8_t* blk = rowp + b * kBytes;
+    Raw w;
+    w.d = ld_u16(blk);
+    if constexpr (kQ8) {
+      w.q0 = ld_i32_a2(blk + 2 + 8 * j);
+      w.q1 = ld_i32_a2(blk + 6 + 8 * j);
+    } else {
+      w.q0 = ld_i32_a2(blk + 2 + 4 * j);
     }
+    return w;
+  }
+  __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
+    const int j = lane & 3;
+    const int8_t* xr = a.xq + t * a.cols + b * 32;
+    Act x;
+    if constexpr (kQ8) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(xr + 8 * j));
+      x.x0 = static_cast<int>(v.x), x.x1 = static_cast<int>(v.y);
+    } else {
+      x.x0 = __ldg(reinterpret_cast<const int*>(xr + 4 * j));
+      x.x1 = __ldg(reinterpret_cast<const int*>(xr + 16 + 4 * j));
+      x.m8 = 8 * __dp4a(x.x1, kOnes, __dp4a(x.x0, kOnes, 0));
+    }
+    x.d = __ldg(a.xd + t * (a.cols / 32) + b);
+    return x;
+  }
+  __device__ static Codes decode(const Raw& w, int lane) {
+    Codes c;
+    c.d = qblocks::fp16_to_f32(w.d);
+    if constexpr (kQ8) {
+      c.q0 = w.q0, c.q1 = w.q1;
+    } else {
+      c.q0 = static_cast<int>(static_cast<uint32_t>(w.q0) & 0x0f0f0f0fu);
+      c.q1 = static_cast<int>((static_cast<uint32_t>(w.q0) >> 4) & 0x0f0f0f0fu);
+    }
+    return c;
+  }
+  __device__ static void add(float& acc, const Codes& c, const Act& x) {
+    int s = __dp4a(c.q1, x.x1, __dp4a(c.q0, x.x0, 0));
+    if constexpr (!kQ8) s -= x.m8;
+    acc = __fmaf_rn(x.d, __fmul_rn(c.d, static_cast<float>(s)), acc);
   }
 };
 
-// One token: at least 8 CTAs (32 warps) a SM, which caps registers at 64 (from 72: 7 CTAs); measured
-// 3-8% faster for q4_K/q6_K on an H100. More tokens keep the unbounded allocation: their per-token
-// accumulators spill under the cap (n = 16 ran 1.5x slower). docs/benchmarks.md.
-template <typename Policy, int NT>
-__global__ void __launch_bounds__(kThreads, NT == 1 ? 8 : 1) gemv_q8_kernel(const Args a) {
-  __shared__ float partial[kWarps][NT];
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const int64_t grow = int64_t{blockIdx.x} * (kWarps / a.split) + warp / a.split;
-  const int part = warp % a.split;
-  float acc[NT];
+// acc[j][t] += the dot product of row rowp[j] with token t over this lane's blocks: blocks
+// (part * P + lane / kLanes) + i * split * P (P = 32 / kLanes blocks a warp step), in increasing order,
+// whatever R and NT, so every (row, token) sum is formed in the same order by every kernel. Each block's
+// activation slice of a token is loaded once for the R rows; token 0's is loaded with the weights, so one
+// memory round trip serves both (the other tokens' follow in the dot loop).
+template <typename B, int R, int NT>
+__device__ __forceinline__ void group_dot(const Args& a, const uint8_t* const (&rowp)[R], int part, int lane,
+                                          float (&acc)[R][NT]) {
+  constexpr int kPerStep = 32 / B::kLanes;
+  constexpr int U = B::kInFlight > R ? B::kInFlight / R : 1;  // blocks of each row in flight
+  const int64_t blocks = a.cols / B::kElems;
+  const int64_t step = int64_t{a.split} * kPerStep;
+  for (int64_t b0 = int64_t{part} * kPerStep + lane / B::kLanes; b0 < blocks; b0 += U * step) {
+    typename B::Raw w[U][R];
+    typename B::Act x0[U];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-  float* y = nullptr;
-  int64_t rows = 0, r = 0;
-  if (grow < a.total_rows) {
-    int p = 0;
-    while (p + 1 < a.n_parts && grow >= a.parts[p + 1].first) ++p;
-    r = grow - a.parts[p].first;
-    rows = a.parts[p].rows;
-    y = a.parts[p].y;
-    Policy::template row_dot<NT>(a, a.parts[p].w + r * a.rb, part, lane, acc);
+    for (int k = 0; k < U; ++k) {
+      const int64_t b = b0 + k * step;
+      if (b < blocks) {
+#pragma unroll
+        for (int j = 0; j < R; ++j) w[k][j] = B::load(rowp[j], b, lane);
+        x0[k] = B::act(a, 0, b, lane);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      const int64_t b = b0 + k * step;
+      if (b >= blocks) break;
+      typename B::Codes c[R];
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        c[j] = B::decode(w[k][j], lane);
+        B::add(acc[j][0], c[j], x0[k]);
+      }
+#pragma unroll
+      for (int t = 1; t < NT; ++t) {
+        int tl = t;
+        if constexpr (B::kHoistTokens) tl = t < a.n ? t : a.n - 1;
+        else if (t >= a.n) break;
+        const typename B::Act x = B::act(a, tl, b, lane);
+#pragma unroll
+        for (int j = 0; j < R; ++j) B::add(acc[j][t], c[j], x);
+      }
+    }
   }
-  gemv_common::store_row<NT>(acc, partial, warp, lane, part, a.split, a.n, y, rows, r);
 }
 
-// One token of q4_K / q5_K: each warp (or each `split` warps) owns two consecutive rows of the launch
-// (Pair: K4Pair).
-template <typename Pair>
-__global__ void __launch_bounds__(kThreads, 8) gemv_pair_kernel(const Args a) {
-  __shared__ float partial[kWarps][1];
+// NT tokens, R consecutive rows of the launch a row group, each group owned by `split` warps. A group may
+// straddle two parts of the launch; its rows past the last read the last row and are not stored.
+// At least B::min_ctas(NT) CTAs a SM. One token: 8 (32 warps), which caps registers at 64 (from 72: 7
+// CTAs), measured 3-8% faster for q4_K/q6_K on an H100. More tokens mostly keep the unbounded allocation:
+// their accumulators spill under a cap (n = 16 ran 1.5x slower under 64). docs/benchmarks.md.
+template <typename B, int R, int NT>
+__global__ void __launch_bounds__(kThreads, B::min_ctas(NT)) gemv_q8_kernel(const Args a) {
+  __shared__ float partial[kWarps][R * NT];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const int64_t pair = int64_t{blockIdx.x} * (kWarps / a.split) + warp / a.split;
+  const int64_t group = int64_t{blockIdx.x} * (kWarps / a.split) + warp / a.split;
   const int part = warp % a.split;
-  const uint8_t* rowp[2] = {nullptr, nullptr};
-  float* y[2] = {nullptr, nullptr};
-  int64_t rows[2] = {0, 0}, r[2] = {0, 0};
-  for (int j = 0; j < 2; ++j) {
-    const int64_t grow = 2 * pair + j;
-    const int64_t g = grow < a.total_rows ? grow : a.total_rows - 1;  // a missing second row reads the last
-    int p = 0;
+  const uint8_t* rowp[R];
+  float* y[R];
+  int64_t rows[R], r[R];
+  int p = 0;
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    const int64_t grow = group * R + j;
+    const int64_t g = grow < a.total_rows ? grow : a.total_rows - 1;
     while (p + 1 < a.n_parts && g >= a.parts[p + 1].first) ++p;
     r[j] = g - a.parts[p].first;
     rows[j] = a.parts[p].rows;
     rowp[j] = a.parts[p].w + r[j] * a.rb;
-    if (grow < a.total_rows) y[j] = a.parts[p].y;
+    y[j] = grow < a.total_rows ? a.parts[p].y : nullptr;
   }
-  float acc[2] = {0.0f, 0.0f};
-  if (y[0] != nullptr) Pair::dot(a, rowp, part, lane, acc);
-  for (int j = 0; j < 2; ++j) {
-    float one[1] = {acc[j]};
-    gemv_common::store_row<1>(one, partial, warp, lane, part, a.split, 1, y[j], rows[j], r[j]);
-    if (a.split > 1) __syncthreads();  // partial is reused by the second row
-  }
+  float acc[R][NT];
+#pragma unroll
+  for (int j = 0; j < R; ++j)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[j][t] = 0.0f;
+  if (y[0] != nullptr) group_dot<B, R, NT>(a, rowp, part, lane, acc);
+  gemv_common::store_rows<R, NT>(acc, partial, warp, lane, part, a.split, a.n, y, rows, r);
 }
 
-// One token, two rows per warp: the activation loads are shared by the pair.
-template <typename Pair>
-cudaError_t launch_pairs(const Args& a, cudaStream_t stream) {
+template <typename B, int R, int NT>
+cudaError_t launch_rows(const Args& a, cudaStream_t stream) {
   unsigned g = 0;
-  if (!gemv_common::grid_for_rows((a.total_rows + 1) / 2, a.split, &g)) return cudaErrorInvalidValue;
-  gemv_pair_kernel<Pair><<<g, kThreads, 0, stream>>>(a);
+  if (!gemv_common::grid_for_rows((a.total_rows + R - 1) / R, a.split, &g)) return cudaErrorInvalidValue;
+  gemv_q8_kernel<B, R, NT><<<g, kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
-template <typename Policy>
+template <typename B>
 cudaError_t launch(const Args& a, cudaStream_t stream) {
-  unsigned g = 0;
-  if (!gemv_common::grid_for_rows(a.total_rows, a.split, &g)) return cudaErrorInvalidValue;
-  return gemv_common::for_token_count(a.n, [&](auto nt) {
-    gemv_q8_kernel<Policy, decltype(nt)::value><<<g, kThreads, 0, stream>>>(a);
+  cudaError_t err = cudaSuccess;
+  const cudaError_t last = gemv_common::for_token_count(a.n, [&](auto nt) {
+    constexpr int NT = decltype(nt)::value;
+    err = launch_rows<B, B::rows_a_warp(NT), NT>(a, stream);
   });
+  return err != cudaSuccess ? err : last;
 }
 
 // One warp per 32-element block.
@@ -475,9 +503,8 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
   switch (id) {
     case qblocks::kQ4_0: return launch<Legacy<false>>(a, stream);
     case qblocks::kQ8_0: return launch<Legacy<true>>(a, stream);
-    case qblocks::kQ4_K: return a.n == 1 ? launch_pairs<K4Pair<false>>(a, stream) : launch<K4<false>>(a, stream);
-    case qblocks::kQ5_K: return a.n == 1 ? launch_pairs<K4Pair<true>>(a, stream) : launch<K4<true>>(a, stream);
-    // (q6_K two rows a warp measured slower: its sixteen 2-byte loads per row and lane dominate.)
+    case qblocks::kQ4_K: return launch<K4<false>>(a, stream);
+    case qblocks::kQ5_K: return launch<K4<true>>(a, stream);
     case qblocks::kQ6_K: return launch<Q6K>(a, stream);
     default: return cudaErrorInvalidValue;
   }

@@ -3,7 +3,8 @@
 // weight block is dotted with them by 4-byte integer dot products (dp4a), its scales applied to the
 // exact integer sums in f32. Weight bytes are read once, 16 bytes at a time where the block layout
 // allows; per weight element the kernel issues about a quarter of an instruction per token, against
-// about three for the f32 GEMV (matmul.h), which is what lets it keep up with HBM.
+// about three for the f32 GEMV (matmul.h), which is what lets it keep up with HBM. With several tokens a
+// warp takes two or four rows, so that each token's activation load serves all of them (gemv_q8.cu).
 //
 // The result equals x' W^T with x' = xd * xq (the dequantized activations) to float rounding; the
 // difference from the f32 product is the activation rounding (at most max|x| / 254 per element of a

@@ -4,8 +4,10 @@
 // device quantizer must match bit for bit) to the same tolerance, and against the f32 result to the
 // activation rounding (sum_k |w_k| xd_k / 2); the bf16 GEMM path (prefill) against the
 // CPU matmul of the bf16-rounded inputs to the same tolerance, and against the f32 CPU result to the
-// bf16 rounding (2^-7 of sum |x||w|). Outputs are poisoned with NaN first, a guard after them must
-// stay poisoned; the seed of every run is printed on failure (DFLASH_TEST_SEED replays it).
+// bf16 rounding (2^-7 of sum |x||w|). A token's integer-dot outputs must also be bit-identical whatever
+// the token count and the grouping of the launch (what the DFlash verify relies on). Outputs are poisoned
+// with NaN first, a guard after them must stay poisoned; the seed of every run is printed on failure
+// (DFLASH_TEST_SEED replays it).
 #include "ops/cuda/matmul_host.h"
 
 #include <cuda_runtime.h>
@@ -177,6 +179,51 @@ class CudaMatmul : public testing::Test {
     return y;
   }
 
+  // Runs one grouped integer-dot launch (matmul_group, kGemvQ8) of weights ws (rows[i] x cols each, of
+  // type t) on x (n tokens); returns each target's y (n x rows[i]), or nothing after a failure. Every y is
+  // poisoned first and followed by a guard that must stay poisoned.
+  std::vector<std::vector<float>> run_group(DType t, const std::vector<std::vector<uint8_t>>& ws,
+                                            const std::vector<int64_t>& rows, int64_t cols,
+                                            const std::vector<float>& x, int64_t n) {
+    test::DeviceBuffer dx(x.size() * 4);
+    EXPECT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    std::vector<std::unique_ptr<test::DeviceBuffer>> dw, dy;
+    std::vector<cuda::MatmulTarget> targets;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const uint64_t words = static_cast<uint64_t>(n * rows[i] + kGuard);
+      dw.push_back(std::make_unique<test::DeviceBuffer>(ws[i].size()));
+      dy.push_back(std::make_unique<test::DeviceBuffer>(words * 4));
+      EXPECT_EQ(cudaMemcpy(dw[i]->get(), ws[i].data(), ws[i].size(), cudaMemcpyHostToDevice), cudaSuccess);
+      EXPECT_EQ(cuda::fill_u32(reinterpret_cast<uint32_t*>(dy[i]->get()), words, kPoison), cudaSuccess);
+      targets.push_back({t, dw[i]->get(), rows[i], reinterpret_cast<float*>(dy[i]->get())});
+    }
+    const Status st = cuda::matmul_group(targets, cols, reinterpret_cast<const float*>(dx.get()), n, nullptr,
+                                         cuda::MatmulPath::kGemvQ8);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    const cudaError_t sync = cudaDeviceSynchronize();
+    EXPECT_EQ(sync, cudaSuccess) << cudaGetErrorString(sync);
+    std::vector<std::vector<float>> ys;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const int64_t count = n * rows[i];
+      std::vector<float> y(static_cast<size_t>(count + kGuard));
+      EXPECT_EQ(cudaMemcpy(y.data(), dy[i]->get(), y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (int64_t k = count; k < count + kGuard; ++k)
+        if (std::bit_cast<uint32_t>(y[k]) != kPoison) {
+          ADD_FAILURE() << "target " << i << ": the guard after y was overwritten at +" << k - count;
+          break;
+        }
+      for (int64_t k = 0; k < count; ++k)
+        if (std::bit_cast<uint32_t>(y[k]) == kPoison) {
+          ADD_FAILURE() << "target " << i << ": y[" << k << "] was not written";
+          break;
+        }
+      y.resize(static_cast<size_t>(count));
+      ys.push_back(std::move(y));
+    }
+    if (HasFailure()) return {};
+    return ys;
+  }
+
   void check(const Case& c) {
     SCOPED_TRACE(describe(c));
     const auto w = random_weights(c.type, c.rows, c.cols, rng_);
@@ -330,6 +377,112 @@ TEST_F(CudaMatmul, gemv_q8_explicit_path_every_token_count) {
     if (!cuda::gemv_q8_supported(t)) continue;
     for (int64_t n = 1; n <= cuda::kGemvMaxTokens; ++n) check({t, 67, cols_for(t)[n % 3], n, cuda::MatmulPath::kGemvQ8});
     if (HasFailure()) return;
+  }
+}
+
+int sm_count() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) !=
+                                                cudaSuccess)
+    return 0;
+  return sms;
+}
+
+// Row counts whose launches take each split (gemv_auto_split: 4, 2 and 1 warps a row), none a multiple of
+// the 2 or 4 rows a warp of the integer-dot kernels takes.
+std::vector<int64_t> rows_for_every_split() {
+  const int64_t sms = sm_count();
+  const std::vector<int64_t> rows = {16 * sms - 3, 16 * sms + 5, 32 * sms + 3};
+  EXPECT_EQ(cuda::gemv_auto_split(rows[0]), 4);
+  EXPECT_EQ(cuda::gemv_auto_split(rows[1]), 2);
+  EXPECT_EQ(cuda::gemv_auto_split(rows[2]), 1);
+  return rows;
+}
+
+// Whatever kernel a token count picks (rows a warp, tokens a launch), a token's row is summed in the same
+// order with the same float expression: each token of a batch of n = 1..16 equals its one-token product
+// bit for bit, at row counts that leave a partial row group and at every split. The batches of the
+// split row counts are also checked against the CPU.
+TEST_F(CudaMatmul, gemv_q8_every_token_count_equals_one_token_bit_for_bit) {
+  SCOPED_TRACE(seed_note());
+  std::vector<int64_t> row_counts = {1, 3, 6, 37};
+  for (int64_t r : rows_for_every_split()) row_counts.push_back(r);
+  for (DType t : kTypes) {
+    if (!cuda::gemv_q8_supported(t)) continue;
+    const int64_t cols = cols_for(t)[2];  // several blocks a lane at split 1
+    for (int64_t rows : row_counts) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " rows " + std::to_string(rows));
+      const auto w = random_weights(t, rows, cols, rng_);
+      const auto x = random_x(cuda::kQ8MaxTokens, cols, rng_);
+      std::vector<std::vector<float>> alone;
+      for (int64_t k = 0; k < cuda::kQ8MaxTokens; ++k) {
+        alone.push_back(run_gpu({t, rows, cols, 1, cuda::MatmulPath::kGemvQ8}, w,
+                                std::vector<float>(x.begin() + k * cols, x.begin() + (k + 1) * cols)));
+        ASSERT_EQ(alone.back().size(), static_cast<size_t>(rows));
+      }
+      for (int64_t n = 2; n <= cuda::kQ8MaxTokens; ++n) {
+        const auto all = run_gpu({t, rows, cols, n, cuda::MatmulPath::kGemvQ8}, w,
+                                 std::vector<float>(x.begin(), x.begin() + n * cols));
+        ASSERT_EQ(all.size(), static_cast<size_t>(n * rows));
+        for (int64_t k = 0; k < n; ++k)
+          for (int64_t r = 0; r < rows; ++r)
+            ASSERT_EQ(std::bit_cast<uint32_t>(alone[k][r]), std::bit_cast<uint32_t>(all[k * rows + r]))
+                << "n " << n << " token " << k << " row " << r;
+      }
+      if (rows > 100) check({t, rows, cols, cuda::kQ8MaxTokens, cuda::MatmulPath::kGemvQ8});
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// Grouped launches (a layer's q/k/v, gate/up) whose part boundaries fall inside row groups, at each split:
+// every part's rows are written (nothing past them), each token equals its one-token grouped product bit
+// for bit, and each part equals its own single product bit for bit where both launches take the same split
+// (to float rounding where they do not: another split sums the row's blocks in another order).
+TEST_F(CudaMatmul, gemv_q8_grouped_parts_split_inside_row_groups) {
+  SCOPED_TRACE(seed_note());
+  const std::vector<int64_t> split = rows_for_every_split();  // 4, 2, 1 warps a row
+  const std::vector<std::vector<int64_t>> layouts = {
+      {1, 2, 5, 3}, {7, 9, 1}, {split[1] - 2, 3}, {split[2] - 2, 1, 5, split[2] + 2}};
+  for (DType t : kTypes) {
+    if (!cuda::gemv_q8_supported(t)) continue;
+    const int64_t cols = cols_for(t)[1];
+    for (const auto& rows : layouts) {
+      int64_t total = 0;
+      std::vector<std::vector<uint8_t>> ws;
+      for (int64_t r : rows) {
+        total += r;
+        ws.push_back(random_weights(t, r, cols, rng_));
+      }
+      for (int64_t n : {1, 2, 5, 16}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + " parts of " + std::to_string(rows[0]) + ", " +
+                     std::to_string(rows[1]) + ", ... rows, n " + std::to_string(n));
+        const auto x = random_x(n, cols, rng_);
+        const auto group = run_group(t, ws, rows, cols, x, n);
+        ASSERT_EQ(group.size(), rows.size());
+        for (int64_t k = 0; k < n; ++k) {
+          const std::vector<float> xk(x.begin() + k * cols, x.begin() + (k + 1) * cols);
+          const auto alone = run_group(t, ws, rows, cols, xk, 1);
+          ASSERT_EQ(alone.size(), rows.size());
+          for (size_t i = 0; i < rows.size(); ++i)
+            for (int64_t r = 0; r < rows[i]; ++r)
+              ASSERT_EQ(std::bit_cast<uint32_t>(alone[i][r]), std::bit_cast<uint32_t>(group[i][k * rows[i] + r]))
+                  << "target " << i << " token " << k << " row " << r;
+        }
+        for (size_t i = 0; i < rows.size(); ++i) {
+          const auto one = run_gpu({t, rows[i], cols, n, cuda::MatmulPath::kGemvQ8}, ws[i], x);
+          ASSERT_EQ(one.size(), group[i].size());
+          const bool same_split = cuda::gemv_auto_split(rows[i]) == cuda::gemv_auto_split(total);
+          for (size_t k = 0; k < one.size(); ++k) {
+            if (same_split)
+              ASSERT_EQ(std::bit_cast<uint32_t>(one[k]), std::bit_cast<uint32_t>(group[i][k]))
+                  << "target " << i << " at " << k;
+            else
+              ASSERT_NEAR(group[i][k], one[k], 1e-4 * (1.0 + std::fabs(one[k]))) << "target " << i << " at " << k;
+          }
+        }
+      }
+    }
   }
 }
 
