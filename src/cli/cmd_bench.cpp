@@ -226,7 +226,7 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
     SequenceState st(s, runner.state_layout());
     FeatureRing ring(draft->feature_width(), spec.feature_window);
     DFlashDraft::Context ctx(*draft);
-    DF_ASSIGN_OR_RETURN(StepOutput o, forward_capturing(runner, st, ring, draft->capture_layers(), prompt));
+    DF_ASSIGN_OR_RETURN(StepOutput o, forward_capturing(runner, st, ring, draft->capture_layers(), prompt, Runner::kPrefillChunk));
     got = {greedy(o.logits)};
     stats = SpecStats();
     const ChooseFn choose = [](NodeLogits& l) -> Result<Choice> { return Choice{l.argmax(), false}; };
@@ -250,7 +250,7 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
     SequenceState st(s, runner.state_layout());
     FeatureRing ring(draft->feature_width(), spec.feature_window);
     DFlashDraft::Context ctx(*prof_draft);
-    DF_ASSIGN_OR_RETURN(StepOutput o, forward_capturing(runner, st, ring, draft->capture_layers(), prompt));
+    DF_ASSIGN_OR_RETURN(StepOutput o, forward_capturing(runner, st, ring, draft->capture_layers(), prompt, Runner::kPrefillChunk));
     int32_t root = greedy(o.logits);
     const ChooseFn choose = [](NodeLogits& l) -> Result<Choice> { return Choice{l.argmax(), false}; };
     double wall = 0;

@@ -118,13 +118,20 @@ Status append_features(FeatureRing& ring, int64_t first_pos, const StepOutput& o
 }
 
 Result<StepOutput> forward_capturing(Runner& target, SequenceState& state, FeatureRing& ring,
-                                     std::span<const int64_t> capture_layers, std::span<const int32_t> tokens) {
-  Step step;
-  step.tokens = tokens;
-  step.capture_layers = capture_layers;
-  const int64_t pos = state.n_past();
-  DF_ASSIGN_OR_RETURN(StepOutput out, target.forward(state, step));
-  DF_RETURN_IF_ERROR(append_features(ring, pos, out, static_cast<int64_t>(tokens.size())));
+                                     std::span<const int64_t> capture_layers, std::span<const int32_t> tokens,
+                                     int64_t chunk) {
+  if (tokens.empty()) return invalid_argument("a step needs at least one token");
+  if (chunk < 1) return invalid_argument("prefill chunks of {} tokens", chunk);
+  const auto len = static_cast<size_t>(std::min<int64_t>(chunk, static_cast<int64_t>(tokens.size())));
+  StepOutput out;
+  for (size_t off = 0; off < tokens.size(); off += len) {
+    Step step;
+    step.tokens = tokens.subspan(off, std::min(len, tokens.size() - off));
+    step.capture_layers = capture_layers;
+    const int64_t pos = state.n_past();
+    DF_ASSIGN_OR_RETURN(out, target.forward(state, step));
+    DF_RETURN_IF_ERROR(append_features(ring, pos, out, static_cast<int64_t>(step.tokens.size())));
+  }
   return out;
 }
 

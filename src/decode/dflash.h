@@ -123,10 +123,13 @@ struct SpecStepResult {
 // Target features of a step's tokens appended to the ring (rows [n, m * H] from the capture layers' outputs).
 Status append_features(FeatureRing& ring, int64_t first_pos, const StepOutput& out, int64_t n);
 
-// A plain causal target step over `tokens` after the state (prefill chunk or decode step) whose capture
-// layers' outputs go to `ring`: what keeps the ring at the sequence's end outside speculative steps.
+// Plain causal target steps over `tokens` after the state (prefill chunks of at most `chunk` tokens, or a decode
+// step) whose capture layers' outputs go to `ring`: what keeps the ring at the sequence's end outside
+// speculative steps. Returns the last step's output. Chunked as Runner::prefill chunks, a prefill computes
+// what that one does.
 Result<StepOutput> forward_capturing(Runner& target, SequenceState& state, FeatureRing& ring,
-                                     std::span<const int64_t> capture_layers, std::span<const int32_t> tokens);
+                                     std::span<const int64_t> capture_layers, std::span<const int32_t> tokens,
+                                     int64_t chunk = INT64_MAX);
 
 // One speculative step after `root`: the token at position state.n_past() that was chosen (and emitted) but
 // not evaluated yet; ring.end() == state.n_past(). Drafts at most `max_drafts` tokens (<= B - 1), verifies

@@ -88,7 +88,9 @@ class Runner {
 
   // Prefills `tokens` after the state's committed prefix in chunks of `chunk` tokens; returns the logits
   // of the last token ([V]).
-  Result<std::vector<float>> prefill(SequenceState& state, std::span<const int32_t> tokens, int64_t chunk = 256);
+  static constexpr int64_t kPrefillChunk = 256;
+  Result<std::vector<float>> prefill(SequenceState& state, std::span<const int32_t> tokens,
+                                     int64_t chunk = kPrefillChunk);
 
  private:
   // A recorded decode step of one sequence.

@@ -19,6 +19,7 @@ prompts=(
   'Parse a JSON file and return the value of the key "name".'
   'Implement binary search over a sorted list in Python.'
 )
+prompts=("${prompts[@]:0:${SPEC_PROMPTS:-4}}")  # SPEC_PROMPTS=N: the first N prompts only
 modes=("" "--ddtree" "--ddtree --ddtree-budget 40" "--no-adaptive-draft" "--ddtree --no-adaptive-draft"
        "--draft-device cpu --no-adaptive-draft")
 for i in "${!prompts[@]}"; do
