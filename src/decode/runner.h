@@ -46,7 +46,9 @@ struct RunnerShard {
   int64_t layer_begin = 0, layer_end = 0;
 };
 
-// The residual stream handed between shards of different backends, since the runner was made.
+// The residual stream handed between shards of different backends, since the runner was made. `ms` is the host
+// time of the hand-offs: a copy through the host waits for it; a peer copy between GPUs is queued on the two
+// streams (the devices order it), so its cost shows in the step's time, not here.
 struct HandoffStats {
   int64_t count = 0;
   uint64_t bytes = 0;

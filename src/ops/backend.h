@@ -66,8 +66,8 @@ class Backend {
   virtual Status download(float* host_dst, const float* src, int64_t n) = 0;
   virtual Status copy(float* dst, const float* src, int64_t n) = 0;
   // n floats from `src` in backend `from`'s memory into `dst` in this one's, without a host hop (CUDA devices:
-  // a peer copy); unsupported where the two cannot (the caller stages through the host). Returns when the
-  // copy is complete.
+  // a peer copy, ordered after the work `from` has queued, and `from`'s later work after it, without waiting on
+  // the host); unsupported where the two cannot (the caller stages through the host).
   virtual Status copy_from_peer(float* dst, Backend& from, const float* src, int64_t n) {
     (void)dst, (void)from, (void)src, (void)n;
     return unsupported("no peer copy between these backends");

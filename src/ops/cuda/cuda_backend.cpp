@@ -89,6 +89,7 @@ CudaBackend::~CudaBackend() {
   if (step_params_) cudaFree(step_params_);
   if (q8_buf_.xq) cudaFree(q8_buf_.xq);
   if (params_copied_) cudaEventDestroy(params_copied_);
+  if (handoff_event_) cudaEventDestroy(handoff_event_);
   for (auto& [key, table] : rope_tables_) cudaFree(table);
   for (cudaEvent_t e : marks_) cudaEventDestroy(e);
   if (stream_) cudaStreamDestroy(stream_);
@@ -356,8 +357,6 @@ Status CudaBackend::copy_from_peer(float* dst, Backend& from, const float* src, 
   auto* peer = dynamic_cast<CudaBackend*>(&from);
   if (peer == nullptr) return unsupported("a peer copy takes another CUDA backend's memory");
   if (capturing_ || peer->capturing_) return unsupported("peer copy while a step is recorded");
-  DF_RETURN_IF_ERROR(peer->synchronize());  // x is complete on its device
-  activate();
   if (peer->device_ != device_ && !peer_access_tried_) {
     // Direct access over NVLink/PCIe where the devices allow it; cudaMemcpyPeer stages otherwise.
     peer_access_tried_ = true;
@@ -368,10 +367,29 @@ Status CudaBackend::copy_from_peer(float* dst, Backend& from, const float* src, 
       cudaGetLastError();
     }
   }
+  // Ordered on the two streams, no host wait: this stream waits for the work `from` has queued (src complete),
+  // copies, and `from`'s stream waits for the copy (src's memory, released to `from`, is reused only after it).
+  DF_RETURN_IF_ERROR(peer->ensure_handoff_event());
+  DF_RETURN_IF_ERROR(ensure_handoff_event());
+  peer->activate();
+  DF_RETURN_IF_ERROR(check(cudaEventRecord(peer->handoff_event_, peer->stream_), "cudaEventRecord (hand-off)"));
+  activate();
+  DF_RETURN_IF_ERROR(check(cudaStreamWaitEvent(stream_, peer->handoff_event_, 0), "cudaStreamWaitEvent (hand-off)"));
   DF_RETURN_IF_ERROR(check(
       cudaMemcpyPeerAsync(dst, device_, src, peer->device_, sizeof(float) * static_cast<size_t>(n), stream_),
       "peer copy"));
-  return synchronize();  // `src` may be released (to its own stream) once this returns
+  DF_RETURN_IF_ERROR(check(cudaEventRecord(handoff_event_, stream_), "cudaEventRecord (hand-off)"));
+  peer->activate();
+  const Status waited =
+      check(cudaStreamWaitEvent(peer->stream_, handoff_event_, 0), "cudaStreamWaitEvent (hand-off)");
+  activate();
+  return waited;
+}
+
+Status CudaBackend::ensure_handoff_event() {
+  if (handoff_event_ != nullptr) return Status();
+  activate();
+  return check(cudaEventCreateWithFlags(&handoff_event_, cudaEventDisableTiming), "cudaEventCreate (hand-off)");
 }
 
 Status CudaBackend::copy(float* dst, const float* src, int64_t n) {

@@ -98,6 +98,8 @@ class CudaBackend final : public Backend {
   CudaBackend() = default;
   // Makes this backend's device the calling thread's current one.
   void activate() const;
+  // The event copy_from_peer orders the two streams with (made on first use, on this device).
+  Status ensure_handoff_event();
   // Device scratch that grows as needed; `stage` copies host bytes into a slot of it.
   struct Scratch {
     void* ptr = nullptr;
@@ -140,6 +142,7 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   bool peer_access_tried_ = false;
+  cudaEvent_t handoff_event_ = nullptr;
   int sm_count_ = 1;  // multiprocessors (top_k_rows spreads a row over enough blocks to fill them)
   cudaStream_t stream_ = nullptr;
   // Step recording: per-replay parameters {token, position, KV prefix, KV length} on the device, their
