@@ -1,11 +1,13 @@
 #include "model/random_model.h"
 
 #include <cmath>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
 #include "base/file_io.h"
 #include "base/splitmix.h"
+#include "base/thread_pool.h"
 #include "model/tensor_shapes.h"
 #include "tensor/quant.h"
 
@@ -99,6 +101,7 @@ Status add_random_model(const ModelSpec& spec, FileType file_type, uint64_t seed
   if (file_type != FileType::kAllF32 && file_type != FileType::kF16 && file_type != FileType::kBF16)
     writer.set("general.quantization_version", GgufValue::u32(2));
 
+  const auto pool = std::make_shared<ThreadPool>(threads);  // the tensors are written after this returns
   for (const TensorQuant& tq : plan.tensors) {
     const std::string canon = canonical[tq.source];
     const int64_t cols = static_cast<int64_t>(tq.shape[0]);
@@ -114,13 +117,20 @@ Status add_random_model(const ModelSpec& spec, FileType file_type, uint64_t seed
       if (!out_row.ok()) return out_row.status();
       std::vector<float> src(static_cast<size_t>(std::min(batch, rows) * cols));
       std::vector<uint8_t> dst(static_cast<size_t>(std::min(batch, rows)) * *out_row);
-      SplitMix64 rng{seed_for_name(canon, seed)};
+      const uint64_t base = seed_for_name(canon, seed);
       for (int64_t r0 = 0; r0 < rows; r0 += batch) {
         const int64_t n = std::min(batch, rows - r0);
-        for (int64_t i = 0; i < n * cols; ++i) {
-          float x = rng.normal();
-          src[static_cast<size_t>(i)] = norm ? 1.0f + 0.1f * x : ssm_a ? -std::exp(0.5f * x) : scale * x;
-        }
+        // Each row from a generator of its own (rows in parallel: the values do not depend on the threads).
+        pool->parallel_for(n, 1, [&](int64_t a, int64_t b) {
+          for (int64_t r = a; r < b; ++r) {
+            SplitMix64 rng{base ^ (static_cast<uint64_t>(r0 + r) * 0xd1b54a32d192ed03ull)};
+            float* row = src.data() + r * cols;
+            for (int64_t i = 0; i < cols; ++i) {
+              const float x = rng.normal();
+              row[i] = norm ? 1.0f + 0.1f * x : ssm_a ? -std::exp(0.5f * x) : scale * x;
+            }
+          }
+        });
         DF_RETURN_IF_ERROR(convert_rows(DType::kF32, src.data(), to, dst.data(), n, cols, threads));
         DF_RETURN_IF_ERROR(write_all(f, dst.data(), static_cast<size_t>(n) * *out_row));
       }
