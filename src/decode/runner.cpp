@@ -44,26 +44,16 @@ const RunnerShard& Runner::shard_of(int64_t layer) const {
   return shards_.back();
 }
 
-bool Runner::one_backend() const {
+bool Runner::records_steps() const {
   for (const RunnerShard& sh : shards_)
-    if (sh.backend != shards_.front().backend) return false;
+    if (!sh.backend->step_graphs_supported()) return false;
   return true;
 }
 
 Result<Buffer> Runner::hand_off(const float* x, int64_t n, Backend& from, Backend& to) {
   const auto t0 = std::chrono::steady_clock::now();
   DF_ASSIGN_OR_RETURN(Buffer out, to.alloc(n));
-  if (!from.device_memory()) {
-    DF_RETURN_IF_ERROR(to.upload(out.data(), x, n));
-  } else if (!to.device_memory()) {
-    DF_RETURN_IF_ERROR(from.download(out.data(), x, n));
-  } else if (const Status peer = to.copy_from_peer(out.data(), from, x, n); peer.code() == ErrorCode::kUnsupported) {
-    std::vector<float> host(static_cast<size_t>(n));  // device to device through the host
-    DF_RETURN_IF_ERROR(from.download(host.data(), x, n));
-    DF_RETURN_IF_ERROR(to.upload(out.data(), host.data(), n));
-  } else {
-    DF_RETURN_IF_ERROR(peer);
-  }
+  DF_RETURN_IF_ERROR(copy_between(x, from, out.data(), to, n));
   ++handoffs_.count;
   handoffs_.bytes += static_cast<uint64_t>(n) * sizeof(float);
   handoffs_.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -91,7 +81,7 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
   DF_RETURN_IF_ERROR(state.status());
   const bool plain_decode = n == 1 && step.positions.empty() && step.mask == cpu::MaskKind::kCausal &&
                             !step.capture_recurrent && !step.logits_on_device;
-  if (plain_decode && graphs_on_ && one_backend() && backend().step_graphs_supported()) {
+  if (plain_decode && graphs_on_ && records_steps()) {
     bool used = false;
     auto out = decode_recorded(state, step, &used);
     if (used || !out.ok()) return out;
@@ -132,20 +122,49 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
 }
 
 Runner::~Runner() {
-  for (auto& [key, r] : recorded_)
-    if (r.id >= 0) backend().drop_step(r.id);
+  for (auto& [key, r] : recorded_) drop(r);
+}
+
+void Runner::drop(Recorded& r) {
+  for (size_t k = 0; k < r.ids.size(); ++k)
+    if (r.ids[k] >= 0) shards_[k].backend->drop_step(r.ids[k]);
+  r.ids.clear();
+}
+
+Status Runner::copy_between(const float* src, Backend& from, float* dst, Backend& to, int64_t n) {
+  if (!from.device_memory()) return to.upload(dst, src, n);
+  if (!to.device_memory()) return from.download(dst, src, n);
+  const Status peer = to.copy_from_peer(dst, from, src, n);
+  if (peer.code() != ErrorCode::kUnsupported) return peer;
+  std::vector<float> host(static_cast<size_t>(n));  // device to device through the host
+  DF_RETURN_IF_ERROR(from.download(host.data(), src, n));
+  return to.upload(dst, host.data(), n);
+}
+
+Status Runner::run_shard(size_t k, SequenceState& state, const Step& step, const StepShape& shape,
+                         std::span<const int64_t> rows, float* x, float* logits, std::vector<Buffer>& feature_bufs) {
+  const RunnerShard& sh = shards_[k];
+  if (k == 0) DF_RETURN_IF_ERROR(embed_tokens(*sh.weights, step.tokens, x, *sh.backend));
+  std::vector<int64_t> captures;  // this shard's capture layers
+  std::vector<float*> captured;
+  for (size_t c = 0; c < step.capture_layers.size(); ++c)
+    if (step.capture_layers[c] >= sh.layer_begin && step.capture_layers[c] < sh.layer_end) {
+      captures.push_back(step.capture_layers[c]);
+      captured.push_back(feature_bufs[c].data());
+    }
+  DF_RETURN_IF_ERROR(
+      forward_layers(*sh.weights, sh.layer_begin, sh.layer_end, shape, x, state, captures, captured, *sh.backend));
+  if (k + 1 < shards_.size()) return Status();
+  DF_RETURN_IF_ERROR(state.status());
+  return lm_head(*sh.weights, x, rows, logits, *sh.backend);
 }
 
 Status Runner::run_layers(SequenceState& state, const Step& step, std::span<const int32_t> positions,
                           std::span<const int64_t> rows, float* logits, std::vector<Buffer>& feature_bufs) {
   const ModelSpec& s = spec();
   const int64_t n = static_cast<int64_t>(step.tokens.size());
-  const RunnerShard& first = shards_.front();
-  DF_ASSIGN_OR_RETURN(Buffer x, first.backend->alloc(n * s.hidden));
-  DF_RETURN_IF_ERROR(embed_tokens(*first.weights, step.tokens, x.data(), *first.backend));
-  // Capture buffers, each in the memory of the shard that owns its layer: the caller's when it passes them (a
-  // recording allocates its own before it starts: what is allocated while recording belongs to the
-  // recording), else new ones.
+  // Capture buffers, each in the memory of the shard that owns its layer: the caller's when it passes them, else
+  // new ones.
   if (feature_bufs.size() != step.capture_layers.size()) {
     feature_bufs.clear();
     for (int64_t layer : step.capture_layers) {
@@ -153,27 +172,16 @@ Status Runner::run_layers(SequenceState& state, const Step& step, std::span<cons
       feature_bufs.push_back(std::move(f));
     }
   }
-  StepShape shape{n, state.n_past(), positions, step.mask, step.parents, step.capture_recurrent};
-  Backend* at = first.backend;  // where x is
-  for (const RunnerShard& sh : shards_) {
-    if (sh.backend != at) {
-      DF_ASSIGN_OR_RETURN(Buffer moved, hand_off(x.data(), n * s.hidden, *at, *sh.backend));
+  const StepShape shape{n, state.n_past(), positions, step.mask, step.parents, step.capture_recurrent};
+  DF_ASSIGN_OR_RETURN(Buffer x, shards_.front().backend->alloc(n * s.hidden));
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    if (k > 0 && shards_[k].backend != shards_[k - 1].backend) {
+      DF_ASSIGN_OR_RETURN(Buffer moved, hand_off(x.data(), n * s.hidden, *shards_[k - 1].backend, *shards_[k].backend));
       x = std::move(moved);
-      at = sh.backend;
     }
-    // This shard's capture layers.
-    std::vector<int64_t> captures;
-    std::vector<float*> captured;
-    for (size_t c = 0; c < step.capture_layers.size(); ++c)
-      if (step.capture_layers[c] >= sh.layer_begin && step.capture_layers[c] < sh.layer_end) {
-        captures.push_back(step.capture_layers[c]);
-        captured.push_back(feature_bufs[c].data());
-      }
-    DF_RETURN_IF_ERROR(
-        forward_layers(*sh.weights, sh.layer_begin, sh.layer_end, shape, x.data(), state, captures, captured, *sh.backend));
+    DF_RETURN_IF_ERROR(run_shard(k, state, step, shape, rows, x.data(), logits, feature_bufs));
   }
-  DF_RETURN_IF_ERROR(state.status());
-  return lm_head(*shards_.back().weights, x.data(), rows, logits, *shards_.back().backend);
+  return Status();
 }
 
 Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& step, bool* used) {
@@ -183,7 +191,6 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
   constexpr size_t kMaxRecorded = 64;
   *used = false;
   const ModelSpec& s = spec();
-  Backend& be = backend();
   const int64_t pos = state.n_past();
   // The recording does not run the host side of the layers: reserve this position's KV chunks first.
   for (int64_t L = 0; L < s.n_layers; ++L)
@@ -193,11 +200,8 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
   rec.last_use = ++uses_;
   const bool same_captures = std::equal(rec.capture_layers.begin(), rec.capture_layers.end(),
                                         step.capture_layers.begin(), step.capture_layers.end());
-  if (rec.id >= 0 && (rec.layout != state.layout_version() || !same_captures)) {
-    be.drop_step(rec.id);
-    rec.id = -1;
-  }
-  if (rec.id < 0) {
+  if (!rec.ids.empty() && (rec.layout != state.layout_version() || !same_captures)) drop(rec);
+  if (rec.ids.empty()) {
     if (rec.failures >= kMaxFailures) return StepOutput{};
     if (recorded_.size() > kMaxRecorded) {  // forget the least recently used other sequence
       auto victim = recorded_.end();
@@ -205,55 +209,75 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
         if (it->first != state.id() && (victim == recorded_.end() || it->second.last_use < victim->second.last_use))
           victim = it;
       if (victim != recorded_.end()) {
-        if (victim->second.id >= 0) be.drop_step(victim->second.id);
+        drop(victim->second);
         recorded_.erase(victim);
       }
     }
-    auto logits = be.alloc(s.vocab);
+    // What the recordings read and leave, allocated before they start (what is allocated while recording
+    // belongs to the recording): each shard's residual row, the logits, the captured layers.
+    std::vector<Buffer> xs;
+    for (const RunnerShard& sh : shards_) {
+      auto x = sh.backend->alloc(s.hidden);
+      if (!x.ok()) return x.status();
+      xs.push_back(std::move(x).value());
+    }
+    auto logits = backend().alloc(s.vocab);
     if (!logits.ok()) return logits.status();
-    std::vector<Buffer> features;  // where the recording leaves the captured layers, allocated before it starts
-    for (size_t c = 0; c < step.capture_layers.size(); ++c) {
-      auto f = be.alloc(s.hidden);
+    std::vector<Buffer> features;
+    for (int64_t layer : step.capture_layers) {
+      auto f = shard_of(layer).backend->alloc(s.hidden);
       if (!f.ok()) return f.status();
       features.push_back(std::move(f).value());
     }
-    if (!be.begin_step_capture().ok()) {
-      ++rec.failures;
-      return StepOutput{};
-    }
+    // One recording per shard: its part of the step, from its residual row (the embedding on the first).
     const int32_t position = static_cast<int32_t>(pos);
     const int64_t last = 0;
-    Status st = run_layers(state, step, std::span<const int32_t>(&position, 1), std::span<const int64_t>(&last, 1),
-                           logits->data(), features);
-    if (!st.ok()) {
-      be.abort_step_capture();
-      ++rec.failures;
-      return StepOutput{};  // run it eagerly: an error there is a real one
+    const StepShape shape{1, pos, std::span<const int32_t>(&position, 1), step.mask, step.parents, false};
+    for (size_t k = 0; k < shards_.size(); ++k) {
+      Backend& be = *shards_[k].backend;
+      Status st = be.begin_step_capture();
+      if (st.ok()) {
+        st = run_shard(k, state, step, shape, std::span<const int64_t>(&last, 1), xs[k].data(), logits->data(),
+                       features);
+        if (!st.ok()) be.abort_step_capture();
+      }
+      Result<int64_t> id = st.ok() ? be.end_step_capture() : Result<int64_t>(st);
+      if (!id.ok()) {
+        drop(rec);
+        ++rec.failures;
+        return StepOutput{};  // run it eagerly: an error there is a real one
+      }
+      rec.ids.push_back(*id);
     }
-    auto id = be.end_step_capture();
-    if (!id.ok()) {
-      ++rec.failures;
-      return StepOutput{};
-    }
-    rec.id = *id;
     rec.layout = state.layout_version();
+    rec.xs = std::move(xs);
     rec.logits = std::move(logits).value();
     rec.capture_layers.assign(step.capture_layers.begin(), step.capture_layers.end());
     rec.features = std::move(features);
   }
-  const Status st = be.replay_step(rec.id, step.tokens[0], pos);
-  if (st.code() == ErrorCode::kNotFound) {  // invalidated: record again next step, run this one eagerly
-    rec.id = -1;
-    return StepOutput{};
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    if (k > 0) {
+      DF_RETURN_IF_ERROR(copy_between(rec.xs[k - 1].data(), *shards_[k - 1].backend, rec.xs[k].data(),
+                                      *shards_[k].backend, s.hidden));
+      ++handoffs_.count;
+      handoffs_.bytes += static_cast<uint64_t>(s.hidden) * sizeof(float);
+    }
+    const Status st = shards_[k].backend->replay_step(rec.ids[k], step.tokens[0], pos);
+    if (st.code() == ErrorCode::kNotFound) {  // invalidated: record again next step, run this one eagerly
+      drop(rec);
+      return StepOutput{};
+    }
+    DF_RETURN_IF_ERROR(st);
   }
-  DF_RETURN_IF_ERROR(st);
+  Backend& be = backend();
   StepOutput out;
   out.rows = 1;
   out.logits.resize(static_cast<size_t>(s.vocab));
   DF_RETURN_IF_ERROR(be.download(out.logits.data(), rec.logits.data(), s.vocab));
-  for (const Buffer& f : rec.features) {
+  for (size_t c = 0; c < rec.features.size(); ++c) {
     out.features.emplace_back(static_cast<size_t>(s.hidden));
-    DF_RETURN_IF_ERROR(be.download(out.features.back().data(), f.data(), s.hidden));
+    DF_RETURN_IF_ERROR(shard_of(rec.capture_layers[c])
+                           .backend->download(out.features.back().data(), rec.features[c].data(), s.hidden));
   }
   state.set_n_past(pos + 1);
   *used = true;

@@ -95,16 +95,21 @@ class Runner {
                                      int64_t chunk = kPrefillChunk);
 
  private:
-  // A recorded decode step of one sequence.
+  // A recorded decode step of one sequence: one recording per shard, the residual row handed between them.
   struct Recorded {
-    int64_t id = -1;
+    std::vector<int64_t> ids;  // per shard (empty: not recorded)
     uint64_t layout = 0;  // SequenceState::layout_version() when recorded
+    std::vector<Buffer> xs;  // per shard: its residual row ([H], in its memory) that its recording reads and leaves
     Buffer logits;        // where the recording leaves the logits ([V]); reserved for it
     std::vector<int64_t> capture_layers;  // the layers whose outputs it copies out (DFlash features)
     std::vector<Buffer> features;         // where it leaves them ([H] each); reserved for it
     int failures = 0;     // recordings that failed (scratch growing mid-capture); gives up after a few
     uint64_t last_use = 0;
   };
+  // Shard k's part of a step on x [n, H] (its memory, in place): the embedding first on the first shard, its
+  // layers and their capture layers' outputs (into feature_bufs), the LM head into `logits` on the last.
+  Status run_shard(size_t k, SequenceState& state, const Step& step, const StepShape& shape,
+                   std::span<const int64_t> rows, float* x, float* logits, std::vector<Buffer>& feature_bufs);
   // Embedding, layers and head of a step into `logits` (rows x V); the capture layers' outputs into
   // `feature_bufs` (the caller's when it holds one per capture layer, else allocated here).
   Status run_layers(SequenceState& state, const Step& step, std::span<const int32_t> positions,
@@ -115,8 +120,11 @@ class Runner {
   explicit Runner(std::vector<RunnerShard> shards) : shards_(std::move(shards)) {}
   // Copies x [n, H] from `from`'s memory into a new buffer of `to`'s (a shard boundary).
   Result<Buffer> hand_off(const float* x, int64_t n, Backend& from, Backend& to);
-  // Whether every shard computes on one backend (steps can be recorded as one graph).
-  bool one_backend() const;
+  // n floats from `from`'s memory into `to`'s: a peer copy where the two can, else through the host.
+  static Status copy_between(const float* src, Backend& from, float* dst, Backend& to, int64_t n);
+  // Whether every shard's backend records steps (decode steps then replay one recording per shard).
+  bool records_steps() const;
+  void drop(Recorded& r);
 
   std::unique_ptr<CpuBackend> owned_;
   std::vector<RunnerShard> shards_;

@@ -195,6 +195,49 @@ TEST_P(CudaModel, recorded_decode_steps_equal_eager_steps_bit_for_bit) {
   EXPECT_EQ(eager.replayed_steps(), 0);
 }
 
+// A layer split over two CUDA backends (two streams of one GPU here; two GPUs in tests/gpu/layer_split_bench.sh):
+// prefill and decode logits equal one backend's bit for bit, eagerly and with decode steps recorded per shard
+// (one recording each, the residual row copied between them on the streams).
+TEST_P(CudaModel, split_over_two_cuda_backends_equals_one_bit_for_bit) {
+  const int64_t V = host_->spec().vocab, n_layers = host_->spec().n_layers;
+  auto b0 = CudaBackend::create(0), b1 = CudaBackend::create(0);
+  ASSERT_TRUE(b0.ok() && b1.ok());
+  auto w0 = host_->to_backend_if(**b0, [&](std::string_view n) { return host_->shard_needs(n, 0, n_layers / 2); });
+  auto w1 = host_->to_backend_if(**b1, [&](std::string_view n) { return host_->shard_needs(n, n_layers / 2, n_layers); });
+  ASSERT_TRUE(w0.ok() && w1.ok());
+  EXPECT_EQ(w0->find("output_norm"), nullptr);
+  EXPECT_EQ(w1->find("layers.0.attn_norm"), nullptr);
+  for (bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "recorded" : "eager");
+    auto split = Runner::create({RunnerShard{&*w0, b0->get(), 0, n_layers / 2},
+                                 RunnerShard{&*w1, b1->get(), n_layers / 2, n_layers}});
+    ASSERT_TRUE(split.ok()) << split.status().to_string();
+    (*split)->set_step_graphs(graphs);
+    SequenceState a(dev_->spec(), *be_), b(dev_->spec(), (*split)->state_layout());
+    auto la = gpu_->prefill(a, prompts_[1]);
+    auto lb = (*split)->prefill(b, prompts_[1]);
+    ASSERT_TRUE(la.ok() && lb.ok());
+    ASSERT_EQ(std::memcmp(la->data(), lb->data(), sizeof(float) * V), 0) << GetParam() << " prefill";
+    int32_t tok = 5;
+    for (int i = 0; i < 40; ++i) {
+      Step step;
+      step.tokens = std::span<const int32_t>(&tok, 1);
+      auto oa = gpu_->forward(a, step);
+      auto ob = (*split)->forward(b, step);
+      ASSERT_TRUE(oa.ok() && ob.ok()) << (oa.ok() ? ob.status() : oa.status()).to_string();
+      ASSERT_EQ(std::memcmp(oa->logits.data(), ob->logits.data(), sizeof(float) * V), 0)
+          << GetParam() << " step " << i;
+      tok = static_cast<int32_t>(argmax(oa->logits.data(), V));
+    }
+    if (graphs) {
+      EXPECT_GE((*split)->replayed_steps(), 38) << "decode steps should replay one recording per shard";
+    } else {
+      EXPECT_EQ((*split)->replayed_steps(), 0);
+    }
+    EXPECT_GE((*split)->handoff_stats().count, 41);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Random, CudaModel, ::testing::Values("qwen3", "qwen35"),
                          [](const auto& info) { return info.param; });
 
