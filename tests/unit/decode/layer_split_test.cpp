@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "decode/dflash.h"
 #include "decode/runner.h"
 #include "model/weights.h"
@@ -20,6 +22,7 @@
 #include "state/sequence_state.h"
 #include "support/fixture_models.h"
 #include "support/test_paths.h"
+#include "unit/decode/decode_test_util.h"
 #include "unit/ops/ops_test_util.h"
 
 namespace dflash {
@@ -29,13 +32,8 @@ constexpr int kThreads = 2;
 
 const Weights& fixture(const std::string& name) { return test::fixture_model(name); }
 
-int32_t argmax(std::span<const float> row) {
-  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-}
-
-bool bit_equal(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using test::argmax;
+using test::bit_equal;
 
 // A placement of `w` over CPU shards ending at `ends` (the last is the model's layer count).
 struct Split {
@@ -59,7 +57,10 @@ const std::vector<std::vector<int64_t>> kPlacements = {{4, 8}, {1, 4, 8}, {1, 2,
 
 std::string name_of(const std::vector<int64_t>& ends) {
   std::string s;
-  for (int64_t e : ends) s += (s.empty() ? "" : ",") + std::to_string(e);
+  for (int64_t e : ends) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(e);
+  }
   return "ends " + s;
 }
 
@@ -234,10 +235,10 @@ TEST(LayerSplit, snapshots_carry_shard_names_and_rebind_by_layer_to_any_placemen
       }
       size_t s = 0;
       while (layer >= shards[s].layer_end) ++s;
-      EXPECT_EQ(t.name.rfind("ls" + std::to_string(s) + "_", 0), 0u) << t.name;
+      EXPECT_EQ(t.name.rfind(std::string("ls") + std::to_string(s) + "_", 0), 0u) << t.name;
     }
     for (Runner* to : runners) {
-      SCOPED_TRACE(std::to_string(shards.size()) + " shards -> " + std::to_string(to->shards().size()));
+      SCOPED_TRACE(fmt::format("{} shards -> {}", shards.size(), to->shards().size()));
       SequenceState restored(w.spec(), to->state_layout());
       ASSERT_TRUE(restored.import_snapshot(*snap).ok());
       EXPECT_EQ(restored.n_past(), static_cast<int64_t>(prompt.size()));
@@ -263,7 +264,7 @@ TEST(LayerSplit, malformed_snapshots_are_refused_and_change_nothing) {
   // The same layer under two shards' names.
   Snapshot twice = *good;
   SnapshotTensor dup = twice.tensors.front();
-  dup.name = "ls1_" + dup.name.substr(dup.name.find('_') + 1);
+  dup.name = std::string("ls1_") + dup.name.substr(dup.name.find('_') + 1);
   twice.tensors.push_back(dup);
   // A layer missing.
   Snapshot missing = *good;
