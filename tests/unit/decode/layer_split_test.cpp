@@ -64,23 +64,35 @@ std::string name_of(const std::vector<int64_t>& ends) {
   return "ends " + s;
 }
 
+// Decodes `n` greedy tokens on from a state whose last logits are `last`; returns every step's logits.
+std::vector<float> continue_greedy(Runner& r, SequenceState& st, std::span<const float> last, int64_t n) {
+  std::vector<float> all;
+  int32_t t = argmax(last);
+  for (int64_t i = 0; i < n; ++i) {
+    Step step;
+    step.tokens = std::span<const int32_t>(&t, 1);
+    auto o = r.forward(st, step);
+    EXPECT_TRUE(o.ok()) << o.status().to_string();
+    if (!o.ok()) return all;
+    all.insert(all.end(), o->logits.begin(), o->logits.end());
+    t = argmax(o->logits);
+  }
+  return all;
+}
+
 // Greedy decoding of n tokens after `prompt`, every step's logits appended to *logits.
 std::vector<int32_t> greedy(Runner& r, std::span<const int32_t> prompt, int64_t n, std::vector<float>* logits) {
   SequenceState st(r.spec(), r.state_layout());
   auto l = r.prefill(st, prompt, 16);  // several chunks
   EXPECT_TRUE(l.ok()) << l.status().to_string();
   if (!l.ok()) return {};
+  const std::vector<float> rest = continue_greedy(r, st, *l, n - 1);
+  const size_t first = logits->size();
   logits->insert(logits->end(), l->begin(), l->end());
-  std::vector<int32_t> out = {argmax(*l)};
-  while (static_cast<int64_t>(out.size()) < n) {
-    Step step;
-    step.tokens = std::span<const int32_t>(&out.back(), 1);
-    auto o = r.forward(st, step);
-    EXPECT_TRUE(o.ok()) << o.status().to_string();
-    if (!o.ok()) return out;
-    logits->insert(logits->end(), o->logits.begin(), o->logits.end());
-    out.push_back(argmax(o->logits));
-  }
+  logits->insert(logits->end(), rest.begin(), rest.end());
+  const auto V = static_cast<size_t>(r.spec().vocab);
+  std::vector<int32_t> out;
+  for (size_t at = first; at < logits->size(); at += V) out.push_back(argmax(std::span<const float>(logits->data() + at, V)));
   return out;
 }
 
@@ -188,22 +200,6 @@ TEST(LayerSplit, speculative_greedy_output_equals_plain_decoding) {
       EXPECT_GT(stats.steps, 0);
     }
   }
-}
-
-// Decodes `n` greedy tokens on from a state whose last logits are `last`; returns every step's logits.
-std::vector<float> continue_greedy(Runner& r, SequenceState& st, std::span<const float> last, int64_t n) {
-  std::vector<float> all;
-  int32_t t = argmax(last);
-  for (int64_t i = 0; i < n; ++i) {
-    Step step;
-    step.tokens = std::span<const int32_t>(&t, 1);
-    auto o = r.forward(st, step);
-    EXPECT_TRUE(o.ok()) << o.status().to_string();
-    if (!o.ok()) return all;
-    all.insert(all.end(), o->logits.begin(), o->logits.end());
-    t = argmax(o->logits);
-  }
-  return all;
 }
 
 TEST(LayerSplit, snapshots_carry_shard_names_and_rebind_by_layer_to_any_placement) {
