@@ -36,6 +36,7 @@ class ProfilingBackend final : public Backend {
 
   Status synchronize() override { return inner_.synchronize(); }
   bool device_memory() const override { return inner_.device_memory(); }
+  const Backend* memory_owner() const override { return inner_.memory_owner(); }
   MemoryStats memory_stats() const override { return inner_.memory_stats(); }
   void set_token_exact(bool on) override { inner_.set_token_exact(on); }
   void trim() override { inner_.trim(); }

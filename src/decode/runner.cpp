@@ -79,6 +79,8 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
     return invalid_argument("{} tokens after {} exceed the model's context of {}", n, state.n_past(), s.max_context);
 
   DF_RETURN_IF_ERROR(state.status());
+  if (!state.laid_out_as(state_layout()))
+    return invalid_argument("the sequence state is laid out for another placement than this runner's");
   const bool plain_decode = n == 1 && step.positions.empty() && step.mask == cpu::MaskKind::kCausal &&
                             !step.capture_recurrent && !step.logits_on_device;
   if (plain_decode && graphs_on_ && records_steps()) {

@@ -74,6 +74,8 @@ class Backend {
   }
   // True when buffers live in device memory (not addressable by the host).
   virtual bool device_memory() const { return false; }
+  // The backend whose memory this one's buffers are (itself; a decorator answers for what it wraps).
+  virtual const Backend* memory_owner() const { return this; }
   virtual MemoryStats memory_stats() const { return MemoryStats{}; }
   // Returns the memory of freed buffers that a caching backend keeps for reuse to the device (a parked
   // draft's weights, so the driver and other processes see them free). A no-op on the CPU.

@@ -144,6 +144,15 @@ SequenceState::SequenceState(const ModelSpec& spec, std::span<const StateShard> 
   marks_.resize(kv_.size());
 }
 
+bool SequenceState::laid_out_as(std::span<const StateShard> shards) const {
+  if (shards.size() != shards_.size()) return false;
+  for (size_t i = 0; i < shards.size(); ++i)
+    if (shards[i].backend->memory_owner() != shards_[i].backend->memory_owner() || shards[i].layer_begin != shards_[i].layer_begin ||
+        shards[i].layer_end != shards_[i].layer_end)
+      return false;
+  return true;
+}
+
 void SequenceState::reset() {
   n_past_ = 0;
   capture_base_ = -1;

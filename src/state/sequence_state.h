@@ -84,6 +84,8 @@ class SequenceState : public LayerStateAccess {
   SequenceState(const ModelSpec& spec, std::span<const StateShard> shards);
 
   int64_t n_past() const { return n_past_; }
+  // Whether the state is laid out for these shards (the same layer ranges, in the same backends' memory).
+  bool laid_out_as(std::span<const StateShard> shards) const;
   // Unique among the states of this process (keys of per-sequence caches such as recorded steps).
   uint64_t id() const { return id_; }
   // Changes whenever a device-side table of the state moves (recorded steps that used it are stale).

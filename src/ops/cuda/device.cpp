@@ -13,6 +13,10 @@ Result<std::vector<DeviceInfo>> list_devices() {
   }
   if (err != cudaSuccess) return io_error("cudaGetDeviceCount: {}", cudaGetErrorString(err));
   std::vector<DeviceInfo> out;
+  // cudaMemGetInfo reports on the current device: each is made current in turn, and the caller's restored
+  // (CudaBackend remembers which device it made current).
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess) current = -1;
   for (int i = 0; i < n; ++i) {
     cudaDeviceProp prop{};
     err = cudaGetDeviceProperties(&prop, i);
@@ -28,6 +32,7 @@ Result<std::vector<DeviceInfo>> list_devices() {
     if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) d.free_bytes = free_b;
     out.push_back(std::move(d));
   }
+  if (current >= 0) cudaSetDevice(current);
   return out;
 }
 
