@@ -9,10 +9,13 @@
 #include <csignal>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
+#include <thread>
 #include <unistd.h>
 
 #include "support/test_paths.h"
@@ -115,6 +118,38 @@ int free_port() {
     port = ntohs(addr.sin_port);
   close(fd);
   return port;
+}
+
+int start_listening(const std::function<std::vector<std::string>(int)>& argv_for, const std::string& log,
+                    std::unique_ptr<ChildProcess>* proc, std::string* why) {
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    const int port = free_port();
+    if (port <= 0) {
+      *why = "no free port";
+      return 0;
+    }
+    *proc = std::make_unique<ChildProcess>(argv_for(port), log);
+    if (!(*proc)->started()) {
+      *why = "the server did not start";
+      return 0;
+    }
+    const std::string listening = ":" + std::to_string(port) + " ";
+    for (int i = 0; i < 600; ++i) {  // up to 60 s
+      std::ifstream in(log);
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const size_t at = text.find("listening on http://");
+      if (at != std::string::npos && text.find(listening, at) != std::string::npos) return port;
+      if (!(*proc)->running()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if ((*proc)->running()) {
+      *why = "the server did not say it listens within 60 s; see " + log;
+      return 0;
+    }
+    // Exited before listening: the port was taken, or a real failure (then every attempt fails the same way).
+    *why = "the server exited; see " + log;
+  }
+  return 0;
 }
 
 }  // namespace dflash::test

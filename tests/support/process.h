@@ -1,6 +1,8 @@
 // Runs a shell command from a test and captures what it printed.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,5 +42,12 @@ class ChildProcess {
 
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int free_port();
+
+// Starts `dflash serve` as argv_for(port) on a free port, output in `log`, and waits until the log says it
+// listens there ("listening on http://HOST:PORT", written once the port is bound). A server that exits first
+// (another test took the port between free_port() and its bind: parallel tests) is started again on another
+// port, five times at most. Returns the port (the process in *proc), or 0 with *why set.
+int start_listening(const std::function<std::vector<std::string>(int)>& argv_for, const std::string& log,
+                    std::unique_ptr<ChildProcess>* proc, std::string* why);
 
 }  // namespace dflash::test

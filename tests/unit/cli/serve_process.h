@@ -25,15 +25,19 @@ class ServeProcess {
   // `dflash serve --port P --threads 1 ARGS...`, its output in `log`; fails when it exits or is not healthy
   // within 30 s.
   ::testing::AssertionResult start(std::vector<std::string> args, const std::string& log) {
-    port_ = free_port();
-    if (port_ <= 0) return ::testing::AssertionFailure() << "no free port";
-    std::vector<std::string> argv = {DFLASH_BIN, "serve", "--port", std::to_string(port_), "--threads", "1"};
-    argv.insert(argv.end(), args.begin(), args.end());
     log_ = log;
-    proc_ = std::make_unique<ChildProcess>(argv, log_);
+    std::string why;
+    port_ = start_listening(
+        [&](int port) {
+          std::vector<std::string> argv = {DFLASH_BIN, "serve", "--port", std::to_string(port), "--threads", "1"};
+          argv.insert(argv.end(), args.begin(), args.end());
+          return argv;
+        },
+        log_, &proc_, &why);
+    if (port_ <= 0) return ::testing::AssertionFailure() << why;
     client_ = std::make_unique<httplib::Client>("127.0.0.1", port_);
     client_->set_read_timeout(60, 0);
-    for (int i = 0; i < 300; ++i) {
+    for (int i = 0; i < 300; ++i) {  // up to 30 s
       auto r = client_->Get("/health");
       if (r && r->status == 200) return ::testing::AssertionSuccess();
       if (!proc_->running()) return ::testing::AssertionFailure() << "the server exited; see " << log_;

@@ -35,15 +35,18 @@ using json = nlohmann::json;
 class Serve : public ::testing::Test {
  protected:
   void start(std::vector<std::string> extra = {}) {
-    port_ = test::free_port();
-    ASSERT_GT(port_, 0);
-    std::vector<std::string> argv = {DFLASH_BIN, "serve"};
-    if (!bundled_) argv.push_back(model_.empty() ? test::fixture_path("models/tiny-qwen3") : model_);
-    argv.insert(argv.end(), {"--port", std::to_string(port_), "--threads", "1"});
-    argv.insert(argv.end(), extra.begin(), extra.end());
     log_ = scratch() + "/serve.log";
-    proc_ = std::make_unique<test::ChildProcess>(argv, log_);
-    ASSERT_TRUE(proc_->started());
+    std::string why;
+    port_ = test::start_listening(
+        [&](int port) {
+          std::vector<std::string> argv = {DFLASH_BIN, "serve"};
+          if (!bundled_) argv.push_back(model_.empty() ? test::fixture_path("models/tiny-qwen3") : model_);
+          argv.insert(argv.end(), {"--port", std::to_string(port), "--threads", "1"});
+          argv.insert(argv.end(), extra.begin(), extra.end());
+          return argv;
+        },
+        log_, &proc_, &why);
+    ASSERT_GT(port_, 0) << why;
     client_ = std::make_unique<httplib::Client>("127.0.0.1", port_);
     client_->set_read_timeout(60, 0);
     for (int i = 0; i < 300; ++i) {  // up to 30 s
@@ -1114,11 +1117,19 @@ class ServeDiskCache : public ServePrefixCache {
   }
   Extra start_extra(std::vector<std::string> extra, const std::string& log_name) {
     Extra x;
-    const int port = test::free_port();
-    std::vector<std::string> argv = {DFLASH_BIN, "serve", model_, "--port", std::to_string(port), "--threads", "1"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
     x.log = scratch() + "/" + log_name;
-    x.proc = std::make_unique<test::ChildProcess>(argv, x.log);
+    std::string why;
+    const int port = test::start_listening(
+        [&](int p) {
+          std::vector<std::string> argv = {DFLASH_BIN, "serve", model_, "--port", std::to_string(p), "--threads", "1"};
+          argv.insert(argv.end(), extra.begin(), extra.end());
+          return argv;
+        },
+        x.log, &x.proc, &why);
+    if (port <= 0) {
+      ADD_FAILURE() << "the second server: " << why;
+      return x;
+    }
     x.client = std::make_unique<httplib::Client>("127.0.0.1", port);
     x.client->set_read_timeout(60, 0);
     for (int i = 0; i < 300; ++i) {
