@@ -4,7 +4,8 @@
 //    logits `choose` sees, SpecStats, stopping mid-path, and sampling (one draw per emitted token, in order),
 //    on the hybrid and the all-attention target, including tree paths whose KV slots lie in another 64-token
 //    KV chunk than their positions;
-//  - speculative_step end to end with the tiny random draft: greedy output equals plain greedy decoding.
+//  - speculative_step end to end with the tiny random draft: greedy output equals plain greedy decoding, and
+//    sampled output follows the target's distribution (a chi-square test with a stated false-alarm rate).
 // The CPU kernels are batch-invariant by design, so everything compared here is compared bit for bit.
 #include "decode/dflash.h"
 
@@ -612,6 +613,108 @@ INSTANTIATE_TEST_SUITE_P(Modes, SpeculativeStep,
                                            SpecCase{"ddtree_budget_22", true, 22, 4096, 22},
                                            SpecCase{"ddtree_budget_22_window_8", true, 22, 8, 22}),
                          [](const ::testing::TestParamInfo<SpecCase>& i) { return std::string(i.param.name); });
+
+// ---------------------------------------------------------------------------------------------------------
+// Sampled speculative decoding against the target's own distribution (algorithms.md A.5/B.5): over many
+// seeds, the first two tokens a request emits -- t1 sampled from the prompt's logits, t2 from the first
+// speculative step (chain and DDTree) -- are distributed as plain sampling's P(t1) P(t2 | t1), computed
+// exactly from the target. Pearson chi-square over the joint's 9 cells (top-k 3: every cell well filled):
+// with 8 degrees of freedom P(chi2 > 31.8) = 1e-4 is the false-alarm rate; the seeds are fixed, so a run
+// either always passes or always fails.
+TEST(SpeculativeSampling, emitted_tokens_follow_the_target_distribution) {
+  const Weights& target = model("tiny-qwen35");
+  Runner runner(target, kThreads);
+  auto d = DFlashDraft::create(model("tiny-qwen35-dflash"), target, runner.backend());
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  DFlashDraft& draft = **d;
+  std::vector<int32_t> prompt(40);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 29 + 7) % 500);
+  SamplingParams params;
+  params.temperature = 1.5f;
+  params.top_k = 3;
+  const int64_t V = target.spec().vocab;
+
+  // The exact joint of plain sampling over its support.
+  SequenceState st(target.spec(), runner.state_layout());
+  auto l0 = runner.prefill(st, prompt);
+  ASSERT_TRUE(l0.ok());
+  auto snap = st.export_snapshot();
+  ASSERT_TRUE(snap.ok());
+  Sampler probe(params);
+  auto p1 = probe.probabilities(*l0, prompt);
+  ASSERT_TRUE(p1.ok());
+  std::map<std::pair<int32_t, int32_t>, double> expect;
+  for (int32_t a = 0; a < V; ++a) {
+    if ((*p1)[a] == 0.0f) continue;
+    SequenceState s2(target.spec(), runner.state_layout());
+    ASSERT_TRUE(s2.import_snapshot(*snap).ok());
+    Step step;
+    step.tokens = std::span<const int32_t>(&a, 1);
+    auto o = runner.forward(s2, step);
+    ASSERT_TRUE(o.ok());
+    std::vector<int32_t> history = prompt;
+    history.push_back(a);
+    auto p2 = probe.probabilities(o->logits, history);
+    ASSERT_TRUE(p2.ok());
+    for (int32_t b = 0; b < V; ++b)
+      if ((*p2)[b] > 0.0f) expect[{a, b}] = double((*p1)[a]) * (*p2)[b];
+  }
+  ASSERT_EQ(expect.size(), 9u);
+
+  // Every draw starts from the same prefilled state and feature window.
+  SequenceState base(target.spec(), runner.state_layout());
+  FeatureRing base_ring(draft.feature_width(), 64, feature_tag(draft.capture_layers()));
+  auto pre = forward_capturing(runner, base, base_ring, draft.capture_layers(), prompt);
+  ASSERT_TRUE(pre.ok());
+  ASSERT_TRUE(bit_equal(pre->logits, *l0));
+  auto base_snap = base.export_snapshot();
+  ASSERT_TRUE(base_snap.ok());
+  for (bool ddtree : {false, true}) {
+    SCOPED_TRACE(ddtree ? "ddtree" : "chain");
+    SpecOptions opts;
+    opts.ddtree = ddtree;
+    opts.ddtree_budget = 12;
+    constexpr int kDraws = 500;
+    std::map<std::pair<int32_t, int32_t>, int64_t> seen;
+    SequenceState s(target.spec(), runner.state_layout());
+    for (int seed = 0; seed < kDraws; ++seed) {
+      params.seed = 1000003ull * static_cast<uint64_t>(seed + 1);
+      Sampler sampler(params);
+      ASSERT_TRUE(s.import_snapshot(*base_snap).ok());
+      FeatureRing ring = base_ring;
+      std::vector<int32_t> history = prompt;
+      auto t1 = sampler.sample(pre->logits, history);
+      ASSERT_TRUE(t1.ok());
+      history.push_back(*t1);
+      DFlashDraft::Context ctx(draft);
+      const ChooseFn choose = [&](NodeLogits& logits) -> Result<Choice> {
+        DF_ASSIGN_OR_RETURN(std::span<const float> row, logits.row());
+        DF_ASSIGN_OR_RETURN(int32_t t, sampler.sample(row, history));
+        history.push_back(t);
+        return Choice{t, false};
+      };
+      auto r = speculative_step(runner, s, ring, draft, ctx, *t1, 7, opts, choose, nullptr);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      ASSERT_FALSE(r->tokens.empty());
+      ++seen[{*t1, r->tokens[0]}];
+    }
+    double chi = 0;
+    for (const auto& [cell, p] : expect) {
+      const double e = p * kDraws;
+      const double o = static_cast<double>(seen.count(cell) ? seen[cell] : 0);
+      chi += (o - e) * (o - e) / e;
+    }
+    int64_t outside = 0;
+    for (const auto& [cell, n] : seen)
+      if (!expect.count(cell)) outside += n;
+    EXPECT_EQ(outside, 0) << "tokens outside the target's support";
+    EXPECT_LT(chi, 31.8) << "chi-square over " << expect.size() << " cells";
+    double least = 1.0;
+    for (const auto& [cell, p] : expect) least = std::min(least, p);
+    std::printf("  %s: chi-square %.2f over %zu cells (%d draws, fewest expected in a cell %.1f)\n",
+                ddtree ? "ddtree" : "chain", chi, expect.size(), kDraws, least * kDraws);
+  }
+}
 
 }  // namespace
 }  // namespace dflash
