@@ -302,7 +302,7 @@ Status run_bench(const BenchOptions& opt) {
     return invalid_argument("{} + {} tokens exceed the model's context of {}", opt.prompt_len, opt.gen_len, s.max_context);
   Runner& runner = *model.runner;
   ThreadPool copy_pool(opt.threads);
-  const bool on_cpu = model.device_name == "cpu";
+  const bool on_cpu = model.device_name() == "cpu";
   DF_ASSIGN_OR_RETURN(const double bandwidth,
                       on_cpu ? Result<double>(measure_host_bandwidth(copy_pool)) : measure_device_bandwidth(runner.backend()));
 
@@ -338,7 +338,7 @@ Status run_bench(const BenchOptions& opt) {
   const double prefill_tps = opt.prompt_len / prefill_s, decode_tps = opt.gen_len / decode_s;
   const double bytes = decode_bytes(*model.host, opt.prompt_len + opt.gen_len / 2.0);
   const double decode_ceiling = bandwidth / bytes;
-  nlohmann::json j = {{"backend", model.placement_name},
+  nlohmann::json j = {{"backend", model.placement_name()},
                       {"handoffs_per_token", static_cast<double>(h1.count - h0.count) / static_cast<double>(opt.gen_len)},
                       {"handoff_ms_per_token", handoff_ms_per_token},
                       {"threads", copy_pool.size()},
@@ -374,7 +374,7 @@ Status run_bench(const BenchOptions& opt) {
     std::printf("%s\n", j.dump(2).c_str());
     return Status();
   }
-  std::printf("dflash bench (%s, %d cpu threads): %s, %.1f MiB of weights\n", model.placement_name.c_str(),
+  std::printf("dflash bench (%s, %d cpu threads): %s, %.1f MiB of weights\n", model.placement_name().c_str(),
               copy_pool.size(), s.summary().c_str(), model.host->bytes() / 1048576.0);
   if (model.split())
     std::printf("  layer split: %lld hand-offs a decode step, %.3f ms a token\n",
@@ -388,7 +388,7 @@ Status run_bench(const BenchOptions& opt) {
               static_cast<long long>(runner.replayed_steps()), static_cast<long long>(opt.gen_len));
   std::printf("  memory (%s): weights %.1f MiB, sequence state %.1f MiB (KV, DeltaNet), buffers live %.1f MiB "
               "(peak %.1f, cached %.1f), scratch %.1f MiB",
-              model.device_name.c_str(), weights.bytes() / kMiB, state.bytes() / kMiB, mem.buffers_live / kMiB,
+              model.device_name().c_str(), weights.bytes() / kMiB, state.bytes() / kMiB, mem.buffers_live / kMiB,
               mem.buffers_peak / kMiB, mem.buffers_cached / kMiB, mem.scratch / kMiB);
   if (mem.device_total > 0)
     std::printf("; device %.0f of %.0f MiB in use", mem.device_used / kMiB, mem.device_total / kMiB);

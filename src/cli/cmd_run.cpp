@@ -77,7 +77,7 @@ Status run_generate(RunOptions opt) {
   const int64_t model_ctx = weights.spec().max_context > 0 ? weights.spec().max_context : 32768;
   engine.n_ctx = model_ctx;
   std::fprintf(stderr, "model: %s (%.1f MiB) loaded on %s in %.2f s\n", weights.spec().summary().c_str(),
-               model.host->bytes() / 1048576.0, model.placement_name.c_str(), seconds_since(t_load));
+               model.host->bytes() / 1048576.0, model.placement_name().c_str(), seconds_since(t_load));
   if (opt.n_predict == 0) return Status();
   server::GenerationRequest req;
   req.prompt = std::move(ids);

@@ -77,7 +77,7 @@ SnapshotIdentity snapshot_identity(const std::string& model_path, const std::str
                   model.runner->backend().name());
   // A split's files are its placement's: another placement runs other kernels on some layers, so its
   // restores would not be exact (FEATURES.md F3); its files are left to it, not re-bound here.
-  if (model.split()) layout += "; placement " + model.placement_name;
+  if (model.split()) layout += "; placement " + model.placement_name();
   id.layout_hash = XXH3_64bits(layout.data(), layout.size());
   id.n_ctx = n_ctx;
   id.template_hash = template_hash;
@@ -141,7 +141,7 @@ Status serve(ServeOptions opt) {
   engine.chat_template = tmpl.get();
   engine.xml_tool_calls = xml_tool_calls;
   engine.model_id = model_id_of(opt.model);
-  engine.device = model.placement_name;
+  engine.device = model.placement_name();
   for (const ShardPlan& p : model.placement) engine.shard_devices.push_back(p.device);
   engine.version = DFLASH_VERSION;
   const JsonConstraint json_constraint(tok);  // response_format json_object's token table, built once
@@ -170,7 +170,7 @@ Status serve(ServeOptions opt) {
   http.set_engine(&engine);
   log::info("serve: {} ready on {} in {:.1f} s ({}; context {} tokens, {} slot{}; prefix cache {}; disk cache {}; "
             "draft {})",
-            engine.model_id, model.placement_name,
+            engine.model_id, model.placement_name(),
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), spec.summary(), engine.n_ctx,
             opt.server.parallel, opt.server.parallel == 1 ? "" : "s",
             opt.prefix_cache_mib > 0 ? fmt::format("{} MiB", opt.prefix_cache_mib) : std::string("off"),

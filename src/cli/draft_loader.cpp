@@ -47,8 +47,8 @@ Result<std::unique_ptr<ResidentDraft>> load_draft(const DraftOptions& o, const s
   // Another device than the target's, or a split target (whose embedding and head are on different shards):
   // a backend of the draft's own (features cross through the host), by default on the first shard's device.
   std::unique_ptr<Backend> draft_be;
-  const std::string device = o.device.empty() ? model.device_name : o.device;
-  if (device != model.device_name || model.split()) {
+  const std::string device = o.device.empty() ? model.device_name() : o.device;
+  if (device != model.device_name() || model.split()) {
     auto be = make_backend(device, threads);
     if (!be.ok()) return be.status().with_context("--draft-device " + device);
     draft_be = std::move(be).value();

@@ -61,31 +61,24 @@ Result<LoadedModel> load_model(const std::string& path, const PlacementFlags& wh
   } else {
     DF_ASSIGN_OR_RETURN(m.placement, plan_target_split(where.target_devices, where.target_layer_split, spec.n_layers));
   }
-  m.device_name = m.placement.front().device;
-  m.placement_name = m.split() ? describe(m.placement) : m.device_name;
-  if (!m.split() && m.device_name == "cpu") {
+  if (!m.split() && m.device_name() == "cpu") {
     m.runner = std::make_unique<Runner>(*m.host, threads);
     m.device.emplace_back();
-    m.shard_weight_bytes.push_back(m.host->bytes());
     return m;
   }
   std::vector<RunnerShard> shards;
   for (const ShardPlan& p : m.placement) {
     DF_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, make_backend(p.device, threads));
     const Weights* on = m.host.get();
-    uint64_t bytes = 0;
     if (be->device_memory()) {
       DF_ASSIGN_OR_RETURN(Weights dev, m.host->to_backend_if(*be, [&](std::string_view name) {
         return m.host->shard_needs(name, p.layer_begin, p.layer_end);
       }));
       m.device.push_back(std::make_unique<Weights>(std::move(dev)));
       on = m.device.back().get();
-      bytes = on->bytes();
     } else {
       m.device.emplace_back();
-      bytes = m.host->shard_bytes(p.layer_begin, p.layer_end);
     }
-    m.shard_weight_bytes.push_back(bytes);
     shards.push_back(RunnerShard{on, be.get(), p.layer_begin, p.layer_end});
     m.backends.push_back(std::move(be));
   }

@@ -38,10 +38,10 @@ struct LoadedModel {
   // The first shard's weights (the whole model's when not split).
   const Weights& weights() const { return !device.empty() && device[0] ? *device[0] : *host; }
   bool split() const { return placement.size() > 1; }
-  std::string device_name;  // the first shard's device
-  std::string placement_name;  // "cuda:0" or "cuda:0[0,18) cpu[18,36)"
-  // Bytes of weights on each shard's device, in shard order.
-  std::vector<uint64_t> shard_weight_bytes;
+  // The first shard's device.
+  const std::string& device_name() const { return placement.front().device; }
+  // "cuda:0", or a split's "cuda:0[0,18) cpu[18,36)".
+  std::string placement_name() const { return split() ? describe(placement) : device_name(); }
 };
 
 // The target on `where`: "cpu" (default) or "cuda:N" (when this build has CUDA), or split across

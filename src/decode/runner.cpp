@@ -8,10 +8,14 @@ namespace dflash {
 
 Runner::Runner(const Weights& weights, int threads) : owned_(std::make_unique<CpuBackend>(threads)) {
   shards_.push_back(RunnerShard{&weights, owned_.get(), 0, weights.spec().n_layers});
+  layout_ = {StateShard{owned_.get(), 0, weights.spec().n_layers}};
 }
 
-Runner::Runner(const Weights& weights, Backend& backend) {
-  shards_.push_back(RunnerShard{&weights, &backend, 0, weights.spec().n_layers});
+Runner::Runner(const Weights& weights, Backend& backend)
+    : Runner(std::vector<RunnerShard>{RunnerShard{&weights, &backend, 0, weights.spec().n_layers}}) {}
+
+Runner::Runner(std::vector<RunnerShard> shards) : shards_(std::move(shards)) {
+  for (const RunnerShard& sh : shards_) layout_.push_back(StateShard{sh.backend, sh.layer_begin, sh.layer_end});
 }
 
 Result<std::unique_ptr<Runner>> Runner::create(std::vector<RunnerShard> shards) {
@@ -32,12 +36,6 @@ Result<std::unique_ptr<Runner>> Runner::create(std::vector<RunnerShard> shards) 
   return std::unique_ptr<Runner>(new Runner(std::move(shards)));
 }
 
-std::vector<StateShard> Runner::state_layout() const {
-  std::vector<StateShard> out;
-  for (const RunnerShard& sh : shards_) out.push_back(StateShard{sh.backend, sh.layer_begin, sh.layer_end});
-  return out;
-}
-
 const RunnerShard& Runner::shard_of(int64_t layer) const {
   for (const RunnerShard& sh : shards_)
     if (layer < sh.layer_end) return sh;
@@ -51,12 +49,8 @@ bool Runner::records_steps() const {
 }
 
 Result<Buffer> Runner::hand_off(const float* x, int64_t n, Backend& from, Backend& to) {
-  const auto t0 = std::chrono::steady_clock::now();
   DF_ASSIGN_OR_RETURN(Buffer out, to.alloc(n));
-  DF_RETURN_IF_ERROR(copy_between(x, from, out.data(), to, n));
-  ++handoffs_.count;
-  handoffs_.bytes += static_cast<uint64_t>(n) * sizeof(float);
-  handoffs_.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  DF_RETURN_IF_ERROR(hand_over(x, from, out.data(), to, n));
   return out;
 }
 
@@ -79,7 +73,7 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
     return invalid_argument("{} tokens after {} exceed the model's context of {}", n, state.n_past(), s.max_context);
 
   DF_RETURN_IF_ERROR(state.status());
-  if (!state.laid_out_as(state_layout()))
+  if (!state.laid_out_as(layout_))
     return invalid_argument("the sequence state is laid out for another placement than this runner's");
   const bool plain_decode = n == 1 && step.positions.empty() && step.mask == cpu::MaskKind::kCausal &&
                             !step.capture_recurrent && !step.logits_on_device;
@@ -133,14 +127,26 @@ void Runner::drop(Recorded& r) {
   r.ids.clear();
 }
 
-Status Runner::copy_between(const float* src, Backend& from, float* dst, Backend& to, int64_t n) {
-  if (!from.device_memory()) return to.upload(dst, src, n);
-  if (!to.device_memory()) return from.download(dst, src, n);
-  const Status peer = to.copy_from_peer(dst, from, src, n);
-  if (peer.code() != ErrorCode::kUnsupported) return peer;
-  std::vector<float> host(static_cast<size_t>(n));  // device to device through the host
-  DF_RETURN_IF_ERROR(from.download(host.data(), src, n));
-  return to.upload(dst, host.data(), n);
+Status Runner::hand_over(const float* src, Backend& from, float* dst, Backend& to, int64_t n) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st;
+  if (!from.device_memory()) {
+    st = to.upload(dst, src, n);
+  } else if (!to.device_memory()) {
+    st = from.download(dst, src, n);
+  } else {
+    st = to.copy_from_peer(dst, from, src, n);
+    if (st.code() == ErrorCode::kUnsupported) {  // device to device through the host
+      std::vector<float> host(static_cast<size_t>(n));
+      st = from.download(host.data(), src, n);
+      if (st.ok()) st = to.upload(dst, host.data(), n);
+    }
+  }
+  DF_RETURN_IF_ERROR(st);
+  ++handoffs_.count;
+  handoffs_.bytes += static_cast<uint64_t>(n) * sizeof(float);
+  handoffs_.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return Status();
 }
 
 Status Runner::run_shard(size_t k, SequenceState& state, const Step& step, const StepShape& shape,
@@ -259,10 +265,8 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
   }
   for (size_t k = 0; k < shards_.size(); ++k) {
     if (k > 0) {
-      DF_RETURN_IF_ERROR(copy_between(rec.xs[k - 1].data(), *shards_[k - 1].backend, rec.xs[k].data(),
-                                      *shards_[k].backend, s.hidden));
-      ++handoffs_.count;
-      handoffs_.bytes += static_cast<uint64_t>(s.hidden) * sizeof(float);
+      DF_RETURN_IF_ERROR(hand_over(rec.xs[k - 1].data(), *shards_[k - 1].backend, rec.xs[k].data(),
+                                   *shards_[k].backend, s.hidden));
     }
     const Status st = shards_[k].backend->replay_step(rec.ids[k], step.tokens[0], pos);
     if (st.code() == ErrorCode::kNotFound) {  // invalidated: record again next step, run this one eagerly

@@ -72,7 +72,7 @@ class Runner {
   // The last shard's backend: where a step's logits are (Step::logits_on_device).
   Backend& backend() { return *shards_.back().backend; }
   // The layout of this placement's sequence states: SequenceState(spec(), state_layout()).
-  std::vector<StateShard> state_layout() const;
+  const std::vector<StateShard>& state_layout() const { return layout_; }
   // The shard that runs `layer`.
   const RunnerShard& shard_of(int64_t layer) const;
   HandoffStats handoff_stats() const { return handoffs_; }
@@ -117,17 +117,19 @@ class Runner {
   // The recorded path of a plain decode step; *used = false when it fell back to the caller.
   Result<StepOutput> decode_recorded(SequenceState& state, const Step& step, bool* used);
 
-  explicit Runner(std::vector<RunnerShard> shards) : shards_(std::move(shards)) {}
+  explicit Runner(std::vector<RunnerShard> shards);
   // Copies x [n, H] from `from`'s memory into a new buffer of `to`'s (a shard boundary).
   Result<Buffer> hand_off(const float* x, int64_t n, Backend& from, Backend& to);
-  // n floats from `from`'s memory into `to`'s: a peer copy where the two can, else through the host.
-  static Status copy_between(const float* src, Backend& from, float* dst, Backend& to, int64_t n);
+  // n floats from `from`'s memory into `to`'s at a shard boundary (a peer copy where the two can, else through
+  // the host), counted in handoffs_.
+  Status hand_over(const float* src, Backend& from, float* dst, Backend& to, int64_t n);
   // Whether every shard's backend records steps (decode steps then replay one recording per shard).
   bool records_steps() const;
   void drop(Recorded& r);
 
   std::unique_ptr<CpuBackend> owned_;
   std::vector<RunnerShard> shards_;
+  std::vector<StateShard> layout_;  // shards_ as sequence states see them (state_layout())
   HandoffStats handoffs_;
   bool graphs_on_ = true;
   std::map<uint64_t, Recorded> recorded_;  // by SequenceState::id()
