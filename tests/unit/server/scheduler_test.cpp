@@ -22,6 +22,7 @@
 #include "model/weights.h"
 #include "support/test_paths.h"
 #include "tokenizer/load_tokenizer.h"
+#include "unit/server/generation_test_util.h"
 
 namespace dflash::server {
 namespace {
@@ -107,16 +108,7 @@ class SchedulerTest : public ::testing::Test {
   }
 
   static void expect_same(const GenerationResult& a, const GenerationResult& b, const std::string& what) {
-    EXPECT_EQ(a.text, b.text) << what;
-    EXPECT_EQ(a.finish_reason, b.finish_reason) << what;
-    EXPECT_EQ(a.prompt_tokens, b.prompt_tokens) << what;
-    EXPECT_EQ(a.completion_tokens, b.completion_tokens) << what;
-    ASSERT_EQ(a.logprobs.size(), b.logprobs.size()) << what;
-    for (size_t i = 0; i < a.logprobs.size(); ++i) {
-      EXPECT_EQ(a.logprobs[i].id, b.logprobs[i].id) << what << " token " << i;
-      EXPECT_EQ(a.logprobs[i].logprob, b.logprobs[i].logprob) << what << " token " << i;  // bit for bit
-      EXPECT_EQ(a.logprobs[i].top, b.logprobs[i].top) << what << " token " << i;
-    }
+    expect_same_generation(a, b, /*logprobs=*/true, what);
   }
 
   TinyModel model_;
