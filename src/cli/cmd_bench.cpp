@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -41,6 +42,9 @@ struct BenchOptions {
   int threads = 0;
   PlacementFlags where;  // --device, or --target-devices and --target-layer-split
   int64_t profile = 0;  // decode steps to profile per op (0: none)
+  int reps = 3;         // prefill runs: the first is cold (TTFT), the prefill rate is the median of the others
+  bool profile_prefill = false;  // also profile one prefill of the prompt per op
+  std::vector<int64_t> verify_cost;  // verify-shaped steps of these token counts, timed beside a plain step
   bool json = false;
   DraftOptions draft;   // speculative decoding beside plain decoding (when a draft is given or bundled)
   std::string prompt;   // a real prompt for the speculative run (drafts accept on real text, not random ids)
@@ -174,6 +178,92 @@ Result<nlohmann::json> profile_decode(const Weights& weights, Backend& be, Seque
   return table;
 }
 
+// FLOPs of prefilling n tokens in steps of `chunk`: the layers' products (2 per weight element and token),
+// attention (4 nh hd per visible (query, key) pair: scores and the weighted sum), the DeltaNet recurrence
+// (about 6 nvh dk dv per token and layer: the state read, updated and applied; the chunked form's extra
+// intra-chunk products are left out), and the head once per step (the last token's logits).
+double prefill_flops(const Weights& w, int64_t n, int64_t chunk) {
+  const ModelSpec& s = w.spec();
+  const double tokens = static_cast<double>(n);
+  double f = 2.0 * static_cast<double>(w.layer_matmul_elements()) * tokens;
+  for (int64_t l = 0; l < s.n_layers; ++l) {
+    if (s.is_recurrent(l)) {
+      f += 6.0 * tokens * static_cast<double>(s.gdn.n_v_heads * s.gdn.d_k * s.gdn.d_v);
+      continue;
+    }
+    const int64_t win = static_cast<size_t>(l) < s.sliding_window.size() ? s.sliding_window[static_cast<size_t>(l)] : 0;
+    double visible = tokens * (tokens + 1) / 2;  // query i sees keys 0..i
+    if (win > 0 && win < n) visible = static_cast<double>(win) * (win + 1) / 2 + static_cast<double>(n - win) * win;
+    f += 4.0 * static_cast<double>(s.n_heads * s.head_dim) * visible;
+  }
+  f += 2.0 * static_cast<double>(s.vocab * s.hidden) * static_cast<double>((n + chunk - 1) / chunk);
+  return f;
+}
+
+// One prefill of `prompt` on a fresh sequence through a ProfilingBackend: every op's share of it.
+Result<nlohmann::json> profile_prefill(const Weights& weights, Backend& be, const Runner& runner,
+                                       std::span<const int32_t> prompt, double bandwidth) {
+  ProfilingBackend prof(be);
+  Runner prof_runner(weights, prof);
+  SequenceState state(weights.spec(), runner.state_layout());
+  const double t0 = now_s();
+  DF_RETURN_IF_ERROR(prof_runner.prefill(state, prompt).status());
+  DF_RETURN_IF_ERROR(prof.collect());
+  return profile_table(prof, 1, now_s() - t0, bandwidth);
+}
+
+// Verify-shaped target steps (a chain of n tokens: every row's logits left on the device and their argmax
+// taken there, per-token DeltaNet states captured, then rolled back to one kept token, as a DFlash step with
+// no acceptance does) beside a plain one-token step, both at the sequence's current length: the cost of
+// verifying n tokens in units of one decode step. Draft features are not captured (a few KB a step).
+Result<nlohmann::json> bench_verify_cost(Runner& runner, SequenceState& state, std::span<const int64_t> counts,
+                                         int32_t token) {
+  Backend& be = runner.backend();
+  const int64_t V = runner.spec().vocab;
+  constexpr int kReps = 8;
+  const auto plain_ms = [&]() -> Result<double> {
+    std::vector<double> ms;
+    for (int r = 0; r < kReps + 1; ++r) {
+      Step step;
+      step.tokens = std::span<const int32_t>(&token, 1);
+      const double t0 = now_s();
+      DF_RETURN_IF_ERROR(runner.forward(state, step).status());
+      if (r > 0) ms.push_back((now_s() - t0) * 1e3);
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  };
+  DF_ASSIGN_OR_RETURN(const double ar_ms, plain_ms());
+  nlohmann::json rows = nlohmann::json::array();
+  for (const int64_t n : counts) {
+    if (n < 1) return invalid_argument("--verify-cost takes token counts >= 1, not {}", n);
+    const int64_t max_ctx = runner.spec().max_context;
+    if (max_ctx > 0 && state.n_past() + n + kReps + 1 > max_ctx)
+      return invalid_argument("--verify-cost {}: past the model's context of {}", n, max_ctx);
+    const std::vector<int32_t> tokens(static_cast<size_t>(n), token);
+    std::vector<int32_t> top(static_cast<size_t>(n));
+    std::vector<float> top_value(static_cast<size_t>(n));
+    std::vector<double> ms;
+    for (int r = 0; r < kReps + 1; ++r) {
+      Step step;
+      step.tokens = tokens;
+      step.all_logits = true;
+      step.logits_on_device = true;
+      step.capture_recurrent = true;
+      const double t0 = now_s();
+      DF_ASSIGN_OR_RETURN(StepOutput o, runner.forward(state, step));
+      DF_RETURN_IF_ERROR(be.top_k_rows(o.device_logits.data(), n, V, 1, top.data(), top_value.data(), nullptr));
+      DF_RETURN_IF_ERROR(be.synchronize());
+      if (r > 0) ms.push_back((now_s() - t0) * 1e3);
+      DF_RETURN_IF_ERROR(state.rollback_captured(1));
+    }
+    std::sort(ms.begin(), ms.end());
+    const double v = ms[ms.size() / 2];
+    rows.push_back({{"tokens", n}, {"verify_ms", v}, {"plain_ms", ar_ms}, {"ratio", v / ar_ms}});
+  }
+  return rows;
+}
+
 // Greedy decoding of a prompt with and without the draft (the decoder itself: no adaptive fallback, no stop
 // at end-of-generation tokens): tokens per second of each, the speedup, the acceptance, and the acceptance
 // length a step must reach to pay. Null when there is no draft.
@@ -294,8 +384,10 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
 Status run_bench(const BenchOptions& opt) {
   if (opt.prompt_len < 1 || opt.gen_len < 1) return invalid_argument("--prompt-len and --gen-len must be >= 1");
   if (opt.profile < 0) return invalid_argument("--profile takes a number of decode steps >= 0");
+  if (opt.reps < 1) return invalid_argument("--reps takes a number of prefill runs >= 1");
   DF_ASSIGN_OR_RETURN(LoadedModel model, load_model(opt.model, opt.where, opt.threads));
-  if (model.split() && opt.profile > 0) return invalid_argument("--profile needs a target on one device");
+  if (model.split() && (opt.profile > 0 || opt.profile_prefill))
+    return invalid_argument("--profile and --profile-prefill need a target on one device");
   const Weights& weights = model.weights();
   const ModelSpec& s = weights.spec();
   if (s.max_context > 0 && opt.prompt_len + opt.gen_len + opt.profile > s.max_context)
@@ -313,12 +405,26 @@ Status run_bench(const BenchOptions& opt) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     t = static_cast<int32_t>(x % static_cast<uint64_t>(s.vocab));
   }
-  SequenceState state(s, runner.state_layout());
-  const double t0 = now_s();
-  DF_ASSIGN_OR_RETURN(std::vector<float> logits, runner.prefill(state, prompt));
-  const double prefill_s = now_s() - t0;
-  std::vector<int32_t> tokens = {static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin())};
-  const double ttft_s = now_s() - t0;
+  // Prefill `reps` times, each on a fresh sequence: the first run is cold (kernels loaded, heuristics picked,
+  // scratch grown: what a first request sees, its TTFT); the prefill rate is the median of the others.
+  std::optional<SequenceState> kept;
+  std::vector<int32_t> tokens;
+  double ttft_s = 0;
+  std::vector<double> warm_s;
+  for (int rep = 0; rep < opt.reps; ++rep) {
+    kept.reset();
+    SequenceState st(s, runner.state_layout());
+    const double t0 = now_s();
+    DF_ASSIGN_OR_RETURN(std::vector<float> logits, runner.prefill(st, prompt));
+    tokens = {static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin())};
+    const double took = now_s() - t0;
+    if (rep == 0) ttft_s = took;
+    else warm_s.push_back(took);
+    kept.emplace(std::move(st));
+  }
+  SequenceState& state = *kept;
+  std::sort(warm_s.begin(), warm_s.end());
+  const double prefill_s = warm_s.empty() ? ttft_s : warm_s[warm_s.size() / 2];
   const HandoffStats h0 = runner.handoff_stats();
   const double t1 = now_s();
   for (int64_t i = 0; i < opt.gen_len; ++i) {
@@ -336,6 +442,18 @@ Status run_bench(const BenchOptions& opt) {
   constexpr double kMiB = 1048576.0;
 
   const double prefill_tps = opt.prompt_len / prefill_s, decode_tps = opt.gen_len / decode_s;
+  // Prefill's ceiling: its FLOPs at the device's measured dense bf16 rate (none on the CPU).
+  const double flops = prefill_flops(weights, opt.prompt_len, Runner::kPrefillChunk);
+  nlohmann::json peak_tflops, prefill_ceiling, prefill_ratio;
+  if (!on_cpu && !model.split()) {
+    if (auto peak = runner.backend().measure_peak_matmul_flops(); peak.ok()) {
+      peak_tflops = *peak / 1e12;
+      prefill_ceiling = *peak / flops * static_cast<double>(opt.prompt_len);
+      prefill_ratio = prefill_tps / prefill_ceiling.get<double>();
+    } else {
+      log::warn("bench: {}", peak.status().to_string());
+    }
+  }
   const double bytes = decode_bytes(*model.host, opt.prompt_len + opt.gen_len / 2.0);
   const double decode_ceiling = bandwidth / bytes;
   nlohmann::json j = {{"backend", model.placement_name()},
@@ -347,6 +465,12 @@ Status run_bench(const BenchOptions& opt) {
                       {"prompt_len", opt.prompt_len},
                       {"gen_len", opt.gen_len},
                       {"prefill_tok_s", prefill_tps},
+                      {"prefill_reps", opt.reps},
+                      {"prefill_cold_tok_s", opt.prompt_len / ttft_s},
+                      {"prefill_tflop", flops / 1e12},
+                      {"peak_matmul_tflop_s", peak_tflops},
+                      {"prefill_ceiling_tok_s", prefill_ceiling},
+                      {"prefill_ratio", prefill_ratio},
                       {"ttft_ms", ttft_s * 1e3},
                       {"decode_tok_s", decode_tps},
                       {"decode_bytes_per_token", bytes},
@@ -364,6 +488,12 @@ Status run_bench(const BenchOptions& opt) {
                         {"scratch", mem.scratch / kMiB},
                         {"device_used", mem.device_used / kMiB},
                         {"device_total", mem.device_total / kMiB}}}};
+  if (!opt.verify_cost.empty()) {
+    DF_ASSIGN_OR_RETURN(j["verify_cost"], bench_verify_cost(runner, state, opt.verify_cost, tokens.back()));
+  }
+  if (opt.profile_prefill) {
+    DF_ASSIGN_OR_RETURN(j["prefill_profile"], profile_prefill(weights, runner.backend(), runner, prompt, bandwidth));
+  }
   DF_ASSIGN_OR_RETURN(nlohmann::json spec_j, bench_speculative(opt, model, prompt, bandwidth));
   if (!spec_j.is_null()) j["speculative"] = spec_j;
   if (opt.json) {
@@ -380,8 +510,16 @@ Status run_bench(const BenchOptions& opt) {
     std::printf("  layer split: %lld hand-offs a decode step, %.3f ms a token\n",
                 static_cast<long long>((h1.count - h0.count) / opt.gen_len), handoff_ms_per_token);
   std::printf("  %-8s %12s %22s %8s\n", "", "measured", "ceiling", "ratio");
-  std::printf("  %-8s %8.1f tok/s %14s %8s   (%lld tokens, TTFT %.1f ms)\n", "prefill", prefill_tps, "n/a on cpu", "",
-              static_cast<long long>(opt.prompt_len), ttft_s * 1e3);
+  if (prefill_ceiling.is_null())
+    std::printf("  %-8s %8.1f tok/s %22s %8s   (%lld tokens, %s; cold run %.1f tok/s, TTFT %.1f ms)\n", "prefill",
+                prefill_tps, on_cpu ? "n/a on cpu" : "n/a", "", static_cast<long long>(opt.prompt_len),
+                warm_s.empty() ? "one cold run" : "median of the warm runs", opt.prompt_len / ttft_s, ttft_s * 1e3);
+  else
+    std::printf("  %-8s %8.1f tok/s %8.1f tok/s      %6.2f   (%lld tokens, %.2f TFLOP at %.0f TFLOP/s bf16; %s; cold "
+                "run %.1f tok/s, TTFT %.1f ms)\n",
+                "prefill", prefill_tps, prefill_ceiling.get<double>(), prefill_ratio.get<double>(),
+                static_cast<long long>(opt.prompt_len), flops / 1e12, peak_tflops.get<double>(),
+                warm_s.empty() ? "one cold run" : "median of the warm runs", opt.prompt_len / ttft_s, ttft_s * 1e3);
   std::printf("  %-8s %8.2f tok/s %8.2f tok/s      %6.2f   (%.1f MB/token at %.2f GB/s copy rate)\n", "decode",
               decode_tps, decode_ceiling, decode_tps / decode_ceiling, bytes / 1e6, bandwidth / 1e9);
   std::printf("  peak RSS %.1f MiB; %lld of %lld decode steps replayed from a recorded graph\n", ru.ru_maxrss / 1024.0,
@@ -393,6 +531,11 @@ Status run_bench(const BenchOptions& opt) {
   if (mem.device_total > 0)
     std::printf("; device %.0f of %.0f MiB in use", mem.device_used / kMiB, mem.device_total / kMiB);
   std::printf("\n");
+  for (const auto& v : j.value("verify_cost", nlohmann::json::array()))
+    std::printf("  verify step of %lld tokens: %.2f ms = %.2fx a plain step (%.2f ms)\n",
+                static_cast<long long>(v["tokens"].get<int64_t>()), v["verify_ms"].get<double>(),
+                v["ratio"].get<double>(), v["plain_ms"].get<double>());
+  if (j.contains("prefill_profile")) print_profile(j["prefill_profile"], "prefill (one run of the prompt)");
   if (!spec_j.is_null()) {
     const auto& sj = spec_j;
     std::printf("  speculative (%s, %s; greedy, %lld-token prompt): plain %.1f tok/s, with the draft %.1f tok/s "
@@ -435,6 +578,12 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   add_placement_flags(cmd, &opt->where);
   cmd->add_option("--profile", opt->profile, "Then profile this many decode steps per op (time, bytes, GB/s)")
       ->capture_default_str();
+  cmd->add_option("--reps", opt->reps, "Prefill runs: the first is cold (TTFT), the rate is the others' median")
+      ->capture_default_str();
+  cmd->add_flag("--profile-prefill", opt->profile_prefill, "Then profile one prefill of the prompt per op");
+  cmd->add_option("--verify-cost", opt->verify_cost,
+                  "Time verify-shaped steps of these token counts (e.g. 16,23) beside a plain step")
+      ->delimiter(',');
   cmd->add_flag("--json", opt->json, "Machine-readable output");
   cmd->add_option("--prompt", opt->prompt, "With a draft: the prompt of the speculative run (default: --prompt-len random ids)");
   cmd->add_flag("--chat", opt->chat, "With --prompt: wrap it in the model's chat template");

@@ -35,6 +35,7 @@ class ProfilingBackend final : public Backend {
   void reset();
 
   Status synchronize() override { return inner_.synchronize(); }
+  Result<double> measure_peak_matmul_flops() override { return inner_.measure_peak_matmul_flops(); }
   bool device_memory() const override { return inner_.device_memory(); }
   const Backend* memory_owner() const override { return inner_.memory_owner(); }
   MemoryStats memory_stats() const override { return inner_.memory_stats(); }

@@ -112,6 +112,14 @@ uint64_t Weights::shard_bytes(int64_t begin, int64_t end) const {
   return b;
 }
 
+uint64_t Weights::layer_matmul_elements() const {
+  uint64_t e = 0;
+  for (const auto& [name, view] : tensors_)
+    if (name.starts_with("layers.") && view.rows > 1 && !name.ends_with(".gdn.conv"))
+      e += static_cast<uint64_t>(view.rows) * static_cast<uint64_t>(view.cols);
+  return e;
+}
+
 Result<Weights> Weights::to_backend_if(Backend& be, const std::function<bool(std::string_view)>& keep) const {
   const auto wanted = [&](const std::string& name) { return keep(name); };
   Weights out;

@@ -49,6 +49,9 @@ class Weights {
   bool shard_needs(std::string_view canonical, int64_t begin, int64_t end) const;
   // Bytes of the tensors such a shard needs.
   uint64_t shard_bytes(int64_t begin, int64_t end) const;
+  // Elements of the matrices a token's pass through the layers multiplies by (every 2-D "layers." tensor but
+  // the DeltaNet conv kernel): a token's product FLOPs are twice this, besides attention and the head.
+  uint64_t layer_matmul_elements() const;
 
  private:
   Status add(const std::string& canonical, cpu::WeightView view);

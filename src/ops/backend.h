@@ -82,6 +82,9 @@ class Backend {
   virtual void trim() {}
   // Waits until all work queued on the backend is done (a no-op on the CPU).
   virtual Status synchronize() { return Status(); }
+  // The measured rate of the backend's fastest dense product (a device: a large bf16 GEMM on its tensor
+  // cores), in FLOP/s: the ceiling `dflash bench` sets beside prefill. Unsupported where none is measured.
+  virtual Result<double> measure_peak_matmul_flops() { return unsupported("{}: no peak matmul rate", name()); }
 
   // ---- timeline marks, for profiles (decode/profiling_backend.h)
   // mark() records a point on the backend's timeline after the work queued so far and returns its id;

@@ -26,7 +26,7 @@ build="${DFLASH_GPU_BUILD:-build-gpu}"
 [[ "$build" = /* ]] || build="$root/$build"
 bundle="$build/bundle"
 tests=(test_cuda)  # test executables that need a GPU
-tools=(src/dflash bench/bench_cuda_matmul)  # carried beside them for benchmarks (build-relative paths)
+tools=(src/dflash bench/bench_cuda_matmul bench/bench_cuda_attention bench/bench_cuda_mmq)  # carried beside them for benchmarks (build-relative paths)
 
 usage() {
   sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
@@ -42,7 +42,7 @@ non_glibc_libs() {
 cmd_bundle() {
   command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] || { echo "bundle: no nvcc" >&2; exit 1; }
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
-  ninja -C "$build" -j"${JOBS:-2}" "${tests[@]}" dflash bench_cuda_matmul
+  ninja -C "$build" -j"${JOBS:-2}" "${tests[@]}" dflash bench_cuda_matmul bench_cuda_attention bench_cuda_mmq
   rm -rf "$bundle"
   mkdir -p "$bundle/bin" "$bundle/lib" "$bundle/lib-cxx"
   local bins=()

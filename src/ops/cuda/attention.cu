@@ -1,9 +1,13 @@
 // Kernels of attention.h.
 //
-// One kernel template attn_kernel<HD, R, T> serves prefill and decode. A block owns R "rows" of one KV
-// head: row g = query i * group + head-of-group hg (query-major), i.e. every query head that reads this
-// KV head, so one K/V tile in shared memory serves the whole group. Block (x, y, z) = (row block, KV head,
-// key split). Per tile of T keys:
+// Prefill-shaped calls (n_q > 32, kCausal or kFull) run the tensor-core kernel of attention_mma.cu (f16
+// inputs, f32 softmax and accumulators); everything else, and those calls too when asked through
+// attention_internal.h (benchmarks), runs the float32 kernel below.
+//
+// One kernel template attn_kernel<HD, R, T> serves decode, path mode and trees of more than 128 nodes
+// (and, on request, prefill). A block owns R "rows" of one KV head: row g = query i * group + head-of-group
+// hg (query-major), i.e. every query head that reads this KV head, so one K/V tile in shared memory serves
+// the whole group. Block (x, y, z) = (row block, KV head, key split). Per tile of T keys:
 //   1. K and V rows of the tile -> shared memory (16-byte loads, chunk table lookup per key); for a kTree
 //      mask each row's visible slots in the tile as a 64-bit mask, by walking its parent chain down to the
 //      tile's first slot;
@@ -19,8 +23,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cmath>
 #include <cstdint>
+
+#include "ops/cuda/attention_internal.h"
 
 namespace dflash::cuda {
 namespace {
@@ -356,6 +363,7 @@ constexpr int64_t kMinKeysPerSplit = 128;
 constexpr int kMaxSplits = 256;
 
 struct Plan {
+  bool mma;   // the tensor-core kernel (attention_mma.cu); the fields below then describe its launch
   bool path;  // path mode (Params::path_mode)
   int blocks_per_query;
   int rows_per_block;
@@ -389,8 +397,50 @@ bool args_ok(const float* q, int64_t n_q, int64_t n_heads, const DeviceKvView& k
   return true;
 }
 
+// The tensor-core kernel takes prefill-shaped calls (n_q > 32, causal or full) whose positions fit its
+// 32-bit arithmetic.
+bool mma_eligible(AttnPrefillKernel kernel, int64_t n_q, int64_t n_heads, const DeviceKvView& kv,
+                  const DeviceAttnMask& mask) {
+  if (kernel != AttnPrefillKernel::kTensorCore || n_q <= kDecodeMaxQueries) return false;
+  if (mask.kind != AttnMaskKind::kCausal && mask.kind != AttnMaskKind::kFull) return false;
+  constexpr int64_t kMax = INT32_MAX / 2;
+  return kv.n_tokens <= kMax && n_q * n_heads <= kMax && kv.chunk_tokens <= kMax;
+}
+
+Plan make_mma_plan(int64_t n_q, int64_t n_heads, const DeviceKvView& kv, const DeviceAttnMask& mask,
+                   size_t workspace_bytes) {
+  Plan pl{};
+  pl.mma = true;
+  const int64_t group = n_heads / kv.n_kv_heads;
+  pl.rows_per_block = attn_mma::kRowsPerBlock;
+  pl.keys_per_tile = attn_mma::keys_per_tile(kv.head_dim);
+  pl.row_blocks = (n_q * group + pl.rows_per_block - 1) / pl.rows_per_block;
+  int64_t max_keys = kv.n_tokens;
+  if (mask.kind != AttnMaskKind::kFull) max_keys = std::min<int64_t>(max_keys, mask.n_prefix + n_q);
+  // Split the keys only when the grid would leave most of the GPU idle and each range keeps a few tiles.
+  constexpr int64_t kMinKeysPerMmaSplit = 256;
+  const int64_t base = pl.row_blocks * kv.n_kv_heads;
+  const int64_t target = static_cast<int64_t>(multiprocessors()) * attn_mma::blocks_per_sm(kv.head_dim);
+  int64_t splits = 1;
+  if (2 * base <= target && max_keys >= 2 * kMinKeysPerMmaSplit) {
+    splits = std::min<int64_t>((target + base - 1) / base, max_keys / kMinKeysPerMmaSplit);
+    splits = std::min<int64_t>(splits, kMaxSplits);
+  }
+  const size_t per_split = sizeof(float) * static_cast<size_t>(n_q * n_heads) * static_cast<size_t>(kv.head_dim + 2);
+  if (splits > 1 && workspace_bytes != SIZE_MAX) splits = std::min<int64_t>(splits, workspace_bytes / per_split);
+  if (splits < 2) splits = 1;
+  const int64_t T = pl.keys_per_tile;
+  int64_t kps = splits == 1 ? std::max<int64_t>(max_keys, 1) : (max_keys + splits - 1) / splits;
+  kps = (kps + T - 1) / T * T;
+  pl.keys_per_split = kps;
+  pl.n_splits = splits == 1 ? 1 : static_cast<int>((max_keys + kps - 1) / kps);
+  if (pl.n_splits < 1) pl.n_splits = 1;
+  return pl;
+}
+
 Plan make_plan(int64_t n_q, int64_t n_heads, const DeviceKvView& kv, const DeviceAttnMask& mask,
-               size_t workspace_bytes) {
+               size_t workspace_bytes, AttnPrefillKernel kernel) {
+  if (mma_eligible(kernel, n_q, n_heads, kv, mask)) return make_mma_plan(n_q, n_heads, kv, mask, workspace_bytes);
   Plan pl{};
   pl.path = (mask.kind == AttnMaskKind::kTree && n_q <= kMaxPathQueries) ||
             (mask.kind == AttnMaskKind::kCausal && mask.window == 0 && n_q <= kDecodeMaxQueries);
@@ -465,62 +515,107 @@ cudaError_t launch_hd(const Params& p, const Plan& pl, int n_kv_heads, cudaStrea
 
 bool attention_head_dim_supported(int64_t head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
 
-size_t attention_workspace_bytes(int64_t n_q, int64_t n_heads, const DeviceKvView& kv, const DeviceAttnMask& mask) {
+size_t attention_workspace_bytes_with(AttnPrefillKernel kernel, int64_t n_q, int64_t n_heads, const DeviceKvView& kv,
+                                      const DeviceAttnMask& mask) {
   if (!args_ok(reinterpret_cast<const float*>(1), n_q, n_heads, kv, mask, reinterpret_cast<const float*>(1)) ||
       n_q == 0)
     return 0;
-  const Plan pl = make_plan(n_q, n_heads, kv, mask, SIZE_MAX);
+  const Plan pl = make_plan(n_q, n_heads, kv, mask, SIZE_MAX, kernel);
   if (pl.n_splits <= 1) return 0;
   return sizeof(float) * static_cast<size_t>(pl.n_splits) * static_cast<size_t>(n_q * n_heads) *
          static_cast<size_t>(kv.head_dim + 2);
 }
 
-cudaError_t attention(const float* q, int64_t n_q, int64_t n_heads, const DeviceKvView& kv,
-                      const DeviceAttnMask& mask, float scale, float* out, void* workspace, size_t workspace_bytes,
-                      cudaStream_t stream) {
+size_t attention_workspace_bytes(int64_t n_q, int64_t n_heads, const DeviceKvView& kv, const DeviceAttnMask& mask) {
+  return attention_workspace_bytes_with(AttnPrefillKernel::kTensorCore, n_q, n_heads, kv, mask);
+}
+
+cudaError_t attention_with(AttnPrefillKernel kernel, const float* q, int64_t n_q, int64_t n_heads,
+                           const DeviceKvView& kv, const DeviceAttnMask& mask, float scale, float* out, void* workspace,
+                           size_t workspace_bytes, cudaStream_t stream) {
   if (!args_ok(q, n_q, n_heads, kv, mask, out)) return cudaErrorInvalidValue;
   if (n_q == 0) return cudaSuccess;
   if (mask.lengths != nullptr && n_q > kDecodeMaxQueries) return cudaErrorInvalidValue;
-  const Plan pl = make_plan(n_q, n_heads, kv, mask, workspace == nullptr ? 0 : workspace_bytes);
+  const Plan pl = make_plan(n_q, n_heads, kv, mask, workspace == nullptr ? 0 : workspace_bytes, kernel);
   if (pl.row_blocks > 2147483647) return cudaErrorInvalidValue;
   const int64_t n_rows = n_q * n_heads;
-  Params p{};
-  p.q = q;
-  p.out = out;
-  p.k_chunks = kv.k_chunks;
-  p.v_chunks = kv.v_chunks;
-  p.chunk_tokens = kv.chunk_tokens;
-  p.n_tokens = kv.n_tokens;
-  p.n_q = n_q;
-  p.n_prefix = mask.n_prefix;
-  p.window = mask.window;
-  p.parents = mask.parents;
-  p.kind = static_cast<int32_t>(mask.kind);
-  p.n_heads = static_cast<int32_t>(n_heads);
-  p.n_kv_heads = static_cast<int32_t>(kv.n_kv_heads);
-  p.group = static_cast<int32_t>(n_heads / kv.n_kv_heads);
-  p.scale = scale;
-  p.n_splits = pl.n_splits;
-  p.keys_per_split = pl.keys_per_split;
-  p.lengths = n_q <= kDecodeMaxQueries ? mask.lengths : nullptr;
-  p.path_mode = pl.path ? 1 : 0;
-  p.blocks_per_query = pl.blocks_per_query;
+  float* part_acc = nullptr;
+  float* part_ml = nullptr;
   if (pl.n_splits > 1) {
-    p.part_acc = static_cast<float*>(workspace);
-    p.part_ml = p.part_acc + static_cast<size_t>(pl.n_splits) * n_rows * kv.head_dim;
+    part_acc = static_cast<float*>(workspace);
+    part_ml = part_acc + static_cast<size_t>(pl.n_splits) * n_rows * kv.head_dim;
   }
   cudaError_t err = cudaSuccess;
-  switch (kv.head_dim) {
-    case 64: err = launch_hd<64>(p, pl, p.n_kv_heads, stream); break;
-    case 128: err = launch_hd<128>(p, pl, p.n_kv_heads, stream); break;
-    case 256: err = launch_hd<256>(p, pl, p.n_kv_heads, stream); break;
-    default: return cudaErrorInvalidValue;
+  if (pl.mma) {
+    attn_mma::Params p{};
+    p.q = q;
+    p.out = out;
+    p.k_chunks = kv.k_chunks;
+    p.v_chunks = kv.v_chunks;
+    p.chunk_tokens = static_cast<int32_t>(kv.chunk_tokens);
+    p.chunk_shift = -1;
+    for (int b = 0; b < 31; ++b)
+      if (kv.chunk_tokens == (int64_t{1} << b)) p.chunk_shift = b;
+    p.n_tokens = static_cast<int32_t>(kv.n_tokens);
+    p.n_q = static_cast<int32_t>(n_q);
+    p.causal = mask.kind == AttnMaskKind::kCausal ? 1 : 0;
+    // kFull ignores n_prefix; a window no query reaches past (every distance n_prefix + i - j < n_prefix + n_q)
+    // is no window.
+    p.n_prefix = p.causal ? static_cast<int32_t>(mask.n_prefix) : 0;
+    p.window = p.causal && mask.window > 0 && mask.window < mask.n_prefix + n_q ? static_cast<int32_t>(mask.window) : 0;
+    p.n_heads = static_cast<int32_t>(n_heads);
+    p.n_kv_heads = static_cast<int32_t>(kv.n_kv_heads);
+    p.group = static_cast<int32_t>(n_heads / kv.n_kv_heads);
+    p.row_blocks = static_cast<int32_t>(pl.row_blocks);
+    p.n_splits = pl.n_splits;
+    p.keys_per_split = static_cast<int32_t>(pl.keys_per_split);
+    p.scale_log2 = scale * 1.4426950408889634f;
+    p.part_acc = part_acc;
+    p.part_ml = part_ml;
+    err = attn_mma::launch(p, static_cast<int>(kv.head_dim), stream);
+  } else {
+    Params p{};
+    p.q = q;
+    p.out = out;
+    p.k_chunks = kv.k_chunks;
+    p.v_chunks = kv.v_chunks;
+    p.chunk_tokens = kv.chunk_tokens;
+    p.n_tokens = kv.n_tokens;
+    p.n_q = n_q;
+    p.n_prefix = mask.n_prefix;
+    p.window = mask.window;
+    p.parents = mask.parents;
+    p.kind = static_cast<int32_t>(mask.kind);
+    p.n_heads = static_cast<int32_t>(n_heads);
+    p.n_kv_heads = static_cast<int32_t>(kv.n_kv_heads);
+    p.group = static_cast<int32_t>(n_heads / kv.n_kv_heads);
+    p.scale = scale;
+    p.n_splits = pl.n_splits;
+    p.keys_per_split = pl.keys_per_split;
+    p.lengths = n_q <= kDecodeMaxQueries ? mask.lengths : nullptr;
+    p.path_mode = pl.path ? 1 : 0;
+    p.blocks_per_query = pl.blocks_per_query;
+    p.part_acc = part_acc;
+    p.part_ml = part_ml;
+    switch (kv.head_dim) {
+      case 64: err = launch_hd<64>(p, pl, p.n_kv_heads, stream); break;
+      case 128: err = launch_hd<128>(p, pl, p.n_kv_heads, stream); break;
+      case 256: err = launch_hd<256>(p, pl, p.n_kv_heads, stream); break;
+      default: return cudaErrorInvalidValue;
+    }
   }
   if (err != cudaSuccess || pl.n_splits == 1) return err;
   if (n_rows > 2147483647) return cudaErrorInvalidValue;
-  merge_kernel<<<static_cast<unsigned>(n_rows), 64, 0, stream>>>(p.part_acc, p.part_ml, pl.n_splits, n_rows,
+  merge_kernel<<<static_cast<unsigned>(n_rows), 64, 0, stream>>>(part_acc, part_ml, pl.n_splits, n_rows,
                                                                  static_cast<int>(kv.head_dim), out);
   return cudaGetLastError();
+}
+
+cudaError_t attention(const float* q, int64_t n_q, int64_t n_heads, const DeviceKvView& kv,
+                      const DeviceAttnMask& mask, float scale, float* out, void* workspace, size_t workspace_bytes,
+                      cudaStream_t stream) {
+  return attention_with(AttnPrefillKernel::kTensorCore, q, n_q, n_heads, kv, mask, scale, out, workspace,
+                        workspace_bytes, stream);
 }
 
 }  // namespace dflash::cuda

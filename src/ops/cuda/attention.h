@@ -1,6 +1,7 @@
-// Device attention over the chunked KV layout (kernels in attention.cu); the math of cpu::attention
-// (ops/cpu/ops.h), which is the reference: same masks, GQA mapping, scale, "a query that sees no key gets
-// zeros", float32 throughout with a running max.
+// Device attention over the chunked KV layout (kernels in attention.cu, attention_mma.cu); the math of
+// cpu::attention (ops/cpu/ops.h), which is the reference: same masks, GQA mapping, scale, "a query that sees
+// no key gets zeros", a running max. Decode-shaped calls are float32 throughout; prefill-shaped calls run on
+// the tensor cores with f16 inputs (below).
 //
 // KV layout (chosen to mirror the CPU KvStore, so that a paged store needs no copy): a device array of
 // device chunk pointers per tensor. Chunk c holds positions [c * chunk_tokens, (c + 1) * chunk_tokens) as
@@ -8,11 +9,15 @@
 // case of a table whose entries are buffer + c * chunk_tokens * nkv * hd. Every chunk pointer must be
 // 16-byte aligned (cudaMalloc gives 256); the tables themselves live in device memory.
 //
-// Kernels (one template, two launch shapes):
-//   prefill (n_q > 32): a block takes 64 rows = (query, head-of-the-group) pairs of one KV head, so a K/V
-//     tile in shared memory serves every query head of the group; tiles of 32 keys (16 at hd 256) are
-//     scored against the rows in shared memory, then an online softmax per row and the P.V update of
-//     float32 accumulators in registers (f32 FMA, no tensor cores yet).
+// Kernels (the float32 attn_kernel template in two launch shapes, and the tensor-core prefill kernel):
+//   prefill (n_q > 32, kCausal with or without a window, or kFull): attn_mma_kernel (attention_mma.cu),
+//     FlashAttention-2 style: a block takes 128 rows = (query, head-of-the-group) pairs of one KV head (so a
+//     K/V tile in shared memory serves every query head of the group), 16 a warp; K/V tiles of 64 keys (32
+//     at hd 256) converted to f16 while staged; S = Q K^T and O += P V by mma.sync m16n8k16 (f16 inputs,
+//     f32 accumulators), online softmax in f32. Within f16 rounding of the reference (attention_test
+//     states the bound). attention_internal.h's kSimt runs these calls on the float32 kernel instead (a
+//     64-row launch of the kernel below), as token-exact steps do.
+//   kTree with n_q > 128: the float32 kernel's 64-row launch.
 //   decode (n_q <= 32, and trees of up to 128 nodes): 16 rows per block and split-K: the visible keys
 //     are cut into a fixed number of equal ranges (set by the grid's size, not the key count, so the
 //     launch is the same at every length) handled by different blocks, each leaving a partial (max, sum,

@@ -8,6 +8,7 @@
 #include "ops/cuda/attention_host.h"
 #include "ops/cuda/conv_host.h"
 #include "ops/cuda/dequantize_host.h"
+#include "ops/cuda/gemm_rate.h"
 #include "ops/cuda/gated_delta_net_host.h"
 #include "ops/cuda/glue.h"
 #include "ops/cuda/matmul.h"
@@ -244,8 +245,12 @@ void CudaBackend::trim() {
 
 Status CudaBackend::synchronize() { return check(cudaStreamSynchronize(stream_), "CUDA stream"); }
 
-Result<void*> CudaBackend::reserve(Scratch& s, size_t bytes, bool recorded) {
+Result<double> CudaBackend::measure_peak_matmul_flops() {
   activate();
+  return cuda::measure_bf16_gemm_flops(stream_);
+}
+
+Result<void*> CudaBackend::reserve(Scratch& s, size_t bytes, bool recorded) {
   activate();
   if (bytes <= s.bytes) return s.ptr;
   if (capturing_) return unsupported("scratch must grow while a step is recorded");
@@ -430,11 +435,9 @@ Status CudaBackend::matmul_group(std::span<const cpu::WeightView* const> ws, con
     return w->type == DType::kBF16 || w->type == DType::kF16;
   });
   const int64_t gemm_from = float_weights ? 2 : kSlice + 1;
-  if (n >= gemm_from && tensor_core_prefill_ && !token_exact_) {
-    for (size_t i = 0; i < ws.size(); ++i)
-      DF_RETURN_IF_ERROR(cuda::matmul(ws[i]->type, ws[i]->data, ws[i]->rows, cols, x, n, ys[i], stream_,
-                                      cuda::MatmulPath::kGemmBf16));
-    return Status();
+  if (n >= gemm_from && tensor_core_prefill_ && !token_exact_) {  // x rounded to bf16 once for every weight
+    for (size_t i = 0; i < ws.size(); ++i) targets[i].y = ys[i];
+    return cuda::matmul_group(targets, cols, x, n, stream_, cuda::MatmulPath::kGemmBf16, nullptr);
   }
   for (int64_t t0 = 0; t0 < n; t0 += kSlice) {
     const int64_t m = std::min(kSlice, n - t0);
@@ -526,9 +529,12 @@ Status CudaBackend::attention(const float* q, int64_t n_q, int64_t n_heads, cons
     if (n_q != 1 || mask.kind != cpu::MaskKind::kCausal) return unsupported("a recorded step is one causal token");
     dmask.lengths = step_params_ + 2;  // the replay's {KV prefix, KV length}
   }
-  const size_t ws_bytes = cuda::attention_workspace_bytes(n_q, n_heads, dkv, dmask);
+  // Prefill-shaped calls on the f16 tensor cores, unless steps must compute as decode does (token-exact
+  // verify steps, or tensor-core prefill turned off).
+  const bool tensor_cores = tensor_core_prefill_ && !token_exact_;
+  const size_t ws_bytes = cuda::attention_workspace_bytes_for(n_q, n_heads, dkv, dmask, tensor_cores);
   DF_ASSIGN_OR_RETURN(void* ws, reserve(workspace_, ws_bytes));
-  return cuda::attention_checked(q, n_q, n_heads, dkv, dmask, scale, out, ws, ws_bytes, stream_);
+  return cuda::attention_checked(q, n_q, n_heads, dkv, dmask, scale, out, ws, ws_bytes, stream_, tensor_cores);
 }
 
 // The frequencies as the CPU forms them (std::pow on the host), uploaded once per shape.

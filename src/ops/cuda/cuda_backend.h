@@ -29,12 +29,14 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_; }
   // Returns cached free buffers to the device (after waiting for the stream).
   void trim() override;
-  // Steps of more than 16 tokens (prefill): bf16 tensor-core GEMM (on, the default) or the GEMV kernels
-  // in 16-token slices (exactly the numerics of decode, re-streaming the weights per slice).
+  // Steps of more than 16 tokens (prefill): bf16 tensor-core GEMM and, above 32 queries, f16 tensor-core
+  // attention (on, the default), or the GEMV kernels in 16-token slices and the float32 attention kernel
+  // (exactly the numerics of decode, re-streaming the weights per slice).
   void set_tensor_core_prefill(bool on) { tensor_core_prefill_ = on; }
   void set_token_exact(bool on) override { token_exact_ = on; }
   // Waits for the stream; returns the first asynchronous error, if any.
   Status synchronize() override;
+  Result<double> measure_peak_matmul_flops() override;
   // From another CUDA backend's memory (another GPU: peer access where the devices allow it).
   Status copy_from_peer(float* dst, Backend& from, const float* src, int64_t n) override;
 

@@ -5,19 +5,31 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <map>
 #include <vector>
 
 #include "base/checked_math.h"
 #include "ops/cuda/dequantize.h"
+#include "ops/cuda/gemm_q.h"
 #include "ops/cuda/gemv_q8.h"
 #include "ops/cuda/matmul.h"
 
 namespace dflash::cuda {
 namespace {
 
-constexpr int64_t kSlabElems = int64_t{32} << 20;  // bf16 scratch for W: 64 MiB
+// Default largest slab of the dequantize + cuBLAS path. Measured on an H100 (bench/cuda_matmul_bench.cpp):
+// slabs small enough to stay in the 50 MB L2 between the dequantize kernel and the GEMM lose more in the
+// smaller GEMMs than they save, so slabs are large, and balanced (equal row counts: a thin last slab
+// costs a whole badly shaped GEMM).
+constexpr int64_t kDefaultSlabBytes = int64_t{128} << 20;
+std::atomic<int64_t> g_slab_bytes{0};  // set_gemm_slab_bytes; 0: the default
+// kGemmBf16 takes the fused kernel up to this many tokens: on an H100 it was faster than dequantize +
+// cuBLAS for every Qwen3-8B product at 32..256 tokens (2x and more at 32..128) and slower for most at 512
+// (cuBLAS's wgmma GEMM runs at 600-700 TFLOP/s there, the fused mma.sync kernel at 200-300).
+constexpr int64_t kFusedMaxTokens = 256;
+std::atomic<int64_t> g_fused_max_tokens{-1};  // set_gemm_fused_max_tokens; -1: kFusedMaxTokens
 
 // One handle per host thread and device (a handle is bound to the device current at its creation).
 Result<cublasHandle_t> thread_handle() {
@@ -55,43 +67,128 @@ void keep_pool_memory() {
   cudaGetLastError();
 }
 
-Status gemm_bf16(DType wtype, const uint8_t* w, uint64_t rb, int64_t rows, int64_t cols, const float* x, int64_t n,
-                 float* y, cudaStream_t stream, std::string_view name) {
-  if (rows > INT_MAX || cols > INT_MAX || n > INT_MAX)
-    return invalid_argument("matmul {}: {} x {} with n {} exceeds cuBLAS's int dimensions", name, rows, cols, n);
-  DF_ASSIGN_OR_RETURN(cublasHandle_t handle, thread_handle());
-  keep_pool_memory();
-  const int64_t slab = std::clamp<int64_t>(kSlabElems / cols, 1, rows);
-  __nv_bfloat16 *xb = nullptr, *wb = nullptr;
-  DF_RETURN_IF_ERROR(cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&xb), sizeof(__nv_bfloat16) * n * cols, stream),
-                                 "scratch for x", name, rows, cols, n));
-  Status st = cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&wb), sizeof(__nv_bfloat16) * slab * cols, stream),
-                          "scratch for W", name, rows, cols, n);
-  if (st.ok())  // f32 -> bf16, round to nearest even
-    st = cuda_status(dequantize_rows(DType::kF32, x, xb, n, cols, stream), "x to bf16", name, rows, cols, n);
-  if (st.ok()) {
-    if (const cublasStatus_t s = cublasSetStream(handle, stream); s != CUBLAS_STATUS_SUCCESS)
-      st = io_error("matmul {}: cublasSetStream: {}", name, cublasGetStatusString(s));
-  }
-  const float alpha = 1.0f, beta = 0.0f;
-  for (int64_t r0 = 0; st.ok() && r0 < rows; r0 += slab) {
-    const int64_t r = std::min(slab, rows - r0);
-    st = cuda_status(dequantize_rows(wtype, w + static_cast<uint64_t>(r0) * rb, wb, r, cols, stream), "W to bf16",
-                     name, rows, cols, n);
-    if (!st.ok()) break;
-    // Column-major view: Y^T[r, n] (ld rows) = (W slab as col-major cols x r)^T * (x as col-major cols x n).
-    const cublasStatus_t s = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(r), static_cast<int>(n),
-                                          static_cast<int>(cols), &alpha, wb, CUDA_R_16BF, static_cast<int>(cols), xb,
-                                          CUDA_R_16BF, static_cast<int>(cols), &beta, y + r0, CUDA_R_32F,
-                                          static_cast<int>(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (s != CUBLAS_STATUS_SUCCESS)
-      st = io_error("matmul {} ({} x {}, n {}): cublasGemmEx: {}", name, rows, cols, n, cublasGetStatusString(s));
-  }
-  if (wb) cudaFreeAsync(wb, stream);
-  if (xb) cudaFreeAsync(xb, stream);
-  return st;
+int sm_count() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+  thread_local std::map<int, int> sms;
+  auto it = sms.find(dev);
+  if (it != sms.end()) return it->second;
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) n = 132;
+  sms.emplace(dev, n);
+  return n;
 }
 
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// How one product of the GEMM path runs, and the scratch it needs beside x in bf16.
+struct GemmRun {
+  enum Kind { kFused, kDirect, kSlabs } kind = kSlabs;
+  GemmQPlan plan;         // kFused
+  int64_t slab_rows = 0;  // kSlabs
+  int64_t scratch = 0;    // bytes: the fused kernel's split workspace or one bf16 slab
+};
+
+Result<GemmRun> plan_gemm(const MatmulTarget& t, int64_t cols, int64_t n, MatmulPath path) {
+  GemmRun run;
+  const bool fused = path == MatmulPath::kGemmFused ||
+                     ((path == MatmulPath::kGemmBf16 || path == MatmulPath::kAuto) &&
+                      gemm_fused_preferred(t.type, t.w, t.rows, cols, n));
+  if (fused) {
+    if (!gemm_q_applies(t.type, t.w, t.rows, cols))
+      return unsupported("matmul {} ({} x {}): the fused GEMM does not take this weight (type, row length or "
+                         "alignment)", dtype_name(t.type), t.rows, cols);
+    run.kind = GemmRun::kFused;
+    run.plan = gemm_q_plan(t.type, t.rows, cols, n, sm_count());
+    run.scratch = static_cast<int64_t>(gemm_q_workspace_bytes(run.plan, t.rows, cols, n));
+    return run;
+  }
+  if (t.type == DType::kBF16 && reinterpret_cast<uintptr_t>(t.w) % 2 == 0) {
+    run.kind = GemmRun::kDirect;  // cuBLAS reads W as it is
+    return run;
+  }
+  run.kind = GemmRun::kSlabs;
+  const int64_t max_rows = std::clamp<int64_t>(gemm_slab_bytes() / (2 * cols), 1, t.rows);
+  const int64_t slabs = (t.rows + max_rows - 1) / max_rows;
+  run.slab_rows = (t.rows + slabs - 1) / slabs;  // balanced
+  run.scratch = 2 * run.slab_rows * cols;
+  return run;
+}
+
+// The GEMM path for targets sharing x (n x cols f32): x is rounded to bf16 once, then each product runs
+// as plan_gemm says.
+Status run_gemm(std::span<const MatmulTarget> targets, int64_t cols, const float* x, int64_t n,
+                cudaStream_t stream, MatmulPath path) {
+  const std::string_view name0 = dtype_name(targets[0].type);
+  for (const MatmulTarget& t : targets)
+    if (t.rows > INT_MAX || cols > INT_MAX || n > INT_MAX)
+      return invalid_argument("matmul {}: {} x {} with n {} exceeds cuBLAS's int dimensions", dtype_name(t.type),
+                              t.rows, cols, n);
+  std::vector<GemmRun> runs;
+  int64_t scratch = 0;
+  bool cublas = false;
+  for (const MatmulTarget& t : targets) {
+    DF_ASSIGN_OR_RETURN(GemmRun r, plan_gemm(t, cols, n, path));
+    scratch = std::max(scratch, r.scratch);
+    cublas = cublas || r.kind != GemmRun::kFused;
+    runs.push_back(r);
+  }
+  cublasHandle_t handle = nullptr;
+  if (cublas) {
+    DF_ASSIGN_OR_RETURN(handle, thread_handle());
+    if (const cublasStatus_t s = cublasSetStream(handle, stream); s != CUBLAS_STATUS_SUCCESS)
+      return io_error("matmul {}: cublasSetStream: {}", name0, cublasGetStatusString(s));
+  }
+  keep_pool_memory();
+  // One scratch allocation: x in bf16, then the largest product's own scratch (256-byte aligned).
+  const int64_t xb_bytes = round_up(2 * n * cols, 256);
+  uint8_t* mem = nullptr;
+  DF_RETURN_IF_ERROR(cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&mem), xb_bytes + scratch, stream),
+                                 "scratch", name0, targets[0].rows, cols, n));
+  auto* xb = reinterpret_cast<__nv_bfloat16*>(mem);
+  uint8_t* extra = mem + xb_bytes;
+  // f32 -> bf16, round to nearest even
+  Status st = cuda_status(dequantize_rows(DType::kF32, x, xb, n, cols, stream), "x to bf16", name0, targets[0].rows,
+                          cols, n);
+  const float alpha = 1.0f, beta = 0.0f;
+  // Column-major view: Y^T[r, n] (ld rows) = (W rows as col-major cols x r)^T * (x as col-major cols x n).
+  auto gemm = [&](const MatmulTarget& t, const void* wb, cudaDataType wtype, int64_t r0, int64_t r) -> Status {
+    const cublasStatus_t s = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(r), static_cast<int>(n),
+                                          static_cast<int>(cols), &alpha, wb, wtype, static_cast<int>(cols), xb,
+                                          CUDA_R_16BF, static_cast<int>(cols), &beta, t.y + r0, CUDA_R_32F,
+                                          static_cast<int>(t.rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS)
+      return io_error("matmul {} ({} x {}, n {}): cublasGemmEx: {}", dtype_name(t.type), t.rows, cols, n,
+                      cublasGetStatusString(s));
+    return Status();
+  };
+  for (size_t i = 0; st.ok() && i < targets.size(); ++i) {
+    const MatmulTarget& t = targets[i];
+    const GemmRun& run = runs[i];
+    const std::string_view name = dtype_name(t.type);
+    if (run.kind == GemmRun::kFused) {
+      st = cuda_status(gemm_q(t.type, t.w, t.rows, cols, xb, n, t.y, run.plan,
+                              run.scratch > 0 ? reinterpret_cast<float*>(extra) : nullptr, stream),
+                       "fused gemm launch", name, t.rows, cols, n);
+      continue;
+    }
+    if (run.kind == GemmRun::kDirect) {
+      st = gemm(t, t.w, CUDA_R_16BF, 0, t.rows);
+      continue;
+    }
+    auto* wb = reinterpret_cast<__nv_bfloat16*>(extra);
+    const uint64_t rb = row_bytes(t.type, static_cast<uint64_t>(cols)).value();
+    for (int64_t r0 = 0; st.ok() && r0 < t.rows; r0 += run.slab_rows) {
+      const int64_t r = std::min(run.slab_rows, t.rows - r0);
+      st = cuda_status(dequantize_rows(t.type, static_cast<const uint8_t*>(t.w) + static_cast<uint64_t>(r0) * rb, wb,
+                                       r, cols, stream),
+                       "W to bf16", name, t.rows, cols, n);
+      if (st.ok()) st = gemm(t, wb, CUDA_R_16BF, r0, r);
+    }
+  }
+  cudaFreeAsync(mem, stream);
+  return st;
+}
 
 // Shape and pointer checks shared by matmul and matmul_group; `*empty` is set when there is nothing to do.
 Status check_args(DType wtype, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
@@ -191,11 +288,31 @@ Status run_one(DType wtype, const void* w, int64_t rows, int64_t cols, const flo
                             wtype == DType::kQ4_K || wtype == DType::kQ5_K ? 16 : 2);
   const bool use_gemv = path == MatmulPath::kGemv || (path == MatmulPath::kAuto && n <= kGemvMaxTokens);
   if (use_gemv) return cuda_status(gemv(wtype, w, rows, cols, x, n, y, stream), "gemv launch", name, rows, cols, n);
-  DF_ASSIGN_OR_RETURN(const uint64_t rb, row_bytes(wtype, static_cast<uint64_t>(cols)));
-  return gemm_bf16(wtype, static_cast<const uint8_t*>(w), rb, rows, cols, x, n, y, stream, name);
+  const MatmulTarget t{wtype, w, rows, y};
+  return run_gemm(std::span<const MatmulTarget>(&t, 1), cols, x, n, stream, path);
+}
+
+bool uses_gemm(int64_t n, MatmulPath path) {
+  return path == MatmulPath::kGemmBf16 || path == MatmulPath::kGemmDequant || path == MatmulPath::kGemmFused ||
+         (path == MatmulPath::kAuto && n > kGemvMaxTokens);
 }
 
 }  // namespace
+
+bool gemm_fused_preferred(DType wtype, const void* w, int64_t rows, int64_t cols, int64_t n) {
+  if (!gemm_q_applies(wtype, w, rows, cols)) return false;
+  const int64_t max_n = g_fused_max_tokens.load(std::memory_order_relaxed);
+  return n <= (max_n < 0 ? kFusedMaxTokens : max_n);
+}
+
+void set_gemm_fused_max_tokens(int64_t n) { g_fused_max_tokens.store(n < 0 ? -1 : n, std::memory_order_relaxed); }
+
+void set_gemm_slab_bytes(int64_t bytes) { g_slab_bytes.store(bytes > 0 ? bytes : 0, std::memory_order_relaxed); }
+
+int64_t gemm_slab_bytes() {
+  const int64_t b = g_slab_bytes.load(std::memory_order_relaxed);
+  return b > 0 ? b : kDefaultSlabBytes;
+}
 
 Status matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
               cudaStream_t stream, MatmulPath path) {
@@ -207,18 +324,24 @@ Status matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const floa
 
 Status matmul_group(std::span<const MatmulTarget> targets, int64_t cols, const float* x, int64_t n,
                     cudaStream_t stream, MatmulPath path, const Q8Out* xq8) {
-  std::vector<MatmulTarget> q8, other;
+  std::vector<MatmulTarget> q8, gemm, other;
   for (const MatmulTarget& t : targets) {
     bool empty = false;
     DF_RETURN_IF_ERROR(check_args(t.type, t.w, t.rows, cols, x, n, t.y, path, &empty));
     if (empty) continue;
-    (q8_applies(t.type, t.w, cols, n, path) ? q8 : other).push_back(t);
+    if (q8_applies(t.type, t.w, cols, n, path))
+      q8.push_back(t);
+    else if (cols > 0 && uses_gemm(n, path))
+      gemm.push_back(t);  // x rounded to bf16 once for all of them
+    else
+      other.push_back(t);
   }
   if (!q8.empty()) {
     std::stable_sort(q8.begin(), q8.end(),
                      [](const MatmulTarget& a, const MatmulTarget& b) { return a.type < b.type; });
     DF_RETURN_IF_ERROR(run_q8(q8, cols, x, n, stream, xq8));
   }
+  if (!gemm.empty()) DF_RETURN_IF_ERROR(run_gemm(gemm, cols, x, n, stream, path));
   for (const MatmulTarget& t : other) DF_RETURN_IF_ERROR(run_one(t.type, t.w, t.rows, cols, x, n, t.y, stream, path));
   return Status();
 }

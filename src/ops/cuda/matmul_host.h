@@ -7,12 +7,18 @@
 //     allocator); the result matches the CPU matmul of those dequantized activations to float rounding.
 //   - f32 GEMV (n <= kGemvMaxTokens = 16, every type): matmul.h. f32 accumulation of the CPU codecs'
 //     weights; matches ops/cpu matmul to float rounding (summation order differs).
-//   - GEMM (larger n: prefill): W is dequantized to bf16 in slabs of rows (dequantize.h, bit-identical
-//     with fp32_to_bf16 of the CPU value), x is rounded to bf16, and cuBLAS multiplies them with f32
-//     accumulation and f32 output. This differs from the CPU's f32 math by the bf16 rounding of both
-//     inputs (about 2^-8 relative per product); it equals the CPU matmul of the bf16-rounded inputs
-//     to float rounding. Scratch (x in bf16, one slab of W in bf16, at most 64 MiB) is taken per call from
-//     the stream-ordered allocator (cudaMallocAsync) and freed on the stream.
+//   - GEMM (larger n: prefill): x is rounded to bf16 and multiplied by W's bf16 values (dequantize.h:
+//     bit-identical with fp32_to_bf16 of the CPU value) with f32 accumulation and f32 output, by one of
+//       * the fused kernel (gemm_q.h; q4_K, q5_K, q6_K, q8_0): W decoded to bf16 in shared memory, tile
+//         by tile, and multiplied there with tensor-core mma; W is read once in its stored form;
+//       * cuBLAS (cublasGemmEx, bf16 in, f32 out) on W itself for bf16 weights, and for the other types
+//         on W dequantized to bf16 in balanced slabs of rows of at most 128 MiB.
+//     kGemmBf16 (and kAuto above 16 tokens) picks the fused kernel where it applies and was measured
+//     faster (gemm_fused_preferred). Either way the result differs from the CPU's f32 math by the bf16
+//     rounding of both inputs (about 2^-8 relative per product) and equals the CPU matmul of the
+//     bf16-rounded inputs to float rounding; both are deterministic (no split-K atomics). Scratch (x in
+//     bf16, a slab of W or the fused kernel's split workspace) is taken per call from the stream-ordered
+//     allocator (cudaMallocAsync, whose pool keeps its memory) and freed on the stream.
 // The cuBLAS handle is created once per host thread and device (never destroyed: it lives until exit).
 #pragma once
 
@@ -31,12 +37,29 @@ enum class MatmulPath {
   kAuto,      // n <= 16: integer-dot GEMV where the type has one, else f32 GEMV; GEMM above
   kGemv,      // f32 GEMV; n must be <= 16
   kGemvQ8,    // integer-dot GEMV; n <= 16 and a type gemv_q8_supported
-  kGemmBf16,  // any n >= 1
+  kGemmBf16,     // any n >= 1: the fused kernel where gemm_fused_preferred, else dequantize + cuBLAS
+  kGemmDequant,  // any n >= 1: cuBLAS on W itself (bf16) or on slabs of W dequantized to bf16
+  kGemmFused,    // any n >= 1: the fused kernel; unsupported for weights it does not take (gemm_q_applies)
 };
+
+// Whether kGemmBf16 takes the fused kernel for this product (the weight qualifies and the token count is
+// one where it measured faster than dequantize + cuBLAS on an H100).
+bool gemm_fused_preferred(DType wtype, const void* w, int64_t rows, int64_t cols, int64_t n);
+
+// Benchmarks: the largest token count kGemmBf16 sends to the fused kernel (-1 restores the measured
+// default, 0 turns it off). Not thread-safe against running products.
+void set_gemm_fused_max_tokens(int64_t n);
+
+// Benchmarks: the most bf16 bytes of W that the dequantize + cuBLAS path dequantizes at a time (whole
+// rows, at least one; the slabs of a product have equal row counts); 0 restores the default (128 MiB).
+// Not thread-safe against running products.
+void set_gemm_slab_bytes(int64_t bytes);
+int64_t gemm_slab_bytes();
 
 // Enqueues the product on `stream`. Errors (nothing enqueued): unsupported type, negative shape, cols not
 // a multiple of the block size, a shape cuBLAS cannot address (int dims), null or misaligned (x, y: 4
-// bytes) pointers for a non-empty product, n > 16 with kGemv. n == 0 or rows == 0 is a no-op; cols == 0
+// bytes) pointers for a non-empty product, n > 16 with kGemv, kGemmFused for a weight the fused kernel
+// does not take. n == 0 or rows == 0 is a no-op; cols == 0
 // zeroes y. Kernel faults surface at the next synchronization of `stream`.
 Status matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
               cudaStream_t stream = nullptr, MatmulPath path = MatmulPath::kAuto);

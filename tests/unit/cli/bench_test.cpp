@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -29,6 +31,32 @@ TEST(Bench, ReportsSpeedBesideTheBandwidthCeiling) {
     EXPECT_GT(j[k].get<double>(), 0.0) << k;
   EXPECT_NEAR(j["decode_ratio"].get<double>(),
               j["decode_tok_s"].get<double>() / j["decode_ceiling_tok_s"].get<double>(), 1e-9);
+}
+
+TEST(Bench, WarmPrefillRunsVerifyCostAndPrefillProfile) {
+  auto r = test::run_command(shell_quote(DFLASH_BIN) + " bench -m " +
+                             shell_quote(test::fixture_path("models/tiny-qwen35")) +
+                             " --prompt-len 40 --gen-len 3 -t 2 --reps 2 --verify-cost 3,5 --profile-prefill --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["prefill_reps"].get<int>(), 2);
+  EXPECT_GT(j["prefill_cold_tok_s"].get<double>(), 0.0);
+  EXPECT_GT(j["prefill_tflop"].get<double>(), 0.0);
+  EXPECT_TRUE(j["prefill_ceiling_tok_s"].is_null());  // no tensor-core rate on the CPU
+  ASSERT_EQ(j["verify_cost"].size(), 2u);
+  EXPECT_EQ(j["verify_cost"][1]["tokens"].get<int>(), 5);
+  EXPECT_GT(j["verify_cost"][1]["verify_ms"].get<double>(), 0.0);
+  EXPECT_NEAR(j["verify_cost"][1]["ratio"].get<double>(),
+              j["verify_cost"][1]["verify_ms"].get<double>() / j["verify_cost"][1]["plain_ms"].get<double>(), 1e-9);
+  // Every op of the prefill is listed once; the products and the DeltaNet of a qwen35 among them.
+  std::set<std::string> ops;
+  for (const auto& row : j["prefill_profile"]["ops"]) ops.insert(row["op"].get<std::string>());
+  EXPECT_TRUE(ops.count("gated_delta_net")) << j["prefill_profile"].dump();
+  EXPECT_TRUE(ops.count("attention")) << j["prefill_profile"].dump();
+  r = test::run_command(shell_quote(DFLASH_BIN) + " bench -m " + shell_quote(test::fixture_path("models/tiny-qwen35")) +
+                        " --reps 0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--reps"), std::string::npos) << r.err;
 }
 
 TEST(Bench, UnknownShapesAndMissingArgumentsAreClearErrors) {

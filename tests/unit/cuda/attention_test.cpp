@@ -1,10 +1,24 @@
 // Device attention (ops/cuda/attention.h) against cpu::attention on random inputs: causal with a prefix,
-// tree with random parents, full; GQA groups 1, 2, 4, 6; head_dim 64, 128, 256; n_q 1, 5, 16, 100 (the
-// decode and the prefill kernel); key counts that are not a multiple of the 64-token chunk; long contexts
-// (split-K and its merge), with and without workspace. Outputs are poisoned with NaN first.
-// Tolerance: both sides are float32 with a running max but sum in different orders, so each element must
-// satisfy |gpu - cpu| <= 2e-5 * max(1, scale_mul) * max(1, |cpu|) (values are weighted means of N(0, 1)
-// values; a score's rounding error, hence each weight's relative error, grows with the scores' size).
+// tree with random parents, full; GQA groups 1, 2, 4, 6, 8; head_dim 64, 128, 256; n_q 1, 5, 16 (decode),
+// 33, 100, 300, 1000 (prefill); key counts that are not a multiple of the 64-token chunk; sliding windows;
+// long contexts (split-K and its merge), with and without workspace. Outputs are poisoned with NaN first.
+//
+// Tolerances, per element, with scale = scale_mul / sqrt(hd):
+//   f32 kernel (decode shape n_q <= 32, path mode, trees of more than 128 nodes): both sides are float32
+//     with a running max but sum in different orders: |gpu - cpu| <= 2e-5 * max(1, scale_mul) * max(1, |cpu|)
+//     (values are weighted means of N(0, 1) values; a score's rounding error, hence each weight's relative
+//     error, grows with the scores' size).
+//   tensor-core prefill (n_q > 32, kCausal or kFull): q, k, v and the softmax weights p are rounded to f16
+//     (unit roundoff u = 2^-11) before f32-accumulated products. A score then carries an error of about
+//     scale * sum_d |q_d k_d| * 2u / sqrt(hd) ~ scale_mul * u (random signs), which moves the output by
+//     sum_j w_j ds_j (v_j - o); v's and p's roundings add about u * sum_j w_j |v_j|. A CPU emulation of
+//     exactly these roundings (hd 64/128/256, 1..1800 keys, scale_mul 1/2/4/8, ~10^6 elements) gave
+//     at most 3.5u in the scaled measure below, so the bound is
+//       |gpu - cpu| <= 8 * 2^-11 * max(1, scale_mul) * max(1, |cpu|)   (8u ~ 3.9e-3)
+//     (measured on an H100 over two random seeds: at most 1.94e-3 ~ 4u, in TensorCorePrefillMatchesCpu's
+//     scale_mul 4 cases).
+//     Short contexts (n_prefix 0, 17; windows of 1..129 keys) keep a masking error (a key seen or missed
+//     wrongly moves a weight by 1/keys) far above it. The same call must also give the same bits twice.
 #include "ops/cuda/attention.h"
 
 #include <cuda_runtime.h>
@@ -32,6 +46,11 @@ namespace {
 
 constexpr uint32_t kNaN = 0x7fc00000u;
 constexpr int64_t kChunk = 64;
+constexpr double kF32Tol = 2e-5;
+constexpr double kF16Tol = 8.0 / 2048.0;  // 8u, u = 2^-11 (see the header)
+
+// Calls that attention() runs on the tensor-core prefill kernel (attention.h).
+bool tensor_core_path(int64_t n_q, cpu::MaskKind kind) { return n_q > 32 && kind != cpu::MaskKind::kTree; }
 
 
 // Device allocations freed on scope exit.
@@ -180,13 +199,25 @@ class AttentionTest : public ::testing::Test {
       EXPECT_EQ(std::memcmp(got.data(), got2.data(), sizeof(float) * got.size()), 0)
           << c.name() << ": lengths on the device changed the output";
     }
+    const bool f16 = tensor_core_path(c.n_q, c.kind);
+    if (f16) {
+      // Deterministic: the same call again gives the same bits.
+      DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dout), q.size(), kNaN));
+      const Status st2 = cuda::attention_checked(dq, c.n_q, c.nh, dkv, dmask, scale, dout, ws, ws_bytes);
+      ASSERT_TRUE(st2.ok()) << st2.message();
+      std::vector<float> got2(q.size());
+      DF_ASSERT_CUDA(cudaMemcpy(got2.data(), dout, sizeof(float) * got2.size(), cudaMemcpyDeviceToHost));
+      EXPECT_EQ(std::memcmp(got.data(), got2.data(), sizeof(float) * got.size()), 0)
+          << c.name() << ": a second run gave other bits";
+    }
+    const double tol = f16 ? kF16Tol : kF32Tol;
 
     int bad = 0;
     double worst = 0.0;
     for (size_t e = 0; e < got.size(); ++e) {
       const double g = got[e], w = want[e];
       const double err = std::fabs(g - w) / std::max(1.0, std::fabs(w)) / std::max(1.0f, c.scale_mul);
-      if (!(err <= 2e-5)) {
+      if (!(err <= tol)) {
         if (bad++ < 5) {
           const int64_t d = e % c.hd, h = (e / c.hd) % c.nh, i = e / (c.hd * c.nh);
           ADD_FAILURE() << "MISMATCH " << c.name() << " query " << i << " head " << h << " dim " << d << ": got "
@@ -196,13 +227,20 @@ class AttentionTest : public ::testing::Test {
         worst = std::max(worst, err);
       }
     }
-    EXPECT_EQ(bad, 0) << c.name() << ": " << bad << " of " << got.size() << " differ; " << seed_note();
-    worst_ = std::max(worst_, worst);
+    EXPECT_EQ(bad, 0) << c.name() << ": " << bad << " of " << got.size() << " differ (tolerance " << tol
+                      << "); " << seed_note();
+    (f16 ? worst_f16_ : worst_) = std::max(f16 ? worst_f16_ : worst_, worst);
+  }
+
+  void print_worst(const char* what) const {
+    std::printf("attention (%s): worst scaled error f32 kernel %.3g (of %.3g), tensor-core prefill %.3g (of %.3g)\n",
+                what, worst_, kF32Tol, worst_f16_, kF16Tol);
   }
 
   uint32_t seed_ = 0;
   std::mt19937 rng_;
-  double worst_ = 0.0;
+  double worst_ = 0.0;      // f32 kernel cases
+  double worst_f16_ = 0.0;  // tensor-core cases
 };
 
 TEST_F(AttentionTest, MatchesCpuAcrossShapesAndMasks) {
@@ -218,7 +256,7 @@ TEST_F(AttentionTest, MatchesCpuAcrossShapesAndMasks) {
           run_case(c);
           if (HasFatalFailure()) return;
         }
-  std::printf("attention: worst scaled error %.3g (of 2e-5)\n", worst_);
+  print_worst("shapes and masks");
 }
 
 TEST_F(AttentionTest, NoPrefixAndSharpScores) {
@@ -229,7 +267,7 @@ TEST_F(AttentionTest, NoPrefixAndSharpScores) {
       run_case({hd, 6, 1, 16, 0, kind, 8.0f});   // scores ~ N(0, 64): the running max matters
       run_case({hd, 6, 1, 130, 64, kind, 8.0f});
     }
-  std::printf("attention (sharp): worst scaled error %.3g (of 2e-5)\n", worst_);
+  print_worst("sharp");
 }
 
 // A causal sliding window (DFlash drafts' sliding-window layers): windows shorter than a tile, about one, and
@@ -249,7 +287,7 @@ TEST_F(AttentionTest, CausalSlidingWindow) {
       run_case(e);
       if (HasFatalFailure()) return;
     }
-  std::printf("attention (sliding window): worst scaled error %.3g (of 2e-5)\n", worst_);
+  print_worst("sliding window");
 }
 
 // Long contexts: the decode kernel splits the keys across blocks and merges; prefill splits when its
@@ -266,7 +304,53 @@ TEST_F(AttentionTest, LongContextSplitK) {
     run_case({hd, 4, 1, 100, 2500, cpu::MaskKind::kCausal});
     run_case({hd, 4, 1, 33, 3333, cpu::MaskKind::kTree, 4.0f});
   }
-  std::printf("attention (long): worst scaled error %.3g (of 2e-5)\n", worst_);
+  print_worst("long");
+}
+
+// The tensor-core prefill kernel (n_q > 32; causal with a prefix, causal with a sliding window, full with
+// keys stored past the queries): every (n_q, n_prefix) of {33, 100, 300, 1000} x {0, 17, 700} for each head
+// dim and mask, the GQA group (1, 2, 4, 6, 8) rotating through them; some with sharp scores, some without
+// workspace (one key range: no split).
+TEST_F(AttentionTest, TensorCorePrefillMatchesCpu) {
+  SCOPED_TRACE(seed_note());
+  const int64_t gqa[][2] = {{2, 2}, {4, 2}, {8, 2}, {6, 1}, {8, 1}};  // groups 1, 2, 4, 6, 8
+  const int64_t n_qs[] = {33, 100, 300, 1000};
+  const int64_t prefixes[] = {0, 17, 700};
+  const int64_t windows[] = {1, 50, 64, 129, 400};
+  int k = 0;
+  for (int64_t hd : {64, 128, 256})
+    for (int mi = 0; mi < 3; ++mi)
+      for (int64_t n_q : n_qs)
+        for (int64_t n_prefix : prefixes) {
+          const auto& g = gqa[k % 5];
+          Case c{hd, g[0], g[1], n_q, n_prefix, mi == 2 ? cpu::MaskKind::kFull : cpu::MaskKind::kCausal};
+          if (mi == 1) c.window = windows[k % 5];
+          if (mi == 2) c.extra_keys = k % 2 ? 37 : 100;
+          if (k % 4 == 3) c.scale_mul = 4.0f;
+          if (k % 7 == 5) c.workspace = false;
+          ++k;
+          ASSERT_TRUE(tensor_core_path(c.n_q, c.kind));
+          run_case(c);
+          if (HasFatalFailure()) return;
+        }
+  print_worst("tensor-core prefill");
+}
+
+// Split-K on the tensor-core kernel: few queries behind a long prefix (most of the grid in key ranges),
+// with and without a window that leaves some ranges empty.
+TEST_F(AttentionTest, TensorCorePrefillSplitK) {
+  SCOPED_TRACE(seed_note());
+  for (int64_t hd : {64, 128, 256}) {
+    run_case({hd, 8, 1, 40, 6000, cpu::MaskKind::kCausal});
+    Case w{hd, 4, 2, 64, 5000, cpu::MaskKind::kCausal};
+    w.window = 300;
+    run_case(w);
+    Case f{hd, 6, 2, 50, 3000, cpu::MaskKind::kFull};
+    f.extra_keys = 11;
+    run_case(f);
+    if (HasFatalFailure()) return;
+  }
+  print_worst("tensor-core split-K");
 }
 
 // A verify step's queries against plain decoding, bit for bit: chain (causal, n_q <= 32) and tree queries

@@ -28,7 +28,9 @@
 
 #include "base/thread_pool.h"
 #include "ops/cpu/ops.h"
+#include "ops/cuda/dequantize.h"
 #include "ops/cuda/fill.h"
+#include "ops/cuda/gemm_q.h"
 #include "ops/cuda/gemv_q8.h"
 #include "ops/cuda/matmul.h"
 #include "support/random_blocks.h"
@@ -123,12 +125,20 @@ struct Case {
   cuda::MatmulPath path = cuda::MatmulPath::kAuto;
   int64_t w_offset = 0;  // bytes into the device weight buffer
   int split = -1;        // >= 0: call cuda::gemv directly with this split
+  cuda::GemmQPlan plan{0, 0};  // bn > 0: call cuda::gemm_q directly with this plan (x rounded to bf16 first)
 };
+
+bool is_gemm_path(cuda::MatmulPath p) {
+  return p == cuda::MatmulPath::kGemmBf16 || p == cuda::MatmulPath::kGemmDequant || p == cuda::MatmulPath::kGemmFused;
+}
 
 std::string describe(const Case& c) {
   std::string s = std::string(dtype_name(c.type)) + " " + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
                   " n=" + std::to_string(c.n);
   if (c.path == cuda::MatmulPath::kGemmBf16) s += " gemm-bf16";
+  if (c.path == cuda::MatmulPath::kGemmDequant) s += " gemm-dequant";
+  if (c.path == cuda::MatmulPath::kGemmFused) s += " gemm-fused";
+  if (c.plan.bn > 0) s += " gemm_q bn=" + std::to_string(c.plan.bn) + " split=" + std::to_string(c.plan.split);
   if (c.path == cuda::MatmulPath::kGemv) s += " gemv";
   if (c.path == cuda::MatmulPath::kGemvQ8) s += " gemv-q8";
   if (c.w_offset) s += " W+" + std::to_string(c.w_offset) + "B";
@@ -161,6 +171,15 @@ class CudaMatmul : public testing::Test {
     if (c.split >= 0) {
       const cudaError_t e = cuda::gemv(c.type, dw.get() + c.w_offset, c.rows, c.cols, xp, c.n, yp, nullptr, c.split);
       EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
+    } else if (c.plan.bn > 0) {
+      test::DeviceBuffer xb(x.size() * 2), ws(std::max<size_t>(16, cuda::gemm_q_workspace_bytes(c.plan, c.rows,
+                                                                                                  c.cols, c.n)));
+      auto* xbp = reinterpret_cast<__nv_bfloat16*>(xb.get());
+      EXPECT_EQ(cuda::dequantize_rows(DType::kF32, xp, xbp, c.n, c.cols), cudaSuccess);
+      const cudaError_t e = cuda::gemm_q(c.type, dw.get() + c.w_offset, c.rows, c.cols, xbp, c.n, yp, c.plan,
+                                         reinterpret_cast<float*>(ws.get()));
+      EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // before xb and ws go
     } else {
       const Status st = cuda::matmul(c.type, dw.get() + c.w_offset, c.rows, c.cols, xp, c.n, yp, nullptr, c.path);
       EXPECT_TRUE(st.ok()) << st.to_string();
@@ -236,7 +255,7 @@ class CudaMatmul : public testing::Test {
     std::vector<float> wf(static_cast<size_t>(c.rows * c.cols));
     for (int64_t r = 0; r < c.rows; ++r)
       ASSERT_TRUE(dequantize_row(c.type, w.data() + r * rb, wf.data() + r * c.cols, c.cols).ok());
-    const bool gemm = c.path == cuda::MatmulPath::kGemmBf16 ||
+    const bool gemm = is_gemm_path(c.path) || c.plan.bn > 0 ||
                       (c.path == cuda::MatmulPath::kAuto && c.n > cuda::kGemvMaxTokens && c.split < 0);
     const bool q8 = uses_q8(c);
 
@@ -302,7 +321,7 @@ class CudaMatmul : public testing::Test {
   }
 
   static bool uses_q8(const Case& c) {
-    if (c.split >= 0 || !cuda::gemv_q8_supported(c.type) || c.n > cuda::kGemvMaxTokens) return false;
+    if (c.split >= 0 || c.plan.bn > 0 || !cuda::gemv_q8_supported(c.type) || c.n > cuda::kGemvMaxTokens) return false;
     if (c.path == cuda::MatmulPath::kGemvQ8) return true;
     const bool k4 = c.type == DType::kQ4_K || c.type == DType::kQ5_K;
     return c.path == cuda::MatmulPath::kAuto && c.w_offset % (k4 ? 16 : 2) == 0;
@@ -350,6 +369,72 @@ TEST_F(CudaMatmul, gemm_bf16_every_type_matches_cpu_on_bf16_inputs) {
     check({t, 7, cols_for(t)[2], 2, cuda::MatmulPath::kGemmBf16});
     if (HasFailure()) return;
   }
+}
+
+constexpr DType kFusedTypes[] = {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0};
+
+// The fused kernel through matmul (kGemmFused, and kGemmBf16 where it picks it) and dequantize + cuBLAS
+// (kGemmDequant) on the same shapes: partial row tiles (1, 131, 300 rows), partial token tiles, one unit
+// of columns and several.
+TEST_F(CudaMatmul, gemm_fused_and_dequantize_paths_match_cpu_on_bf16_inputs) {
+  SCOPED_TRACE(seed_note());
+  for (DType t : kFusedTypes) {
+    ASSERT_TRUE(cuda::gemm_q_supported(t));
+    const int64_t c0 = t == DType::kQ6_K ? 512 : 256;
+    struct Shape {
+      int64_t rows, cols, n;
+    };
+    for (const Shape& s : {Shape{1, c0, 17}, Shape{131, c0, 64}, Shape{300, 4 * c0, 200}, Shape{129, 2048, 300},
+                           Shape{64, 2048, 2}}) {
+      for (auto path : {cuda::MatmulPath::kGemmFused, cuda::MatmulPath::kGemmDequant, cuda::MatmulPath::kGemmBf16})
+        check({t, s.rows, s.cols, s.n, path});
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// Every plan of the fused kernel (64, 128 or 256 tokens a CTA, 1 to 4 column ranges and more than there are),
+// each run twice: the same bits both times.
+TEST_F(CudaMatmul, gemm_fused_every_plan_matches_cpu_and_repeats_bit_for_bit) {
+  SCOPED_TRACE(seed_note());
+  struct Shape {
+    int64_t rows, cols, n;
+  };
+  for (DType t : kFusedTypes)
+    for (const Shape& sh : {Shape{200, 2048, 150}, Shape{131, 1024, 37}})  // the second: an odd output count
+      for (int bn : {64, 128, 256})
+        for (int split : {1, 2, 3, 4, 100}) {
+          const Case c{t, sh.rows, sh.cols, sh.n, cuda::MatmulPath::kAuto, 0, -1, cuda::GemmQPlan{bn, split}};
+          check(c);
+          const auto w = random_weights(t, sh.rows, sh.cols, rng_);
+          const auto x = random_x(sh.n, sh.cols, rng_);
+          const auto a = run_gpu(c, w, x), b = run_gpu(c, w, x);
+          ASSERT_EQ(a.size(), b.size());
+          ASSERT_EQ(a.size(), static_cast<size_t>(sh.n * sh.rows));
+          for (size_t i = 0; i < a.size(); ++i)
+            ASSERT_EQ(std::bit_cast<uint32_t>(a[i]), std::bit_cast<uint32_t>(b[i])) << describe(c) << " at " << i;
+          if (HasFailure()) return;
+        }
+}
+
+// Weights the fused kernel does not take (misaligned, a row length it does not cover) fall back to
+// dequantize + cuBLAS under kGemmBf16; bf16 weights go to cuBLAS as they are (or through a copy when
+// misaligned); many small slabs give the same result as one.
+TEST_F(CudaMatmul, gemm_fallbacks_slabs_and_bf16_weights_match_cpu) {
+  SCOPED_TRACE(seed_note());
+  check({DType::kQ4_K, 70, 512, 33, cuda::MatmulPath::kGemmBf16, 4});   // 4-byte aligned: no fused kernel
+  check({DType::kQ6_K, 70, 768, 33, cuda::MatmulPath::kGemmBf16});      // odd number of units
+  check({DType::kQ8_0, 70, 512, 33, cuda::MatmulPath::kGemmBf16, 2});   // 2-byte aligned
+  check({DType::kBF16, 70, 1000, 33, cuda::MatmulPath::kGemmBf16});     // cuBLAS on W directly
+  check({DType::kBF16, 70, 1000, 33, cuda::MatmulPath::kGemmBf16, 1});  // misaligned: copied first
+  check({DType::kBF16, 5, 40, 2, cuda::MatmulPath::kGemmBf16});
+  const int64_t slab_default = cuda::gemm_slab_bytes();
+  cuda::set_gemm_slab_bytes(40000);  // 20000 bf16: slabs of 9 rows of 2048 (34 slabs), 75 of 256 (4)
+  EXPECT_EQ(cuda::gemm_slab_bytes(), 40000);
+  for (DType t : {DType::kQ4_K, DType::kQ6_K, DType::kQ2_K, DType::kF16, DType::kF32, DType::kQ8_0})
+    for (int64_t cols : {256L, 2048L}) check({t, 300, cols, 40, cuda::MatmulPath::kGemmDequant});
+  cuda::set_gemm_slab_bytes(0);
+  EXPECT_EQ(cuda::gemm_slab_bytes(), slab_default);
 }
 
 // A token's GEMV output does not depend on the tokens beside it (a verify batch reproduces decode).
@@ -582,6 +667,18 @@ TEST_F(CudaMatmul, argument_errors_write_nothing) {
   EXPECT_EQ(cuda::gemv(DType::kQ8_0, w.get(), 2, 32, xp, 1, yp, nullptr, 3), cudaErrorInvalidValue);
   EXPECT_FALSE(cuda::matmul(DType::kQ2_K, w.get(), 2, 256, xp, 1, yp, nullptr, cuda::MatmulPath::kGemvQ8).ok());
   EXPECT_FALSE(cuda::matmul(DType::kQ4_K, w.get() + 1, 2, 256, xp, 1, yp, nullptr, cuda::MatmulPath::kGemvQ8).ok());
+  // The fused GEMM: misaligned weights, a type or a row length it does not take.
+  EXPECT_FALSE(cuda::matmul(DType::kQ4_K, w.get() + 4, 2, 256, xp, 3, yp, nullptr, cuda::MatmulPath::kGemmFused).ok());
+  EXPECT_FALSE(cuda::matmul(DType::kQ2_K, w.get(), 2, 256, xp, 3, yp, nullptr, cuda::MatmulPath::kGemmFused).ok());
+  EXPECT_FALSE(cuda::matmul(DType::kQ6_K, w.get(), 2, 256, xp, 3, yp, nullptr, cuda::MatmulPath::kGemmFused).ok());
+  const cuda::GemmQPlan plan{64, 1};
+  const auto* xbp = reinterpret_cast<const __nv_bfloat16*>(x.get());
+  EXPECT_EQ(cuda::gemm_q(DType::kQ4_K, w.get(), 2, 256, xbp, 0, yp, plan, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::gemm_q(DType::kQ4_K, w.get(), 2, 256, xbp + 1, 3, yp, plan, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::gemm_q(DType::kQ4_K, w.get(), 2, 256, xbp, 3, yp, cuda::GemmQPlan{32, 1}, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::gemm_q(DType::kQ4_K, w.get(), 2, 512, xbp, 3, yp, cuda::GemmQPlan{64, 2}, nullptr),
+            cudaErrorInvalidValue);  // a split without its workspace
   const cuda::Q8Part five[5] = {};
   const auto* xs = reinterpret_cast<const int*>(x.get());
   EXPECT_EQ(cuda::gemv_q8(DType::kQ4_K, five, 5, 256, reinterpret_cast<const int8_t*>(x.get()), xp, xs, 1),

@@ -102,7 +102,8 @@ TEST_P(CudaModel, logits_match_the_cpu_backend) {
   }
 }
 
-// Prefill of more than 16 tokens on the tensor cores: bf16 inputs, so the bound is bf16's.
+// Prefill of more than 16 tokens on the tensor cores: bf16 GEMM inputs and (above 32 queries) f16 attention
+// inputs, so the bound is bf16's.
 TEST_P(CudaModel, tensor_core_prefill_is_within_bf16_rounding_of_the_cpu) {
   be_->set_tensor_core_prefill(true);
   for (size_t k : {3, 4}) {
@@ -111,12 +112,14 @@ TEST_P(CudaModel, tensor_core_prefill_is_within_bf16_rounding_of_the_cpu) {
     compare_with_cpu(prompts_[k], &worst, &mismatch);
     std::printf("%s, %zu tokens, bf16 tensor-core prefill: max rel err vs cpu %.3g, argmax differs at %d of %zu\n",
                 GetParam().c_str(), prompts_[k].size(), worst, mismatch, prompts_[k].size());
-    // Measured on an H100: qwen3 1.5e-2 / 1.8e-2 (argmax identical); qwen35 0.21 at 20 tokens, 1.0 at 100
-    // tokens with 23 argmax flips: bf16 rounding compounded through 6 DeltaNet layers x 100 steps of a
-    // random model (its logits are a chaotic function of the inputs), so only the short prompt is bounded.
+    // Measured on an H100: qwen3 1.5e-2 / 1.8e-2 with the f32 attention kernel (argmax identical), 1.6e-2
+    // and one argmax flip of 100 (a near-tie of the random model) with f16 tensor-core attention; qwen35 0.21
+    // at 20 tokens, 1.0 at 100 tokens with 23 argmax flips: bf16 rounding compounded through 6 DeltaNet
+    // layers x 100 steps of a random model (its logits are a chaotic function of the inputs), so only the
+    // short prompt is bounded.
     if (GetParam() == "qwen3") {
       EXPECT_LT(worst, 0.05) << prompts_[k].size() << " tokens";
-      EXPECT_EQ(mismatch, 0) << prompts_[k].size() << " tokens";
+      EXPECT_LE(mismatch, 2) << prompts_[k].size() << " tokens";
     } else if (prompts_[k].size() < 64) {
       EXPECT_LT(worst, 0.4) << prompts_[k].size() << " tokens";
     }

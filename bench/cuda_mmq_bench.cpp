@@ -1,0 +1,150 @@
+// bench_cuda_mmq: the int8 tensor-core product (ops/cuda/mmq.h) beside the dp4a integer-dot GEMV
+// (ops/cuda/gemv_q8.h) on the Qwen3-8B Q4_K_M shapes, per token count.
+//
+//   bench_cuda_mmq [--tokens 1,2,4,8,16,23,32] [--variant V]
+//
+// --variant: mmq_set_variant(V) (mmq.h: launch variants for tuning; 3 the default).
+// Both kernels read the same int8 activations (quantize_q8_rows of random x, not timed). Each figure is
+// the device time of one product: 16 calls recorded in a CUDA graph, every call on its own copy of the
+// weights (no L2 reuse), median of 15 replays / 16. gemv_q8 takes at most 16 tokens a launch: above that
+// it runs as launches of 16 and the rest (what a verify step would do). "W GB/s" is weight bytes / time;
+// "/n=1" the time over the same kernel's n = 1 time; "mmq/q8" the two kernels' time ratio.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_bench_util.h"
+#include "ops/cuda/gemv_q8.h"
+#include "ops/cuda/mmq.h"
+#include "tensor/dtype.h"
+
+namespace {
+
+constexpr int kReps = 16;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using dflash::DType;
+  std::vector<int64_t> tokens = {1, 2, 4, 8, 16, 23, 32};
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) {
+      tokens.clear();
+      for (const char* p = argv[++i]; *p != '\0';) {
+        char* end = nullptr;
+        const long v = std::strtol(p, &end, 10);
+        if (end == p || v < 1 || v > dflash::cuda::kMmqMaxTokens || (*end != ',' && *end != '\0')) {
+          std::fprintf(stderr, "--tokens: a comma-separated list of token counts in [1, 32]\n");
+          return 2;
+        }
+        tokens.push_back(v);
+        p = *end == ',' ? end + 1 : end;
+      }
+    } else if (std::strcmp(argv[i], "--variant") == 0 && i + 1 < argc) {
+      const int v = std::atoi(argv[++i]);
+      dflash::cuda::mmq_set_variant(v);
+      std::printf("mmq variant %d\n", v);
+    } else {
+      std::fprintf(stderr, "usage: bench_cuda_mmq [--tokens 1,2,4,...] [--variant V]\n");
+      return 2;
+    }
+  }
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  const size_t copy_bytes = size_t{1} << 30;
+  void *ca = nullptr, *cb = nullptr;
+  CHECK(cudaMalloc(&ca, copy_bytes));
+  CHECK(cudaMalloc(&cb, copy_bytes));
+  CHECK(cudaMemset(ca, 1, copy_bytes));
+  const float copy_ms = bench::median_ms([&] { CHECK(cudaMemcpyAsync(cb, ca, copy_bytes, cudaMemcpyDeviceToDevice)); }, 10);
+  const double copy_gbs = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e9;
+  CHECK(cudaFree(ca));
+  CHECK(cudaFree(cb));
+  std::printf("device: %s, %d SMs; device-to-device copy: %.0f GB/s (read + write)\n", prop.name,
+              prop.multiProcessorCount, copy_gbs);
+
+  struct Shape {
+    int64_t rows, cols;
+    DType type;
+  };
+  const std::vector<Shape> shapes = {{6144, 4096, DType::kQ4_K},
+                                     {4096, 4096, DType::kQ4_K},
+                                     {24576, 4096, DType::kQ4_K},
+                                     {4096, 12288, DType::kQ6_K},
+                                     {151936, 4096, DType::kQ6_K}};
+  size_t max_bytes = 0;
+  int64_t max_rows = 0, max_cols = 0;
+  for (const Shape& s : shapes) {
+    max_bytes = std::max<size_t>(max_bytes, dflash::row_bytes(s.type, s.cols).value() * s.rows);
+    max_rows = std::max(max_rows, s.rows);
+    max_cols = std::max(max_cols, s.cols);
+  }
+  std::vector<uint16_t> host(max_bytes / 2 + 8);
+  std::mt19937 rng(1);
+  for (auto& h : host) h = static_cast<uint16_t>(rng()) & 0x3bffu;
+  const size_t pool_bytes = std::max<size_t>(max_bytes * kReps, size_t{256} << 20);
+  uint8_t* w = nullptr;
+  CHECK(cudaMalloc(&w, pool_bytes + 256));
+  for (size_t off = 0; off < pool_bytes; off += max_bytes)
+    CHECK(cudaMemcpy(w + off, host.data(), std::min(max_bytes, pool_bytes - off), cudaMemcpyHostToDevice));
+  cudaStream_t stream = nullptr;
+  CHECK(cudaStreamCreate(&stream));
+
+  // Activations: 32 tokens of random x, quantized once.
+  const int64_t nmax = dflash::cuda::kMmqMaxTokens;
+  std::vector<float> xh(static_cast<size_t>(nmax * max_cols));
+  std::uniform_real_distribution<float> ud(-2.0f, 2.0f);
+  for (auto& v : xh) v = ud(rng);
+  float *x = nullptr, *y = nullptr, *xd = nullptr;
+  int8_t* xq = nullptr;
+  int* xs = nullptr;
+  CHECK(cudaMalloc(&x, sizeof(float) * nmax * max_cols));
+  CHECK(cudaMalloc(&xq, nmax * max_cols));
+  CHECK(cudaMalloc(&xd, sizeof(float) * nmax * max_cols / 32));
+  CHECK(cudaMalloc(&xs, sizeof(int) * nmax * max_cols / 16));
+  CHECK(cudaMalloc(&y, sizeof(float) * nmax * max_rows));
+  CHECK(cudaMemcpy(x, xh.data(), sizeof(float) * xh.size(), cudaMemcpyHostToDevice));
+
+  std::printf("%-6s %-13s %3s | %9s %8s %6s %6s | %9s %8s %6s | %7s\n", "type", "rows x cols", "n", "mmq us",
+              "W GB/s", "/copy", "/n=1", "gemv_q8 us", "W GB/s", "/n=1", "mmq/q8");
+  for (const Shape& s : shapes) {
+    CHECK(dflash::cuda::quantize_q8_rows(x, nmax, s.cols, xq, xd, xs, stream));
+    const size_t wbytes = dflash::row_bytes(s.type, s.cols).value() * s.rows;
+    const size_t stride = (wbytes + 255) / 256 * 256;
+    auto wr = [&](int r) { return w + (static_cast<size_t>(r) * stride) % (pool_bytes - stride + 1) / 256 * 256; };
+    float mmq_n1 = 0, q8_n1 = 0;
+    for (int64_t n : tokens) {
+      const float ms = bench::graph_ms(stream, kReps, [&](cudaStream_t st, int r) {
+        CHECK(dflash::cuda::mmq(s.type, wr(r), s.rows, s.cols, xq, xd, xs, n, y, st));
+      });
+      const float ms_q8 = bench::graph_ms(stream, kReps, [&](cudaStream_t st, int r) {
+        for (int64_t t0 = 0; t0 < n; t0 += dflash::cuda::kQ8MaxTokens) {
+          const int64_t m = std::min<int64_t>(dflash::cuda::kQ8MaxTokens, n - t0);
+          const dflash::cuda::Q8Part part{wr(r), s.rows, y + t0 * s.rows};
+          CHECK(dflash::cuda::gemv_q8(s.type, &part, 1, s.cols, xq + t0 * s.cols, xd + t0 * s.cols / 32,
+                                      xs + t0 * s.cols / 16, m, st));
+        }
+      });
+      if (n == 1) mmq_n1 = ms, q8_n1 = ms_q8;
+      const double wgbs = static_cast<double>(wbytes) / (ms * 1e-3) / 1e9;
+      const double wgbs_q8 = static_cast<double>(wbytes) / (ms_q8 * 1e-3) / 1e9;
+      char shape[32], r1[16] = "-", r2[16] = "-";
+      std::snprintf(shape, sizeof shape, "%lldx%lld", static_cast<long long>(s.rows), static_cast<long long>(s.cols));
+      if (mmq_n1 > 0) std::snprintf(r1, sizeof r1, "%.2f", ms / mmq_n1);
+      if (q8_n1 > 0) std::snprintf(r2, sizeof r2, "%.2f", ms_q8 / q8_n1);
+      std::printf("%-6s %-13s %3lld | %9.1f %8.0f %6.2f %6s | %9.1f %8.0f %6s | %7.2f\n",
+                  std::string(dflash::dtype_name(s.type)).c_str(), shape, static_cast<long long>(n), ms * 1e3, wgbs,
+                  wgbs / copy_gbs, r1, ms_q8 * 1e3, wgbs_q8, r2, ms / ms_q8);
+      std::fflush(stdout);
+    }
+  }
+  CHECK(cudaDeviceSynchronize());
+  return 0;
+}

@@ -1,0 +1,66 @@
+// Internals of the device attention (attention.h), shared by attention.cu and attention_mma.cu, and the
+// one knob benchmarks use: which kernel serves prefill-shaped calls.
+//
+// This header is included by nvcc-compiled code: no base/status.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ops/cuda/attention.h"
+
+namespace dflash::cuda {
+
+// The kernel of prefill-shaped calls (n_q > 32 with a kCausal or kFull mask; attention.h):
+//   kTensorCore: attn_mma_kernel (attention_mma.cu), f16 tensor-core inputs, f32 softmax and accumulators
+//                (what attention() runs);
+//   kSimt:       the f32 kernel attn_kernel in its 64-row prefill launch (what attention() ran before the
+//                tensor-core kernel; float32 throughout).
+// Every other call shape (decode, path mode, trees of more than 128 nodes) runs the same launch either way.
+enum class AttnPrefillKernel : int32_t { kTensorCore = 0, kSimt = 1 };
+
+size_t attention_workspace_bytes_with(AttnPrefillKernel kernel, int64_t n_q, int64_t n_heads, const DeviceKvView& kv,
+                                      const DeviceAttnMask& mask);
+cudaError_t attention_with(AttnPrefillKernel kernel, const float* q, int64_t n_q, int64_t n_heads,
+                           const DeviceKvView& kv, const DeviceAttnMask& mask, float scale, float* out, void* workspace,
+                           size_t workspace_bytes, cudaStream_t stream = nullptr);
+
+namespace attn_mma {
+
+// One launch of attn_mma_kernel. Rows are (query, head-of-group) pairs of one KV head, query-major (row g =
+// query g / group, head kv_head * group + g % group), kRowsPerBlock of them a block; grid (row_blocks,
+// n_kv_heads, n_splits). 32-bit positions: the planner sends longer contexts to the f32 kernel.
+struct Params {
+  const float* q;
+  float* out;
+  const float* const* k_chunks;
+  const float* const* v_chunks;
+  int32_t chunk_tokens;
+  int32_t chunk_shift;  // log2(chunk_tokens) when a power of two, else -1
+  int32_t n_tokens;
+  int32_t n_q;
+  int32_t n_prefix;
+  int32_t window;  // kCausal sliding window (0: none)
+  int32_t causal;  // 1: kCausal, 0: kFull
+  int32_t n_heads;
+  int32_t n_kv_heads;
+  int32_t group;
+  int32_t row_blocks;
+  int32_t n_splits;
+  int32_t keys_per_split;  // a multiple of keys_per_tile(head_dim)
+  float scale_log2;        // scale * log2(e): scores are kept in base-2 units
+  float* part_acc;         // n_splits > 1: [n_splits][n_q * n_heads][head_dim], as attn_kernel's partials
+  float* part_ml;          // [n_splits][n_q * n_heads][2]: (max in natural units, sum)
+};
+
+constexpr int kRowsPerBlock = 128;  // 8 warps of 16 rows
+inline int keys_per_tile(int64_t head_dim) { return head_dim >= 256 ? 32 : 64; }
+inline int blocks_per_sm(int64_t head_dim) { return head_dim <= 64 ? 2 : 1; }
+
+// Enqueues the kernel (head_dim 64, 128 or 256); the caller merges split partials.
+cudaError_t launch(const Params& p, int head_dim, cudaStream_t stream);
+
+}  // namespace attn_mma
+}  // namespace dflash::cuda

@@ -1,0 +1,385 @@
+// The tensor-core prefill kernel of attention.h (FlashAttention-2 style), launched by attention.cu for
+// calls of more than 32 queries with a kCausal (with or without a sliding window) or kFull mask.
+//
+// Block: 8 warps, 128 rows = (query, head-of-group) pairs of one KV head, query-major, so one K/V tile in
+// shared memory serves the whole GQA group; warp w owns rows [16 w, 16 w + 16). Grid (row blocks, KV heads,
+// key splits), the row blocks in reverse so that a causal call's longest blocks start first.
+// Q (times scale * log2(e), so that scores come out in base-2 units) is staged once as f16 in shared memory.
+// Per tile of BN keys (64; 32 at head_dim 256):
+//   1. K and V rows of the next tile: float4 loads from the chunk table into registers, converted to f16
+//      (round to nearest) and stored to the other half of a double buffer once this tile no longer needs
+//      the registers (head_dim 128: both at the end of the tile; 64, 256: K after step 2, V after step 4);
+//      rows are padded by 16 bytes so ldmatrix's eight 16-byte row reads hit distinct banks;
+//   2. S = Q K^T: mma.sync m16n8k16 (f16 inputs, f32 accumulators), A fragments of Q and B fragments of K
+//      by ldmatrix;
+//   3. masked to -inf where a tile crosses the causal diagonal, the window or the key range; online softmax
+//      in f32 per row (the 4 threads of a quad share a row): running max m, correction 2^(m_old - m_new),
+//      p = 2^(s - m_new), a per-thread partial of the running sum;
+//   4. O = O * corr + P V: P rounded to f16 straight from the S accumulators (the C layout of two n8 tiles
+//      is the A layout of one k16 step), V's B fragments by ldmatrix.trans, f32 accumulators.
+// One __syncthreads a tile. With one split the block writes O / l (0 for a row that saw no key); with
+// several it writes attn_kernel's partials (O, m in natural-log units, l) for merge_kernel. Sums run in a
+// fixed order: the same call gives the same bits.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+
+#include "ops/cuda/attention_internal.h"
+
+namespace dflash::cuda::attn_mma {
+namespace {
+
+constexpr int kWarps = kRowsPerBlock / 16;
+constexpr int kThreads = 32 * kWarps;
+
+template <int HD, int BN>
+struct Shape {
+  static_assert(HD % 16 == 0 && BN % 16 == 0);
+  static constexpr int BM = kRowsPerBlock;
+  static constexpr int LD = HD + 8;  // halves per shared row: +16 bytes, conflict-free ldmatrix
+  // head_dim 128: the next tile's K and V are loaded together, a whole tile ahead of their use; at 64 (two
+  // blocks an SM, 128 registers) and 256 (255 registers) the registers hold one of them at a time (K during
+  // Q K^T, V during P V).
+  static constexpr bool kLoadBoth = HD == 128;
+  static constexpr int kQ = 0;  // offsets in halves
+  static constexpr int kK = kQ + BM * LD;
+  static constexpr int kV = kK + 2 * BN * LD;
+  static constexpr int kEnd = kV + 2 * BN * LD;
+  static constexpr size_t kBytes = sizeof(__half) * kEnd;
+  static constexpr int kC4 = HD / 4;              // float4 columns of a row
+  static constexpr int kRowStep = kThreads / kC4;  // rows a pass of the block covers
+  static_assert(kThreads % kC4 == 0 && BN % kRowStep == 0);
+  static constexpr int kLoads = BN / kRowStep;  // float4 per thread per K (or V) tile
+  static constexpr int kMinBlocks = HD <= 64 ? 2 : 1;
+};
+
+__device__ __forceinline__ float4 ldg_nc4(const float* ptr) {
+  float4 v;
+  asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "l"(ptr));
+  return v;
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {  // 2^x; 2^-inf = 0, results below 2^-126 flush to 0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);  // a in the low half
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr)
+               : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr)
+               : "memory");
+}
+
+// d += a b: m16n8k16, f16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// This thread's float4s of keys [j0, j0 + BN) (zeros at and past ke) of one KV head.
+template <int HD, int BN>
+__device__ __forceinline__ void load_tile(const Params& p, const float* const* chunks, int kvh, int j0, int ke,
+                                          float4 (&st)[Shape<HD, BN>::kLoads]) {
+  using S = Shape<HD, BN>;
+  const int c4 = threadIdx.x % S::kC4, t0 = threadIdx.x / S::kC4;
+#pragma unroll
+  for (int k = 0; k < S::kLoads; ++k) {
+    const int j = j0 + t0 + k * S::kRowStep;
+    if (j < ke) {
+      const int c = p.chunk_shift >= 0 ? j >> p.chunk_shift : j / p.chunk_tokens;
+      const int64_t off = (static_cast<int64_t>(j - c * p.chunk_tokens) * p.n_kv_heads + kvh) * HD + 4 * c4;
+      st[k] = ldg_nc4(chunks[c] + off);
+    } else {
+      st[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+}
+
+// The registers of load_tile, as f16, to a [BN][LD] buffer.
+template <int HD, int BN>
+__device__ __forceinline__ void store_tile(__half* buf, const float4 (&st)[Shape<HD, BN>::kLoads]) {
+  using S = Shape<HD, BN>;
+  const int c4 = threadIdx.x % S::kC4, t0 = threadIdx.x / S::kC4;
+#pragma unroll
+  for (int k = 0; k < S::kLoads; ++k) {
+    const int t = t0 + k * S::kRowStep;
+    *reinterpret_cast<uint2*>(buf + t * S::LD + 4 * c4) = make_uint2(pack_half2(st[k].x, st[k].y),
+                                                                     pack_half2(st[k].z, st[k].w));
+  }
+}
+
+template <int HD, int BN>
+__global__ void __launch_bounds__(kThreads, Shape<HD, BN>::kMinBlocks) attn_mma_kernel(const Params p) {
+  using S = Shape<HD, BN>;
+  extern __shared__ uint4 smem_u4[];
+  __half* smem = reinterpret_cast<__half*>(smem_u4);
+  const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  __half* Qs = smem + S::kQ;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int kvh = blockIdx.y, split = blockIdx.z;
+  const int rb = p.row_blocks - 1 - static_cast<int>(blockIdx.x);
+  const int group = p.group;
+  const int row0 = rb * S::BM;  // rows of this KV head: n_q * group < 2^31 (planner)
+  const int row_end = min(row0 + S::BM, p.n_q * group);
+  const int i_lo = row0 / group, i_hi = (row_end - 1) / group;
+
+  // Keys of this block: the split's range, cut to the last query's causal horizon and the first query's
+  // window.
+  int kb = split * p.keys_per_split;
+  int ke = min(p.n_tokens, kb + p.keys_per_split);
+  if (p.causal) {
+    ke = min(ke, p.n_prefix + i_hi + 1);
+    if (p.window > 0) kb = max(kb, p.n_prefix + i_lo - p.window + 1);
+  }
+  const int n_tiles = ke > kb ? (ke - kb + BN - 1) / BN : 0;
+
+  // Q rows * scale * log2(e) -> f16 in shared memory (zeros past row_end): scores come out in base-2 units.
+  for (int e = tid; e < S::BM * S::kC4; e += kThreads) {
+    const int r = e / S::kC4, c4 = e % S::kC4;
+    const int g = row0 + r;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (g < row_end) {
+      const int64_t i = g / group, h = static_cast<int64_t>(kvh) * group + g % group;
+      v = ldg_nc4(p.q + (i * p.n_heads + h) * HD + 4 * c4);
+      v.x *= p.scale_log2;
+      v.y *= p.scale_log2;
+      v.z *= p.scale_log2;
+      v.w *= p.scale_log2;
+    }
+    *reinterpret_cast<uint2*>(Qs + r * S::LD + 4 * c4) = make_uint2(pack_half2(v.x, v.y), pack_half2(v.z, v.w));
+  }
+  float4 st[S::kLoads];                      // K's next tile (or K's, then V's)
+  float4 stv[S::kLoadBoth ? S::kLoads : 1];  // V's next tile (kLoadBoth)
+  if (n_tiles > 0) {
+    load_tile<HD, BN>(p, p.k_chunks, kvh, kb, ke, st);
+    store_tile<HD, BN>(smem + S::kK, st);
+    load_tile<HD, BN>(p, p.v_chunks, kvh, kb, ke, st);
+    store_tile<HD, BN>(smem + S::kV, st);
+  }
+  __syncthreads();
+
+  // This thread's rows (C fragments: rows quad and quad + 8 of the warp's 16) and their queries; a row past
+  // row_end takes the last valid row's query (never written).
+  const int quad = lane >> 2, qc = lane & 3;
+  const int ra = warp * 16 + quad;
+  const int ia = min(row0 + ra, row_end - 1) / group, ib = min(row0 + ra + 8, row_end - 1) / group;
+  // ldmatrix: lane L addresses row (L & 7) of matrix L >> 3.
+  const int lm_row = lane & 7, lm_mat = lane >> 3;
+
+  // Q A fragments: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15).
+  const uint32_t q_addr =
+      sbase + 2u * static_cast<uint32_t>((warp * 16 + lm_row + ((lm_mat & 1) << 3)) * S::LD + ((lm_mat >> 1) << 3));
+  // K B fragments of an n-tile pair: (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, k 0-7), (keys 8-15, k 8-15).
+  const uint32_t k_off = 2u * static_cast<uint32_t>((lm_row + ((lm_mat >> 1) << 3)) * S::LD + ((lm_mat & 1) << 3));
+  // V B fragments (transposed) of a dim-tile pair: (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15),
+  // (keys 8-15, d 8-15).
+  const uint32_t v_off = 2u * static_cast<uint32_t>((lm_row + ((lm_mat & 1) << 3)) * S::LD + ((lm_mat >> 1) << 3));
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int d = 0; d < HD / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const int j0 = kb + t * BN;
+    const int buf = t & 1;
+    const bool more = t + 1 < n_tiles;
+    const uint32_t kbuf = sbase + 2u * static_cast<uint32_t>(S::kK + buf * BN * S::LD);
+    const uint32_t vbuf = sbase + 2u * static_cast<uint32_t>(S::kV + buf * BN * S::LD);
+    if (more) {
+      load_tile<HD, BN>(p, p.k_chunks, kvh, j0 + BN, ke, st);
+      if constexpr (S::kLoadBoth) load_tile<HD, BN>(p, p.v_chunks, kvh, j0 + BN, ke, stv);
+    }
+
+    // 2. S = Q K^T.
+    float s[BN / 8][4];
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ++ks) {
+      uint32_t a[4];
+      ldsm_x4(q_addr + 32u * ks, a[0], a[1], a[2], a[3]);
+#pragma unroll
+      for (int np = 0; np < BN / 16; ++np) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4(kbuf + k_off + 2u * (np * 16 * S::LD) + 32u * ks, b0, b1, b2, b3);
+        mma16816(s[2 * np], a, b0, b1);
+        mma16816(s[2 * np + 1], a, b2, b3);
+      }
+    }
+    if constexpr (!S::kLoadBoth) {
+      if (more) {
+        store_tile<HD, BN>(smem + S::kK + (buf ^ 1) * BN * S::LD, st);
+        load_tile<HD, BN>(p, p.v_chunks, kvh, j0 + BN, ke, st);
+      }
+    }
+
+    // 3. Mask, online softmax.
+    const bool edge = j0 + BN > ke || (p.causal && (j0 + BN - 1 > p.n_prefix + i_lo ||
+                                                    (p.window > 0 && j0 <= p.n_prefix + i_hi - p.window)));
+    if (edge) {
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = j0 + n * 8 + 2 * qc + (e & 1);
+          const int i = e < 2 ? ia : ib;
+          bool vis = j < ke;
+          if (p.causal) vis = vis && j <= p.n_prefix + i && (p.window <= 0 || p.n_prefix + i - j < p.window);
+          if (!vis) s[n][e] = -INFINITY;
+        }
+    }
+    float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n) {
+      mx_a = fmaxf(mx_a, fmaxf(s[n][0], s[n][1]));
+      mx_b = fmaxf(mx_b, fmaxf(s[n][2], s[n][3]));
+    }
+#pragma unroll
+    for (int w = 1; w <= 2; w <<= 1) {
+      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, w));
+      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, w));
+    }
+    const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+    // A row that has seen no key keeps m = -inf: subtract 0 instead (every p and the correction are 0).
+    const float base_a = mn_a == -INFINITY ? 0.0f : mn_a, base_b = mn_b == -INFINITY ? 0.0f : mn_b;
+    const float corr_a = fast_exp2(m_a - base_a), corr_b = fast_exp2(m_b - base_b);
+    m_a = mn_a;
+    m_b = mn_b;
+    float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n) {
+      s[n][0] = fast_exp2(s[n][0] - base_a);
+      s[n][1] = fast_exp2(s[n][1] - base_a);
+      s[n][2] = fast_exp2(s[n][2] - base_b);
+      s[n][3] = fast_exp2(s[n][3] - base_b);
+      sum_a += s[n][0] + s[n][1];
+      sum_b += s[n][2] + s[n][3];
+    }
+    l_a = l_a * corr_a + sum_a;
+    l_b = l_b * corr_b + sum_b;
+#pragma unroll
+    for (int d = 0; d < HD / 8; ++d) {
+      o[d][0] *= corr_a;
+      o[d][1] *= corr_a;
+      o[d][2] *= corr_b;
+      o[d][3] *= corr_b;
+    }
+
+    // 4. O += P V.
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const uint32_t a[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
+                             pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < HD / 16; ++dp) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4_t(vbuf + v_off + 2u * (kk * 16 * S::LD) + 32u * dp, b0, b1, b2, b3);
+        mma16816(o[2 * dp], a, b0, b1);
+        mma16816(o[2 * dp + 1], a, b2, b3);
+      }
+    }
+    if (more) {
+      if constexpr (S::kLoadBoth) {
+        store_tile<HD, BN>(smem + S::kK + (buf ^ 1) * BN * S::LD, st);
+        store_tile<HD, BN>(smem + S::kV + (buf ^ 1) * BN * S::LD, stv);
+      } else {
+        store_tile<HD, BN>(smem + S::kV + (buf ^ 1) * BN * S::LD, st);
+      }
+    }
+    __syncthreads();
+  }
+
+  // Epilogue: the row sums over the quad, then O / l or the split's partials.
+#pragma unroll
+  for (int w = 1; w <= 2; w <<= 1) {
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, w);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, w);
+  }
+  const int64_t n_rows = static_cast<int64_t>(p.n_q) * p.n_heads;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int g = row0 + ra + 8 * half;
+    if (g >= row_end) continue;
+    const int64_t i = g / group, h = static_cast<int64_t>(kvh) * group + g % group;
+    const int64_t row = i * p.n_heads + h;
+    const float l = half ? l_b : l_a, m = half ? m_b : m_a;
+    if (p.n_splits == 1) {
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      float* dst = p.out + row * HD + 2 * qc;
+#pragma unroll
+      for (int d = 0; d < HD / 8; ++d)
+        *reinterpret_cast<float2*>(dst + 8 * d) = make_float2(o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
+    } else {
+      const int64_t prow = split * n_rows + row;
+      float* dst = p.part_acc + prow * HD + 2 * qc;
+#pragma unroll
+      for (int d = 0; d < HD / 8; ++d)
+        *reinterpret_cast<float2*>(dst + 8 * d) = make_float2(o[d][2 * half], o[d][2 * half + 1]);
+      if (qc == 0) {
+        // m is in base-2 units of the scaled score; merge_kernel takes natural units (-inf stays -inf).
+        p.part_ml[2 * prow] = m * 0.69314718055994531f;
+        p.part_ml[2 * prow + 1] = l;
+      }
+    }
+  }
+}
+
+template <int HD, int BN>
+cudaError_t launch_shape(const Params& p, cudaStream_t stream) {
+  using S = Shape<HD, BN>;
+  static_assert(S::kBytes <= 227 * 1024);
+  if (S::kBytes > 48 * 1024) {
+    static std::atomic<uint64_t> raised{0};  // one bit per device
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+    if (bit == 0 || !(raised.load(std::memory_order_relaxed) & bit)) {
+      err = cudaFuncSetAttribute(attn_mma_kernel<HD, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(S::kBytes));
+      if (err != cudaSuccess) return err;
+      raised.fetch_or(bit, std::memory_order_relaxed);
+    }
+  }
+  const dim3 grid(static_cast<unsigned>(p.row_blocks), static_cast<unsigned>(p.n_kv_heads),
+                  static_cast<unsigned>(p.n_splits));
+  attn_mma_kernel<HD, BN><<<grid, kThreads, S::kBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch(const Params& p, int head_dim, cudaStream_t stream) {
+  switch (head_dim) {
+    case 64: return launch_shape<64, 64>(p, stream);
+    case 128: return launch_shape<128, 64>(p, stream);
+    case 256: return launch_shape<256, 32>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace dflash::cuda::attn_mma

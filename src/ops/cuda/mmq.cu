@@ -1,0 +1,399 @@
+// Int8 tensor-core products of q4_K / q6_K weights with 1..32 tokens (mmq.h).
+//
+// Work split: a CTA of 8 warps; a warp owns a tile of 16 consecutive rows and all the launch's tokens
+// (NT8 = ceil(n / 8) mma n-tiles of 8 tokens), and takes every split-th block of the rows (split warps a
+// tile, split = mmq_split(rows, cols), 8 / split tiles a CTA). Per block a lane (g = lane / 4, tid =
+// lane % 4) loads its share of rows g and g + 8 straight from global memory (kD blocks at once, issued
+// before any is used), builds the mma A fragments from the packed codes with shifts and masks, and
+// dots them with the tokens' codes (B fragments, read through L1):
+//   q4_K  one m16n8k32 per 32-element sub-block s = 2c + h (c: 32-byte chunk of qs, h: nibble). Lane tid
+//         takes qs bytes [8 tid, 8 tid + 8) of each chunk (an 8-byte load a row and chunk): k-slots
+//         4 tid + [0, 4) <- elements 64c + 32h + 8tid + [0, 4), 16 + 4 tid + [0, 4) <- + 4; the B
+//         fragment reads the token's codes in the same permutation (one 8-byte load).
+//   q6_K  one m16n8k16 per 16-element group (its own int8 scale): lane tid takes 4 codes (4 bytes of ql,
+//         4 of qh, 2-byte aligned: two 16-bit loads where the block is not 4-byte aligned), made signed
+//         (code - 32) by byte arithmetic, so no activation sums are needed.
+// The mma sums are exact int32. Float epilogue per (row, token) element, in this order:
+//   q4_K  per sub-block s of each block: acc = fma(xd_s, fma(d sc_s, isum_s, -(dmin m_s * xsum_s)), acc),
+//         xsum_s = xs[2s] + xs[2s + 1] (exact), d sc_s and dmin m_s rounded products of the block's fields.
+//   q6_K  per 32-element group q: J = sc_2q isum_2q + sc_2q+1 isum_2q+1 (exact in int32, |J| < 2^24 so
+//         exact in f32), inner = fma(xd_q, J, inner) from inner = 0, then per block acc = fma(d, inner, acc).
+// A warp's blocks are taken in increasing order; with split > 1 the warps' partials of a tile are added
+// in warp order (s = p0; s += p1; ...). None of this depends on n or on the token's column: a token's
+// outputs are the same bit for bit in every batch.
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "ops/cuda/mmq.h"
+#include "ops/cuda/quant_blocks.cuh"
+
+namespace dflash::cuda {
+namespace {
+
+constexpr int kWarps = 8, kThreads = 32 * kWarps, kTileRows = 16;
+constexpr uint32_t kLowNibbles = 0x0f0f0f0fu;
+
+struct Args {
+  const uint8_t* w;
+  float* y;
+  int64_t rows, cols, rb;
+  const int8_t* xq;
+  const float* xd;
+  const int* xs;
+  int n, split;
+};
+
+// D = A B (C = 0) with A 16 x 32 (rows g, g + 8 in a0/a2 and a1/a3), B 32 x 8 (column g), D rows g, g + 8
+// and columns 2 tid, 2 tid + 1.
+__device__ __forceinline__ void mma_k32(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int (&d)[4]) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+}
+__device__ __forceinline__ void mma_k16(const uint32_t (&a)[2], uint32_t b, int (&d)[4]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(b), "r"(0));
+}
+
+__device__ __forceinline__ uint2 ldg_u2(const void* p) { return __ldg(static_cast<const uint2*>(p)); }
+// Weight loads that skip L1 (read once), or through L1 (kNoAlloc false).
+template <bool kNoAlloc>
+__device__ __forceinline__ uint2 ldw_u2(const void* p) {
+  if constexpr (kNoAlloc) {
+    uint2 v;
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+  } else {
+    return __ldg(static_cast<const uint2*>(p));
+  }
+}
+__device__ __forceinline__ uint4 ldg_u4(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+__device__ __forceinline__ uint32_t ldg_u32(const void* p) { return __ldg(static_cast<const uint32_t*>(p)); }
+__device__ __forceinline__ uint32_t ldg_u16(const uint8_t* p) {
+  return __ldg(reinterpret_cast<const unsigned short*>(p));
+}
+// 4 bytes at p: one load (kMis false: p 4-byte aligned) or two 16-bit loads (p 2 mod 4).
+template <bool kMis>
+__device__ __forceinline__ uint32_t ld32(const uint8_t* p) {
+  if constexpr (kMis) return ldg_u16(p) | (ldg_u16(p + 2) << 16);
+  else return ldg_u32(p);
+}
+
+__device__ __forceinline__ float half_bits(uint32_t h) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+}
+
+// The token whose column this lane's fragment or epilogue value is: past n, token n - 1 (read, never
+// stored), so every load stays inside the inputs.
+__device__ __forceinline__ int clamp_token(int t, int n) { return t < n ? t : n - 1; }
+
+// q4_K's 6-bit scales and mins of sub-blocks 2c, 2c + 1 from the packed bytes s0 (0-3), s1 (4-7), s2 (8-11)
+// (as gemv_q8.cu's k4_scales_mins).
+__device__ __forceinline__ void k4_scales_mins(int c, uint32_t s0, uint32_t s1, uint32_t s2, int (&sc)[2],
+                                               int (&m)[2]) {
+  const unsigned sh = 16 * (c & 1);
+  const uint32_t w0 = s0 >> sh, w1 = s1 >> sh, w2 = s2 >> sh;
+  const uint32_t scs = c < 2 ? w0 & 0x3f3fu : (w2 & 0x0f0fu) | ((w0 >> 2) & 0x3030u);
+  const uint32_t ms = c < 2 ? w1 & 0x3f3fu : ((w2 >> 4) & 0x0f0fu) | ((w1 >> 2) & 0x3030u);
+  sc[0] = static_cast<int>(scs & 0xffu), sc[1] = static_cast<int>(scs >> 8 & 0xffu);
+  m[0] = static_cast<int>(ms & 0xffu), m[1] = static_cast<int>(ms >> 8 & 0xffu);
+}
+
+// q4_K: d, dmin (fp16), 12 bytes of packed scales, 128 bytes of nibbles. Lane: rows i = 0 (g), 1 (g + 8).
+template <bool kNoAlloc>
+struct Q4K {
+  static constexpr int kBytes = 144;
+  struct Raw {
+    uint4 hdr[2];
+    uint2 qs[2][4];  // row i, chunk c: qs bytes 32c + 8 tid + [0, 8)
+  };
+  __device__ static Raw load(const uint8_t* const (&rowp)[2], int64_t b, int tid) {
+    Raw r;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint8_t* blk = rowp[i] + b * kBytes;
+      r.hdr[i] = ldg_u4(blk);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) r.qs[i][c] = ldw_u2<kNoAlloc>(blk + 16 + 32 * c + 8 * tid);
+    }
+    return r;
+  }
+  template <int NT8>
+  __device__ static void block(const Args& a, const Raw& r, int64_t b, int g, int tid, float (&acc)[NT8][4]) {
+    const int64_t cols = a.cols;
+    float d[2], dmin[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) d[i] = half_bits(r.hdr[i].x & 0xffffu), dmin[i] = half_bits(r.hdr[i].x >> 16);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      // Sub-blocks 2c (h = 0) and 2c + 1 (h = 1): scales of both rows, A fragments.
+      float ds[2][2], ms[2][2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        int sc[2], m[2];
+        k4_scales_mins(c, r.hdr[i].y, r.hdr[i].z, r.hdr[i].w, sc, m);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          ds[i][h] = __fmul_rn(d[i], static_cast<float>(sc[h]));
+          ms[i][h] = __fmul_rn(dmin[i], static_cast<float>(m[h]));
+        }
+      }
+      uint32_t fa[2][4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        fa[h][0] = (r.qs[0][c].x >> (4 * h)) & kLowNibbles, fa[h][1] = (r.qs[1][c].x >> (4 * h)) & kLowNibbles;
+        fa[h][2] = (r.qs[0][c].y >> (4 * h)) & kLowNibbles, fa[h][3] = (r.qs[1][c].y >> (4 * h)) & kLowNibbles;
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT8; ++nt) {
+        const int tb = clamp_token(nt * 8 + g, a.n);
+        const int t0 = clamp_token(nt * 8 + 2 * tid, a.n), t1 = clamp_token(nt * 8 + 2 * tid + 1, a.n);
+        const int8_t* xb = a.xq + tb * cols + b * 256 + 64 * c + 8 * tid;
+        const uint2 xl = ldg_u2(xb), xh = ldg_u2(xb + 32);
+        const float2 d0 = __ldg(reinterpret_cast<const float2*>(a.xd + t0 * (cols / 32) + b * 8 + 2 * c));
+        const float2 d1 = __ldg(reinterpret_cast<const float2*>(a.xd + t1 * (cols / 32) + b * 8 + 2 * c));
+        const int4 s0 = __ldg(reinterpret_cast<const int4*>(a.xs + t0 * (cols / 16) + b * 16 + 4 * c));
+        const int4 s1 = __ldg(reinterpret_cast<const int4*>(a.xs + t1 * (cols / 16) + b * 16 + 4 * c));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          int isum[4];
+          mma_k32(fa[h], h ? xh.x : xl.x, h ? xh.y : xl.y, isum);
+          const float xsum[2] = {static_cast<float>(h ? s0.z + s0.w : s0.x + s0.y),
+                                 static_cast<float>(h ? s1.z + s1.w : s1.x + s1.y)};
+          const float xd[2] = {h ? d0.y : d0.x, h ? d1.y : d1.x};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = e >> 1, k = e & 1;
+            const float t = __fmaf_rn(ds[i][h], static_cast<float>(isum[e]), -__fmul_rn(ms[i][h], xsum[k]));
+            acc[nt][e] = __fmaf_rn(xd[k], t, acc[nt][e]);
+          }
+        }
+      }
+    }
+  }
+};
+
+// q6_K: ql[128] (low nibbles), qh[64] (2 high bits each), int8 scales[16], d (fp16); 2-byte aligned.
+// Group (q, j) (q = 4h + k: 32-element group, j: half of it) holds elements 128h + 32k + 16j + [0, 16):
+// nibble k / 2 of ql[64h + 32(k & 1) + 16j + l], bits 2k of qh[32h + 16j + l], scale scales[2q + j].
+struct Q6K {
+  static constexpr int kBytes = 210;
+  struct Raw {
+    uint32_t ql[2][8];  // row i, 16-byte segment s of ql: bytes 16s + 4 tid + [0, 4)
+    uint32_t qh[2][4];  // row i, segment s of qh
+    uint32_t sc[2][4];  // row i: the 16 scale bytes
+    uint32_t d[2];
+  };
+  template <bool kMis>
+  __device__ static void load_row(const uint8_t* blk, int tid, Raw& r, int i) {
+#pragma unroll
+    for (int s = 0; s < 8; ++s) r.ql[i][s] = ld32<kMis>(blk + 16 * s + 4 * tid);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) r.qh[i][s] = ld32<kMis>(blk + 128 + 16 * s + 4 * tid);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) r.sc[i][s] = ld32<kMis>(blk + 192 + 4 * s);
+    r.d[i] = ldg_u16(blk + 208);
+  }
+  __device__ static Raw load(const uint8_t* const (&rowp)[2], int64_t b, int tid) {
+    Raw r;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint8_t* blk = rowp[i] + b * kBytes;
+      if (reinterpret_cast<uintptr_t>(blk) & 2) load_row<true>(blk, tid, r, i);
+      else load_row<false>(blk, tid, r, i);
+    }
+    return r;
+  }
+  template <int NT8>
+  __device__ static void block(const Args& a, const Raw& r, int64_t b, int g, int tid, float (&acc)[NT8][4]) {
+    const int64_t cols = a.cols;
+    float inner[NT8][4];
+#pragma unroll
+    for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) inner[nt][e] = 0.0f;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      const int h = q >> 2, k = q & 3;
+      // A fragments of groups (q, 0) and (q, 1), and their scales, for both rows.
+      uint32_t fa[2][2];
+      int sc[2][2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const uint32_t lo = (r.ql[i][4 * h + 2 * (k & 1) + j] >> (4 * (k >> 1))) & kLowNibbles;
+          const uint32_t hi = ((r.qh[i][2 * h + j] >> (2 * k)) & 0x03030303u) << 4;
+          // code - 32 in each byte: bit 7 set first so that no byte borrows from the next.
+          fa[j][i] = (((lo | hi) | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
+        }
+        const uint32_t w = r.sc[i][q >> 1] >> (16 * (q & 1));
+        sc[i][0] = static_cast<int8_t>(w & 0xffu), sc[i][1] = static_cast<int8_t>((w >> 8) & 0xffu);
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT8; ++nt) {
+        const int tb = clamp_token(nt * 8 + g, a.n);
+        const int t0 = clamp_token(nt * 8 + 2 * tid, a.n), t1 = clamp_token(nt * 8 + 2 * tid + 1, a.n);
+        const int8_t* xb = a.xq + tb * cols + b * 256 + 32 * q + 4 * tid;
+        const float xd[2] = {__ldg(a.xd + t0 * (cols / 32) + b * 8 + q), __ldg(a.xd + t1 * (cols / 32) + b * 8 + q)};
+        int isum[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) mma_k16(fa[j], ldg_u32(xb + 16 * j), isum[j]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = e >> 1;
+          const int j32 = isum[0][e] * sc[i][0] + isum[1][e] * sc[i][1];
+          inner[nt][e] = __fmaf_rn(xd[e & 1], static_cast<float>(j32), inner[nt][e]);
+        }
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float dd = half_bits(r.d[e >> 1]);
+        acc[nt][e] = __fmaf_rn(dd, inner[nt][e], acc[nt][e]);
+      }
+  }
+};
+
+// kMinCtas CTAs a SM (__launch_bounds__): 2 (128 registers, two blocks in flight a warp for n <= 8) or 3
+// (80 registers, one block in flight). n <= 8 runs at 3 (H100: 10-25% faster at n = 1 than 2: more
+// warps a SM, and the 6144-row product fits one wave); more tokens need the registers of 2.
+template <typename B, int NT8, int kMinCtas>
+__global__ void __launch_bounds__(kThreads, kMinCtas) mmq_kernel(const Args a) {
+  __shared__ float partial[kWarps][NT8 * 4][32];
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int g = lane >> 2, tid = lane & 3;
+  const int64_t tile = int64_t{blockIdx.x} * (kWarps / a.split) + warp / a.split;
+  const int part = warp % a.split;
+  const int64_t row0 = tile * kTileRows;
+  const bool active = row0 < a.rows;
+  float acc[NT8][4];
+#pragma unroll
+  for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+  if (active) {
+    const int64_t ra = row0 + g < a.rows ? row0 + g : a.rows - 1;
+    const int64_t rb = row0 + g + 8 < a.rows ? row0 + g + 8 : a.rows - 1;
+    const uint8_t* const rowp[2] = {a.w + ra * a.rb, a.w + rb * a.rb};
+    const int64_t nb = a.cols / 256;
+    const int64_t step = a.split;
+    // Blocks a warp loads before using them: 2 for one n-tile; more n-tiles need the registers.
+    constexpr int kD = NT8 == 1 && kMinCtas == 2 ? 2 : 1;
+    for (int64_t b0 = part; b0 < nb; b0 += kD * step) {
+      typename B::Raw raw[kD];
+#pragma unroll
+      for (int k = 0; k < kD; ++k)
+        if (b0 + k * step < nb) raw[k] = B::load(rowp, b0 + k * step, tid);
+#pragma unroll
+      for (int k = 0; k < kD; ++k) {
+        if (b0 + k * step >= nb) break;
+        B::template block<NT8>(a, raw[k], b0 + k * step, g, tid, acc);
+      }
+    }
+  }
+  if (a.split > 1) {
+#pragma unroll
+    for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) partial[warp][nt * 4 + e][lane] = acc[nt][e];
+    __syncthreads();
+    if (part != 0 || !active) return;
+#pragma unroll
+    for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float s = partial[warp][nt * 4 + e][lane];
+        for (int q = 1; q < a.split; ++q) s = __fadd_rn(s, partial[warp + q][nt * 4 + e][lane]);
+        acc[nt][e] = s;
+      }
+  } else if (!active) {
+    return;
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = row0 + g + 8 * (e >> 1);
+      const int t = nt * 8 + 2 * tid + (e & 1);
+      if (row < a.rows && t < a.n) a.y[t * a.rows + row] = acc[nt][e];
+    }
+}
+
+int g_variant = 3;  // mmq_set_variant (3: the measured best on an H100)
+
+template <typename B>
+cudaError_t launch(const Args& a, unsigned grid, cudaStream_t stream) {
+  if (a.n <= 8) {
+    if (g_variant & 1) mmq_kernel<B, 1, 3><<<grid, kThreads, 0, stream>>>(a);
+    else mmq_kernel<B, 1, 2><<<grid, kThreads, 0, stream>>>(a);
+  } else if (a.n <= 16) {
+    mmq_kernel<B, 2, 2><<<grid, kThreads, 0, stream>>>(a);
+  } else if (a.n <= 24) {
+    mmq_kernel<B, 3, 2><<<grid, kThreads, 0, stream>>>(a);
+  } else {
+    mmq_kernel<B, 4, 2><<<grid, kThreads, 0, stream>>>(a);
+  }
+  return cudaGetLastError();
+}
+
+bool aligned(const void* p, uintptr_t al) { return reinterpret_cast<uintptr_t>(p) % al == 0; }
+
+}  // namespace
+
+bool mmq_supported(DType type) {
+  const auto id = static_cast<uint32_t>(type);
+  return id == qblocks::kQ4_K || id == qblocks::kQ6_K;
+}
+
+void mmq_set_variant(int v) { g_variant = v; }
+
+int mmq_split(int64_t rows, int64_t cols) {
+  const int64_t tiles = (rows + kTileRows - 1) / kTileRows, blocks = cols / 256;
+  int s = tiles <= 512 ? 8 : tiles <= 2048 ? 4 : 2;
+  while (s > 1 && s > blocks) s /= 2;
+  return s;
+}
+
+cudaError_t mmq(DType type, const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float* xd,
+                const int* xs, int64_t n, float* y, cudaStream_t stream) {
+  const auto id = static_cast<uint32_t>(type);
+  int64_t bytes = 0;
+  uintptr_t walign = 2;
+  if (id == qblocks::kQ4_K) bytes = 144, walign = 16;
+  else if (id == qblocks::kQ6_K) bytes = 210;
+  else return cudaErrorInvalidValue;
+  if (rows < 0 || cols <= 0 || cols % 256 != 0 || n < 1 || n > kMmqMaxTokens) return cudaErrorInvalidValue;
+  if (w == nullptr || xq == nullptr || xd == nullptr || xs == nullptr || y == nullptr) return cudaErrorInvalidValue;
+  if (!aligned(w, walign) || !aligned(xq, 16) || !aligned(xd, 16) || !aligned(xs, 16) || !aligned(y, 4))
+    return cudaErrorInvalidValue;
+  const int64_t rb = cols / 256 * bytes;
+  if (cols > INT64_MAX / kMmqMaxTokens || (rows > 0 && rows > INT64_MAX / rb) || rows > INT64_MAX / kMmqMaxTokens)
+    return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  Args a{};
+  a.w = static_cast<const uint8_t*>(w);
+  a.y = y;
+  a.rows = rows;
+  a.cols = cols;
+  a.rb = rb;
+  a.xq = xq;
+  a.xd = xd;
+  a.xs = xs;
+  a.n = static_cast<int>(n);
+  a.split = mmq_split(rows, cols);
+  const int64_t tiles = (rows + kTileRows - 1) / kTileRows, per_cta = kWarps / a.split;
+  const int64_t grid = (tiles + per_cta - 1) / per_cta;
+  if (grid > INT_MAX) return cudaErrorInvalidValue;
+  if (id == qblocks::kQ6_K) return launch<Q6K>(a, static_cast<unsigned>(grid), stream);
+  return g_variant & 2 ? launch<Q4K<true>>(a, static_cast<unsigned>(grid), stream)
+                       : launch<Q4K<false>>(a, static_cast<unsigned>(grid), stream);
+}
+
+}  // namespace dflash::cuda
