@@ -169,14 +169,14 @@ std::vector<int64_t> prefill_cuts(std::span<const int32_t> prompt, std::span<con
 // Not thread-safe: one thread drives a Generation (the sink runs on that thread).
 class Generation {
  public:
-  static constexpr int64_t kPrefillChunk = 256;  // Runner::prefill's default chunk
+  static constexpr int64_t kPrefillChunk = Runner::kPrefillChunk;  // Runner::prefill's chunks
   // A turn boundary closer than this to the previous cut is not a cut: a skipped boundary costs a later
   // request at most this many extra prompt tokens, and a short prompt stays one step.
   static constexpr int64_t kMinPrefixSegment = 32;
   // The version of the prefill schedule (prefill_cuts, kPrefillChunk, kMinPrefixSegment, and how a segment
   // is stepped): snapshot files are bound to it (the server folds it into SnapshotIdentity::layout_hash),
   // so a change here must bump it, and files written under another schedule are then not restored.
-  static constexpr int kPrefillScheduleVersion = 1;
+  static constexpr int kPrefillScheduleVersion = 2;  // 2: chunks of 512 tokens (were 256)
 
   // `cancel` (may be null) must outlive the generation; the engine too.
   Generation(const Engine& engine, GenerationRequest req, TextSink sink, const std::atomic<bool>* cancel = nullptr,

@@ -365,7 +365,7 @@ TEST_F(SchedulerTest, generation_prefills_in_chunks_then_decodes_a_token_per_ste
     }
     if (*done) break;
   }
-  EXPECT_EQ(prefill_steps, 3);  // 256 + 256 + 88
+  EXPECT_EQ(prefill_steps, 2);  // 512 + 88
   EXPECT_EQ(decode_steps, 7);
   auto alone = generate(engine_, r, nullptr);
   ASSERT_TRUE(alone.ok());
@@ -480,27 +480,27 @@ class PrefixRestore : public ::testing::TestWithParam<std::string> {
   std::vector<int32_t> body_;
 };
 
-// Turns of 40, 300, 10 and 45 tokens, then 70: cuts after 40, 340 and 395 (the 10-token turn is shorter
-// than kMinPrefixSegment, so it is no cut), and at the end (465). The cold prefill steps through them.
+// Turns of 40, 600, 10 and 45 tokens, then 70: cuts after 40, 640 and 695 (the 10-token turn is shorter
+// than kMinPrefixSegment, so it is no cut), and at the end (765). The cold prefill steps through them.
 TEST_P(PrefixRestore, the_prefill_schedule_is_cut_at_turn_boundaries) {
-  const auto prompt = chat_like({40, 300, 10, 45}, 70);
+  const auto prompt = chat_like({40, 600, 10, 45}, 70);
   const int32_t ends[] = {im_end_};
   EXPECT_EQ(prefill_cuts(prompt, ends, newline_, Generation::kMinPrefixSegment),
-            (std::vector<int64_t>{40, 340, 395, 465}));
+            (std::vector<int64_t>{40, 640, 695, 765}));
   // A turn end with no newline after it, a turn end as the prompt's last id, no turn ends at all.
   const std::vector<int32_t> bare = {1, 2, 3, im_end_, 4, 5, im_end_};
   EXPECT_EQ(prefill_cuts(bare, ends, newline_, 2), (std::vector<int64_t>{4, 7}));
   EXPECT_EQ(prefill_cuts(std::vector<int32_t>{1, 2, 3}, ends, newline_, 2), (std::vector<int64_t>{3}));
   const Run cold = run(cold_, request(prompt));
-  EXPECT_EQ(cold.prefill_n_past, (std::vector<int64_t>{40, 296, 340, 395, 465}));  // 300 = 256 + 44
+  EXPECT_EQ(cold.prefill_n_past, (std::vector<int64_t>{40, 552, 640, 695, 765}));  // 600 = 512 + 88
   EXPECT_EQ(cold.result.cached_tokens, 0);
 }
 
 TEST_P(PrefixRestore, restoring_at_any_cut_continues_exactly_like_a_cold_prefill) {
-  const auto prompt = chat_like({40, 300, 10, 45}, 70);
+  const auto prompt = chat_like({40, 600, 10, 45}, 70);
   const Run cold = run(cold_, request(prompt));
   ASSERT_EQ(cold.result.completion_tokens, 16);
-  for (int64_t cut : {40, 340, 395}) {
+  for (int64_t cut : {40, 640, 695}) {
     PrefixCache cache(256u << 20);
     Engine warm = cold_;
     warm.prefix_cache = &cache;
@@ -510,7 +510,7 @@ TEST_P(PrefixRestore, restoring_at_any_cut_continues_exactly_like_a_cold_prefill
     const Run hit = run(warm, request(prompt));
     EXPECT_EQ(hit.result.cached_tokens, cut);
     ASSERT_FALSE(hit.prefill_n_past.empty());
-    EXPECT_EQ(hit.prefill_n_past.back(), 465);
+    EXPECT_EQ(hit.prefill_n_past.back(), 765);
     EXPECT_GT(hit.prefill_n_past.front(), cut);
     expect_identical(hit, cold, GetParam() + " restored at " + std::to_string(cut));
     EXPECT_EQ(cache.stats().hits, 1u);
@@ -520,17 +520,17 @@ TEST_P(PrefixRestore, restoring_at_any_cut_continues_exactly_like_a_cold_prefill
 // The same prompt again needs no forward: the snapshot at its end holds the logits of its last token.
 // Snapshots are taken where a later request branches: the first turn boundary, the last two, the end.
 TEST_P(PrefixRestore, a_repeated_prompt_runs_no_prefill_and_gives_the_same_output) {
-  const auto prompt = chat_like({40, 300, 10, 45}, 70);
+  const auto prompt = chat_like({40, 600, 10, 45}, 70);
   PrefixCache cache(256u << 20);
   Engine warm = cold_;
   warm.prefix_cache = &cache;
   const Run first = run(warm, request(prompt));
   EXPECT_EQ(first.result.cached_tokens, 0);
-  for (int64_t cut : {40, 340, 395, 465})
+  for (int64_t cut : {40, 640, 695, 765})
     EXPECT_TRUE(cache.contains(std::span<const int32_t>(prompt).first(static_cast<size_t>(cut)))) << cut;
   EXPECT_EQ(cache.stats().entries, 4);
   const Run again = run(warm, request(prompt));
-  EXPECT_EQ(again.result.cached_tokens, 465);
+  EXPECT_EQ(again.result.cached_tokens, 765);
   EXPECT_TRUE(again.prefill_n_past.empty());
   expect_identical(again, first, GetParam() + " repeated");
   expect_identical(again, run(cold_, request(prompt)), GetParam() + " repeated vs cold");
@@ -541,14 +541,14 @@ TEST_P(PrefixRestore, a_repeated_prompt_runs_no_prefill_and_gives_the_same_outpu
   const auto more = chat_like({50}, 20);
   longer.insert(longer.end(), more.begin(), more.end());
   const Run next = run(warm, request(longer));
-  EXPECT_EQ(next.result.cached_tokens, 395);  // the end of the shorter prompt is no cut of the longer one
+  EXPECT_EQ(next.result.cached_tokens, 695);  // the end of the shorter prompt is no cut of the longer one
   expect_identical(next, run(cold_, request(longer)), GetParam() + " next turn");
 }
 
 // A snapshot whose length is not a cut of the new prompt is not used, even though its ids are a prefix:
 // the steps that led to it differ from the new prompt's own schedule.
 TEST_P(PrefixRestore, a_snapshot_off_the_prompts_cuts_is_not_restored) {
-  const auto prompt = chat_like({40, 300, 10, 45}, 70);
+  const auto prompt = chat_like({40, 600, 10, 45}, 70);
   PrefixCache cache(256u << 20);
   Engine warm = cold_;
   warm.prefix_cache = &cache;
