@@ -5,8 +5,9 @@
 #include <sys/stat.h>
 #include <xxhash.h>
 
-#include <csignal>
+#include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <thread>
 
@@ -166,6 +167,17 @@ Status serve(ServeOptions opt) {
     } else {
       log::warn("serve: no disk cache: {}", dc.status().message());
     }
+  }
+  // A device's first request would pay for loading kernels and picking GEMM algorithms (an H100's first
+  // 512-token prefill of a Qwen3-8B: 3-4x the next); pay it here, before /health says ready.
+  const auto shards = model.runner->shards();
+  if (std::any_of(shards.begin(), shards.end(), [](const RunnerShard& s) { return s.backend->device_memory(); })) {
+    const auto w0 = std::chrono::steady_clock::now();
+    if (Status w = model.runner->warm_up(engine.n_ctx); w.ok())
+      log::info("serve: warmed up the step shapes in {:.2f} s",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count());
+    else
+      log::warn("serve: warm-up failed ({}); the first request will pay for it", w.message());
   }
   http.set_engine(&engine);
   log::info("serve: {} ready on {} in {:.1f} s ({}; context {} tokens, {} slot{}; prefix cache {}; disk cache {}; "

@@ -126,6 +126,36 @@ TEST_P(CudaModel, tensor_core_prefill_is_within_bf16_rounding_of_the_cpu) {
   }
 }
 
+// Runner::warm_up (what `serve` runs on a device before it reports ready) leaves no trace: a prefill and
+// decode after it give the logits they gave before it, bit for bit.
+TEST_P(CudaModel, warm_up_leaves_no_trace_in_later_results) {
+  const int64_t V = host_->spec().vocab;
+  const auto& prompt = prompts_[4];
+  auto run = [&] {
+    SequenceState state(dev_->spec(), *be_);
+    std::vector<float> all;
+    auto logits = gpu_->prefill(state, prompt);
+    EXPECT_TRUE(logits.ok()) << logits.status().to_string();
+    if (!logits.ok()) return all;
+    all = *logits;
+    for (int i = 0; i < 4; ++i) {
+      const auto t = static_cast<int32_t>(argmax(all.data() + all.size() - V, V));
+      Step step;
+      step.tokens = std::span<const int32_t>(&t, 1);
+      auto o = gpu_->forward(state, step);
+      EXPECT_TRUE(o.ok()) << o.status().to_string();
+      if (!o.ok()) break;
+      all.insert(all.end(), o->logits.begin(), o->logits.end());
+    }
+    return all;
+  };
+  const std::vector<float> before = run();
+  ASSERT_TRUE(gpu_->warm_up(Runner::kPrefillChunk).ok());
+  const std::vector<float> after = run();
+  ASSERT_EQ(before.size(), after.size());
+  EXPECT_EQ(std::memcmp(before.data(), after.data(), sizeof(float) * before.size()), 0) << GetParam();
+}
+
 TEST_P(CudaModel, greedy_decode_matches_the_cpu_backend_token_for_token) {
   const int64_t V = host_->spec().vocab;
   const auto& prompt = prompts_[1];  // 7 tokens: GEMV paths throughout
