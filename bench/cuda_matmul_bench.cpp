@@ -2,7 +2,7 @@
 // (n <= 16, the GEMV paths) beside the device's measured device-to-device copy rate (read + write bytes
 // per second); prefill sizes (n > 16, the GEMM path) beside the bf16 cuBLAS GEMM of the same shape.
 //
-//   bench_cuda_matmul [--quick | --qwen3-8b] [--tokens 1,2,4,8,16,64,256,...] [--no-fused] [TYPE...]
+//   bench_cuda_matmul [--quick | --qwen3-8b | --bf16-8b] [--tokens 1,2,4,8,16,64,256,...] [--no-fused] [TYPE...]
 //
 // TYPE: f32, q4_K, ... (default every type).
 //
@@ -11,6 +11,8 @@
 // for n > 16 the products as the engine's prefill runs them (q, k/v, o, gate or up, down in q4_K; v and
 // down in q6_K; the head left out: prefill computes logits for the last token only), the same shapes in
 // bf16 (a bf16 checkpoint's), and one q5_K and one q8_0 weight.
+// --bf16-8b: the shapes of a bf16 Qwen3-8B checkpoint's layer and head (q/k/v as one 6144-row weight, o,
+// gate+up as one 24576-row weight, down, the 151936-row head) in the types asked for (bf16 if none).
 // --tokens: the token counts n to time (default 1, 4, 16).
 // --no-fused: matmul without the fused kernel (set_gemm_fused_max_tokens(0)), and no fused columns.
 //
@@ -52,6 +54,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_bench_util.h"
 #include "ops/cuda/dequantize.h"
 #include "ops/cuda/gemm_q.h"
 #include "ops/cuda/matmul.h"
@@ -60,53 +63,13 @@
 
 namespace {
 
-#define CHECK(expr)                                                                            \
-  do {                                                                                         \
-    const cudaError_t e_ = (expr);                                                             \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
-
-template <typename F>
-float median_ms(F&& f, int runs = 30) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<float> ms;
-  for (int i = 0; i < runs; ++i) {
-    CHECK(cudaEventRecord(a));
-    f();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms[ms.size() / 2];
-}
-
 // Device time of one f(stream, rep) as the engine's decode step sees it: kReps calls recorded in a CUDA
 // graph and replayed (no host launch cost between them), median over replays, divided by kReps. Each rep
 // gets its own index so it can read weights at another address (no L2 reuse across reps).
 constexpr int kReps = 16;
 template <typename F>
 float graph_ms(cudaStream_t stream, F&& f) {
-  cudaGraph_t graph = nullptr;
-  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  for (int r = 0; r < kReps; ++r) f(stream, r);
-  CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec = nullptr;
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  const float ms = median_ms([&] { CHECK(cudaGraphLaunch(exec, stream)); CHECK(cudaStreamSynchronize(stream)); }, 15);
-  CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
-  return ms / kReps;
+  return bench::graph_ms(stream, kReps, f);
 }
 
 // ---- n > 16: the GEMM path ----
@@ -366,7 +329,7 @@ void gemm_section(const std::vector<GemmShape>& shapes, const std::vector<int64_
 
 int main(int argc, char** argv) {
   using dflash::DType;
-  bool quick = false, qwen3_8b = false, no_fused = false;
+  bool quick = false, qwen3_8b = false, bf16_8b = false, no_fused = false;
   std::vector<int64_t> tokens = {1, 4, 16};
   std::vector<std::string> only;  // type names to run (default: all)
   for (int i = 1; i < argc; ++i) {
@@ -374,6 +337,8 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (std::strcmp(argv[i], "--qwen3-8b") == 0) {
       qwen3_8b = true;
+    } else if (std::strcmp(argv[i], "--bf16-8b") == 0) {
+      bf16_8b = true;
     } else if (std::strcmp(argv[i], "--no-fused") == 0) {
       no_fused = true;
     } else if (std::strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) {
@@ -401,7 +366,7 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&ca, copy_bytes));
   CHECK(cudaMalloc(&cb, copy_bytes));
   CHECK(cudaMemset(ca, 1, copy_bytes));
-  const float copy_ms = median_ms([&] { CHECK(cudaMemcpyAsync(cb, ca, copy_bytes, cudaMemcpyDeviceToDevice)); }, 10);
+  const float copy_ms = bench::median_ms([&] { CHECK(cudaMemcpyAsync(cb, ca, copy_bytes, cudaMemcpyDeviceToDevice)); }, 10);
   const double copy_gbs = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e9;
   CHECK(cudaFree(ca));
   CHECK(cudaFree(cb));
@@ -422,6 +387,10 @@ int main(int argc, char** argv) {
   if (qwen3_8b)
     shapes = {{4096, 4096, DType::kQ4_K},  {6144, 4096, DType::kQ4_K},   {24576, 4096, DType::kQ4_K},
               {4096, 12288, DType::kQ6_K}, {151936, 4096, DType::kQ6_K}};
+  if (bf16_8b) {
+    shapes = {{6144, 4096}, {4096, 4096}, {24576, 4096}, {4096, 12288}, {151936, 4096}};
+    if (only.empty()) only.emplace_back("bf16");
+  }
   auto runs = [&](const Shape& s, DType t) {
     if (s.type != kAnyType && s.type != t) return false;
     return only.empty() || std::find(only.begin(), only.end(), std::string(dflash::dtype_name(t))) != only.end();

@@ -6,8 +6,10 @@
 // take interleaved pieces of it, so a CTA covers 4 / split rows. A warp keeps one f32 accumulator per
 // token per lane, reduces them with shuffles, and the row's warps add their partials in a fixed order.
 // Weight access by type:
-//   - f32/f16/bf16 with 16-byte aligned rows: 16-byte loads straight into registers, 4 in flight per lane;
-//     otherwise element loads.
+//   - f16/bf16 with 16-byte aligned W and x and cols % 8 == 0: gemv16_kernel (8 weights a 16-byte
+//     L1::no_allocate load, R rows a warp group by token count, R * U loads in flight a lane; below);
+//   - f32 (and f16/bf16 otherwise) with 16-byte aligned rows: 16-byte loads straight into registers, 4 in
+//     flight per lane; otherwise element loads.
 //   - every other block type: the warp copies a chunk of whole blocks (any alignment) to its own shared
 //     memory with 16-byte loads, then decodes from there: q8_0 one block per lane, the rest with the
 //     exact group codecs of quant_blocks.cuh.
@@ -154,6 +156,117 @@ struct Plain {
     }
   }
 };
+
+// ---- f16 / bf16 with 16-byte aligned rows: the decode GEMV of 16-bit checkpoints ----
+//
+// A group of R consecutive rows belongs to `split` consecutive warps of the CTA (kWarps / split groups a
+// CTA). Lane l of part p takes the 16-byte chunks (8 weights) c = (p * 32 + l) + k * split * 32 of each
+// of its rows, k ascending, U chunks of each row loaded before any is used (R * U 16-byte weight loads in
+// flight a lane, ld.global.nc.L1::no_allocate so that L1 keeps x, which every warp of the SM reads again
+// as float4). Each x chunk a lane loads serves its R rows. Per (row, token) the lane accumulates
+// fmaf(w, x, acc) over its chunks in k order, elements in order within a chunk: the order depends on
+// split and cols alone, not on R, U or the number of tokens (so a token's result is the same in any
+// batch); the lanes and parts are then summed by gemv_common::store_rows, also independent of R and NT.
+
+__device__ __forceinline__ uint4 ldw_nc(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// acc[j][t] += dot(the 8 weights of q[j], x[t, col..col+8)) for each of the R rows' words.
+template <uint32_t kType, int NT, int R>
+__device__ __forceinline__ void dot_chunk16(const Args& a, int64_t col, const uint4 (&q)[R], float (&acc)[R][NT]) {
+  float w[R][8];
+#pragma unroll
+  for (int j = 0; j < R; ++j) unpack_plain<kType>(q[j], w[j]);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {  // tokens past n repeat the last one (no branch; not stored)
+    const float4* xp = reinterpret_cast<const float4*>(a.x + (t < a.n ? t : a.n - 1) * a.cols + col);
+    const float4 v0 = __ldg(xp), v1 = __ldg(xp + 1);
+    const float xs[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[j][t] = fmaf(w[j][k], xs[k], acc[j][t]);
+  }
+}
+
+template <uint32_t kType, int NT, int R, int U>
+__global__ void __launch_bounds__(kThreads) gemv16_kernel(const Args a) {
+  __shared__ float partial[kWarps][R * NT];
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t row0 = (int64_t{blockIdx.x} * (kWarps / a.split) + warp / a.split) * R;
+  const int part = warp % a.split;
+  float acc[R][NT];
+#pragma unroll
+  for (int j = 0; j < R; ++j)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[j][t] = 0.0f;
+  if (row0 < a.rows) {
+    const uint8_t* rp[R];  // rows past the end read the last row again (their sums are not stored)
+#pragma unroll
+    for (int j = 0; j < R; ++j) rp[j] = a.w + (row0 + j < a.rows ? row0 + j : a.rows - 1) * a.rb;
+    const int64_t chunks = a.cols / 8, stride = int64_t{a.split} * 32;
+    int64_t c = int64_t{part} * 32 + lane;
+    for (; c + (U - 1) * stride < chunks; c += U * stride) {
+      uint4 q[U][R];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < R; ++j) q[u][j] = ldw_nc(rp[j] + (c + u * stride) * 16);
+#pragma unroll
+      for (int u = 0; u < U; ++u) dot_chunk16<kType, NT, R>(a, (c + u * stride) * 8, q[u], acc);
+    }
+    for (; c < chunks; c += stride) {
+      uint4 q[R];
+#pragma unroll
+      for (int j = 0; j < R; ++j) q[j] = ldw_nc(rp[j] + c * 16);
+      dot_chunk16<kType, NT, R>(a, c * 8, q, acc);
+    }
+  }
+  float* ys[R];
+  int64_t rows[R], rs[R];
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    ys[j] = row0 + j < a.rows ? a.y : nullptr;
+    rows[j] = a.rows;
+    rs[j] = row0 + j;
+  }
+  gemv_common::store_rows<R, NT>(acc, partial, warp, lane, part, a.split, a.n, ys, rows, rs);
+}
+
+// Rows a warp group takes (R) and chunks of each row in flight a lane (U) by token count: more rows as
+// the tokens grow, so that each x chunk read from L1 serves more weights. Picked on an H100 from R 1/2/4,
+// U 2..16 and split 1/2/4 over the Qwen3-8B bf16 shapes (4096..151936 rows, 4096..17408 columns): R 1
+// U 4 at one token (U 8 and 16 were 3-8 % slower: fewer warps fit), R 2 U 4 at 2-4, R 4 U 2 above.
+template <int NT>
+struct Tile16 {
+  static constexpr int R = NT == 1 ? 1 : NT <= 4 ? 2 : 4;
+  static constexpr int U = NT <= 4 ? 4 : 2;
+};
+
+template <uint32_t kType, int R, int U, int NT>
+cudaError_t launch16_tile(const Args& a, cudaStream_t stream) {
+  const int64_t per_cta = int64_t{kWarps / a.split} * R;
+  const int64_t g = (a.rows + per_cta - 1) / per_cta;
+  if (g > INT_MAX) return cudaErrorInvalidValue;
+  gemv16_kernel<kType, NT, R, U><<<static_cast<unsigned>(g), kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <uint32_t kType>
+cudaError_t launch16(const Args& a, cudaStream_t stream) {
+  switch (a.n <= 1 ? 1 : a.n <= 2 ? 2 : a.n <= 4 ? 4 : a.n <= 8 ? 8 : 16) {
+    case 1: return launch16_tile<kType, Tile16<1>::R, Tile16<1>::U, 1>(a, stream);
+    case 2: return launch16_tile<kType, Tile16<2>::R, Tile16<2>::U, 2>(a, stream);
+    case 4: return launch16_tile<kType, Tile16<4>::R, Tile16<4>::U, 4>(a, stream);
+    case 8: return launch16_tile<kType, Tile16<8>::R, Tile16<8>::U, 8>(a, stream);
+    default: return launch16_tile<kType, Tile16<16>::R, Tile16<16>::U, 16>(a, stream);
+  }
+}
 
 // ---- Block types through a per-warp shared-memory stage ----
 
@@ -310,9 +423,16 @@ const Layout* find_layout(uint32_t id) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// True when gemv16_kernel takes the product: f16/bf16, W, its rows and x's rows 16-byte aligned.
+bool use16(const Args& a, uint32_t type) {
+  return (type == kF16 || type == kBF16) && aligned16(a.w) && aligned16(a.x) && a.cols % 8 == 0;
+}
+
 template <uint32_t kType>
 cudaError_t launch_plain(const Args& a, cudaStream_t stream) {
   constexpr int V = PlainT<kType>::kVec;
+  if constexpr (kType != kF32)
+    if (use16(a, kType)) return launch16<kType>(a, stream);
   if (aligned16(a.w) && a.rb % 16 == 0 && a.x_vec && a.cols % V == 0)
     return launch<Plain<kType, true>>(a, stream);
   return launch<Plain<kType, false>>(a, stream);
@@ -322,13 +442,28 @@ cudaError_t launch_plain(const Args& a, cudaStream_t stream) {
 
 bool gemv_supported(DType type) { return find_layout(static_cast<uint32_t>(type)) != nullptr; }
 
-int gemv_auto_split(int64_t rows) {
+namespace {
+int sm_count() {
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) !=
                                                 cudaSuccess || sms <= 0)
     sms = 132;
+  return sms;
+}
+}  // namespace
+
+int gemv_auto_split(int64_t rows) {
   // Aim for at least 32 warps per multiprocessor.
-  const int64_t want = int64_t{32} * sms;
+  const int64_t want = int64_t{32} * sm_count();
+  if (rows >= want) return 1;
+  if (2 * rows >= want) return 2;
+  return 4;
+}
+
+int gemv16_auto_split(int64_t rows) {
+  // Whole rows a warp from 16 rows per multiprocessor (at one token, 4096 rows of 4096..12288 columns
+  // took 4-9 % longer at split 2 than at 1 on an H100).
+  const int64_t want = int64_t{16} * sm_count();
   if (rows >= want) return 1;
   if (2 * rows >= want) return 2;
   return 4;
@@ -350,8 +485,8 @@ cudaError_t gemv(DType type, const void* w, int64_t rows, int64_t cols, const fl
   if (cols > INT64_MAX / n || rows > INT64_MAX / rb) return cudaErrorInvalidValue;
 
   Args a{static_cast<const uint8_t*>(w), rows, cols, rb, x, static_cast<int>(n), y, 0, false};
-  a.split = split != 0 ? split : gemv_auto_split(rows);
   a.x_vec = aligned16(x) && cols % 4 == 0;
+  a.split = split != 0 ? split : use16(a, id) ? gemv16_auto_split(rows) : gemv_auto_split(rows);
   switch (id) {
     case kF32: return launch_plain<kF32>(a, stream);
     case kF16: return launch_plain<kF16>(a, stream);

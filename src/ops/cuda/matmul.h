@@ -2,7 +2,8 @@
 // y[n, rows] = x[n, cols] W^T with W [rows, cols] in its stored type (rows contiguous, ggml block layouts,
 // row r at r * row_bytes(type, cols)), x and y f32, n = 1..kGemvMaxTokens tokens.
 //
-// Each warp streams a share of one weight row once (16-byte loads), decodes the blocks in registers (or
+// Each warp streams a share of one weight row (f16/bf16: of 1-4 rows, by token count) once (16-byte
+// loads), decodes the blocks in registers (or
 // from a per-warp shared-memory stage for the block types that are not 16-byte aligned) and dots them
 // with all n tokens; accumulation is f32. Weights are the CPU codecs' values (an FMA may fuse a scale and
 // a min, and q8_0 applies its block scale to the block's partial sum), so results match the CPU reference
@@ -29,14 +30,18 @@ constexpr int64_t kGemvMaxTokens = 16;
 bool gemv_supported(DType type);
 
 // Enqueues y = x W^T on `stream`. x: n rows of cols floats; y: n rows of `rows` floats (y[t * rows + r]).
-// split: warps per weight row (1, 2 or 4; 0 picks from rows and the multiprocessor count). Returns
+// split: warps per weight row (1, 2 or 4; 0 picks from rows and the multiprocessor count: gemv16_auto_split
+// for f16/bf16 weights that take the 16-bit kernel, W and x 16-byte aligned and cols % 8 == 0, else
+// gemv_auto_split). Returns
 // cudaErrorInvalidValue (nothing enqueued) for an unsupported type, a shape that is negative or not a
 // multiple of the block size, n outside [1, kGemvMaxTokens], a bad split, or a null pointer with a
 // non-empty product. cols == 0 sets y to zero. x and y must be 4-byte aligned; W, x, y must not overlap y.
 cudaError_t gemv(DType type, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
                  cudaStream_t stream = nullptr, int split = 0);
 
-// The split gemv(..., split = 0) picks for `rows` output rows on the current device.
+// The split gemv(..., split = 0) picks for `rows` output rows on the current device (gemv16_auto_split:
+// for the 16-bit kernel, which wants fewer warps: whole rows a warp from 16 rows a multiprocessor).
 int gemv_auto_split(int64_t rows);
+int gemv16_auto_split(int64_t rows);
 
 }  // namespace dflash::cuda

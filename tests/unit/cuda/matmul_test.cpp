@@ -691,5 +691,55 @@ TEST_F(CudaMatmul, argument_errors_write_nothing) {
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], kPoison) << "element " << i << " was written";
 }
 
+// The 16-bit GEMV (f16/bf16 weights with 16-byte aligned rows: 8 weights a load, several rows a warp by
+// token count): model-sized rows (4096, 12288), an odd multiple of 8 (4104: a partial round of loads) and
+// row lengths it leaves to the general kernel (1004: not a multiple of 8; W 2 bytes off alignment), row
+// counts that are not a multiple of any tile, every split, 1, 3 and 16 tokens, against the CPU.
+TEST_F(CudaMatmul, gemv_16bit_weights_model_rows_match_cpu) {
+  SCOPED_TRACE(seed_note());
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    for (int64_t cols : {4096L, 12288L, 4104L, 1004L})
+      for (int64_t rows : {37L, 131L})
+        for (int64_t n : {1L, 3L, 16L}) {
+          check({t, rows, cols, n});
+          if (HasFailure()) return;
+        }
+    for (int split : {1, 2, 4})
+      for (int64_t n : {1L, 3L, 16L}) check({t, 13, 4104, n, cuda::MatmulPath::kAuto, 0, split});
+    for (int64_t n : {1L, 3L}) check({t, 5, 4096, n, cuda::MatmulPath::kGemv, 2});  // misaligned W
+    check({t, 4500, 4096, 1});  // many rows: one warp per row
+    if (HasFailure()) return;
+  }
+}
+
+// A token's 16-bit GEMV output is the same bits alone and in a batch of 2..16 (the tile, rows per warp,
+// changes with the token count; the summation order must not), for every split.
+TEST_F(CudaMatmul, gemv_16bit_weights_token_alone_equals_token_in_a_batch_bit_for_bit) {
+  SCOPED_TRACE(seed_note());
+  for (DType t : {DType::kBF16, DType::kF16})
+    for (int64_t cols : {4096L, 4104L})
+      for (int split : {-1, 1, 2, 4}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + " cols " + std::to_string(cols) + " split " + std::to_string(split));
+        const int64_t rows = 37;
+        const auto w = random_weights(t, rows, cols, rng_);
+        const auto x = random_x(16, cols, rng_);
+        std::vector<std::vector<float>> alone;
+        for (int64_t k = 0; k < 16; ++k) {
+          const std::vector<float> one_x(x.begin() + k * cols, x.begin() + (k + 1) * cols);
+          alone.push_back(run_gpu({t, rows, cols, 1, cuda::MatmulPath::kAuto, 0, split}, w, one_x));
+          ASSERT_EQ(alone.back().size(), static_cast<size_t>(rows));
+        }
+        for (int64_t n : {2L, 3L, 4L, 5L, 8L, 16L}) {
+          const std::vector<float> xs(x.begin(), x.begin() + n * cols);
+          const auto all = run_gpu({t, rows, cols, n, cuda::MatmulPath::kAuto, 0, split}, w, xs);
+          ASSERT_EQ(all.size(), static_cast<size_t>(n * rows));
+          for (int64_t k = 0; k < n; ++k)
+            for (int64_t r = 0; r < rows; ++r)
+              ASSERT_EQ(std::bit_cast<uint32_t>(alone[k][r]), std::bit_cast<uint32_t>(all[k * rows + r]))
+                  << "n " << n << " token " << k << " row " << r;
+        }
+      }
+}
+
 }  // namespace
 }  // namespace dflash
