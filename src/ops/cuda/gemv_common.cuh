@@ -121,4 +121,14 @@ __device__ __forceinline__ void store_row(float (&acc)[NT], float (&partial)[kWa
   store_rows<1, NT>(reinterpret_cast<float(&)[1][NT]>(acc), partial, warp, lane, part, split, n, ys, rows1, r1);
 }
 
+// 16 bytes of weights read once: through the non-coherent path without allocating in L1, so that L1 keeps
+// the activations every warp of the SM reads again.
+__device__ __forceinline__ uint4 ldw_u4(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
 }  // namespace dflash::cuda::gemv_common

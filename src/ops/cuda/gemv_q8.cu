@@ -54,13 +54,7 @@ struct Args {
 // Global loads. Weights are read once: K4's 16-byte weight loads skip L1 (ldw_u4: L1::no_allocate), so
 // that L1 keeps the activations every row of the SM reads again. The 2- and 4-byte weight loads of q6_K
 // and the legacy types re-read their lines (five 4-byte loads per 16 bytes) and go through L1.
-__device__ __forceinline__ uint4 ldw_u4(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
+using gemv_common::ldw_u4;
 __device__ __forceinline__ uint32_t ldw_u32(const void* p) { return __ldg(static_cast<const uint32_t*>(p)); }
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint16_t*>(p)); }
 // 4 bytes at a 2-byte aligned address.

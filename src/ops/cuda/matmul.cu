@@ -168,13 +168,7 @@ struct Plain {
 // split and cols alone, not on R, U or the number of tokens (so a token's result is the same in any
 // batch); the lanes and parts are then summed by gemv_common::store_rows, also independent of R and NT.
 
-__device__ __forceinline__ uint4 ldw_nc(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
+using gemv_common::ldw_u4;
 
 // acc[j][t] += dot(the 8 weights of q[j], x[t, col..col+8)) for each of the R rows' words.
 template <uint32_t kType, int NT, int R>
@@ -216,14 +210,14 @@ __global__ void __launch_bounds__(kThreads) gemv16_kernel(const Args a) {
 #pragma unroll
       for (int u = 0; u < U; ++u)
 #pragma unroll
-        for (int j = 0; j < R; ++j) q[u][j] = ldw_nc(rp[j] + (c + u * stride) * 16);
+        for (int j = 0; j < R; ++j) q[u][j] = ldw_u4(rp[j] + (c + u * stride) * 16);
 #pragma unroll
       for (int u = 0; u < U; ++u) dot_chunk16<kType, NT, R>(a, (c + u * stride) * 8, q[u], acc);
     }
     for (; c < chunks; c += stride) {
       uint4 q[R];
 #pragma unroll
-      for (int j = 0; j < R; ++j) q[j] = ldw_nc(rp[j] + c * 16);
+      for (int j = 0; j < R; ++j) q[j] = ldw_u4(rp[j] + c * 16);
       dot_chunk16<kType, NT, R>(a, c * 8, q, acc);
     }
   }
