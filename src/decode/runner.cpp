@@ -307,7 +307,7 @@ Result<std::vector<float>> Runner::prefill(SequenceState& state, std::span<const
 Status Runner::warm_up(int64_t max_tokens) {
   const int64_t vocab = spec().vocab;
   for (const int64_t n : {kPrefillChunk, int64_t{100}, int64_t{8}}) {
-    if (n > max_tokens) continue;
+    if (n > max_tokens || (spec().max_context > 0 && n > spec().max_context)) continue;
     SequenceState scratch(spec(), state_layout());
     std::vector<int32_t> ids(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % vocab);
