@@ -108,15 +108,15 @@ Result<double> measure_device_bandwidth(Backend& be) {
 }
 
 // Bytes a decode step must move: every weight once (the embedding table only one row unless it is also
-// the head), KV of the attention layers at context `ctx`, and the DeltaNet states read and written.
-double decode_bytes(const Weights& w, double ctx) {
+// the head), KV of the attention layers at context `ctx` (elements of `kv`), and the DeltaNet states read and written.
+double decode_bytes(const Weights& w, double ctx, cpu::KvType kv) {
   const ModelSpec& s = w.spec();
   double bytes = static_cast<double>(w.bytes());
   if (!s.tied_embeddings) {
     const cpu::WeightView* e = w.find("token_embd");
     bytes -= static_cast<double>(*row_bytes(e->type, e->cols)) * (e->rows - 1);
   }
-  bytes += static_cast<double>(s.n_attention_layers()) * 2.0 * s.kv_dim() * 4.0 * ctx;
+  bytes += static_cast<double>(s.n_attention_layers()) * 2.0 * s.kv_dim() * (kv == cpu::KvType::kF16 ? 2.0 : 4.0) * ctx;
   bytes += static_cast<double>(s.n_recurrent_layers()) * 2.0 * s.gdn.n_v_heads * s.gdn.d_v * s.gdn.d_k * 4.0;
   return bytes;
 }
@@ -454,7 +454,7 @@ Status run_bench(const BenchOptions& opt) {
       log::warn("bench: {}", peak.status().to_string());
     }
   }
-  const double bytes = decode_bytes(*model.host, opt.prompt_len + opt.gen_len / 2.0);
+  const double bytes = decode_bytes(*model.host, opt.prompt_len + opt.gen_len / 2.0, runner.backend().kv_type());
   const double decode_ceiling = bandwidth / bytes;
   nlohmann::json j = {{"backend", model.placement_name()},
                       {"handoffs_per_token", static_cast<double>(h1.count - h0.count) / static_cast<double>(opt.gen_len)},

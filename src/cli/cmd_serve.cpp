@@ -79,6 +79,9 @@ SnapshotIdentity snapshot_identity(const std::string& model_path, const std::str
   // A split's files are its placement's: another placement runs other kernels on some layers, so its
   // restores would not be exact (FEATURES.md F3); its files are left to it, not re-bound here.
   if (model.split()) layout += "; placement " + model.placement_name();
+  // f16 KV rounds what later layers read: its snapshots are not an f32 run's (f32 keeps the old identity).
+  if (model.runner->backend().kv_type() != cpu::KvType::kF32)
+    layout += fmt::format("; kv {}", cpu::kv_type_name(model.runner->backend().kv_type()));
   id.layout_hash = XXH3_64bits(layout.data(), layout.size());
   id.n_ctx = n_ctx;
   id.template_hash = template_hash;

@@ -37,9 +37,16 @@ void add_placement_flags(CLI::App* cmd, PlacementFlags* flags) {
       ->check([](const std::string& v) { return v.empty() ? std::string("--target-devices is empty") : std::string(); });
   cmd->add_option("--target-layer-split", flags->target_layer_split,
                   "positive weights of the devices' layer shares, one per device (default equal)");
+  cmd->add_option("--kv-type", flags->kv_type, "attention KV elements: f32, or f16 (half the memory; CPU only for now)")
+      ->capture_default_str();
 }
 
 Status check_placement_flags(const PlacementFlags& where) {
+  if (where.kv_type != "f32" && where.kv_type != "f16")
+    return invalid_argument("--kv-type {}: f32 or f16", where.kv_type);
+  const bool any_cuda = where.device.starts_with("cuda") || where.target_devices.find("cuda") != std::string::npos;
+  if (where.kv_type == "f16" && any_cuda)
+    return unsupported("--kv-type f16 runs on the CPU only for now: the CUDA kernels read and write f32 KV");
   if (!where.target_devices.empty() && where.device != "cpu")
     return invalid_argument("--device and --target-devices exclude each other (name the devices in --target-devices)");
   if (where.target_devices.empty()) {
@@ -49,6 +56,17 @@ Status check_placement_flags(const PlacementFlags& where) {
   // Everything but what needs the model's layer count (checked again at load).
   return plan_target_split(where.target_devices, where.target_layer_split, int64_t{1} << 40).status();
 }
+
+namespace {
+
+// --kv-type on every CPU shard (check_placement_flags refused f16 with a CUDA shard).
+void set_kv_type(LoadedModel& m, const PlacementFlags& where) {
+  const cpu::KvType t = where.kv_type == "f16" ? cpu::KvType::kF16 : cpu::KvType::kF32;
+  for (const RunnerShard& sh : m.runner->shards())
+    if (auto* cpu_be = dynamic_cast<CpuBackend*>(sh.backend)) cpu_be->set_kv_type(t);
+}
+
+}  // namespace
 
 Result<LoadedModel> load_model(const std::string& path, const PlacementFlags& where, int threads) {
   DF_RETURN_IF_ERROR(check_placement_flags(where));
@@ -64,6 +82,7 @@ Result<LoadedModel> load_model(const std::string& path, const PlacementFlags& wh
   if (!m.split() && m.device_name() == "cpu") {
     m.runner = std::make_unique<Runner>(*m.host, threads);
     m.device.emplace_back();
+    set_kv_type(m, where);
     return m;
   }
   std::vector<RunnerShard> shards;
@@ -87,6 +106,7 @@ Result<LoadedModel> load_model(const std::string& path, const PlacementFlags& wh
   } else {
     m.runner = std::make_unique<Runner>(*shards[0].weights, *shards[0].backend);
   }
+  set_kv_type(m, where);
   return m;
 }
 

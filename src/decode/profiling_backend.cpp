@@ -96,7 +96,9 @@ Status ProfilingBackend::rope_neox(float* x, int64_t n, int64_t n_heads, int64_t
 
 Status ProfilingBackend::attention(const float* q, int64_t n_q, int64_t n_heads, const cpu::KvView& kv,
                                    const cpu::AttentionMask& mask, float scale, float* out) {
-  const double bytes = kF * (2.0 * n_q * n_heads * kv.head_dim + 2.0 * kv.n_tokens * kv.n_kv_heads * kv.head_dim);
+  const double kv_bytes = kv.type == cpu::KvType::kF16 ? 2.0 : kF;
+  const double bytes =
+      kF * 2.0 * n_q * n_heads * kv.head_dim + kv_bytes * 2.0 * kv.n_tokens * kv.n_kv_heads * kv.head_dim;
   return timed("attention", bytes, [&] { return inner_.attention(q, n_q, n_heads, kv, mask, scale, out); });
 }
 

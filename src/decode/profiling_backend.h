@@ -36,6 +36,7 @@ class ProfilingBackend final : public Backend {
 
   Status synchronize() override { return inner_.synchronize(); }
   Result<double> measure_peak_matmul_flops() override { return inner_.measure_peak_matmul_flops(); }
+  cpu::KvType kv_type() const override { return inner_.kv_type(); }
   bool device_memory() const override { return inner_.device_memory(); }
   const Backend* memory_owner() const override { return inner_.memory_owner(); }
   MemoryStats memory_stats() const override { return inner_.memory_stats(); }

@@ -82,6 +82,8 @@ class Backend {
   virtual void trim() {}
   // Waits until all work queued on the backend is done (a no-op on the CPU).
   virtual Status synchronize() { return Status(); }
+  // The element type of the KV stores made for this backend (KvStore reads it when it is made).
+  virtual cpu::KvType kv_type() const { return cpu::KvType::kF32; }
   // The measured rate of the backend's fastest dense product (a device: a large bf16 GEMM on its tensor
   // cores), in FLOP/s: the ceiling `dflash bench` sets beside prefill. Unsupported where none is measured.
   virtual Result<double> measure_peak_matmul_flops() { return unsupported("{}: no peak matmul rate", name()); }
@@ -214,6 +216,9 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads = 0) : pool_(threads) {}
   const char* name() const override { return "cpu"; }
+  // f16 KV stores halve the memory of long contexts (attention converts each key and value row it reads).
+  void set_kv_type(cpu::KvType t) { kv_type_ = t; }
+  cpu::KvType kv_type() const override { return kv_type_; }
   ThreadPool& pool() { return pool_; }
   MemoryStats memory_stats() const override;
 
@@ -250,6 +255,7 @@ class CpuBackend final : public Backend {
                     float* lse) override;
 
  private:
+  cpu::KvType kv_type_ = cpu::KvType::kF32;
   ThreadPool pool_;
   std::atomic<uint64_t> live_{0}, peak_{0};
 };

@@ -598,7 +598,7 @@ struct HttpServer::Impl {
                        {"placement", placement_props(*e)},
                        {"draft_residency", e->draft != nullptr ? draft_residency_name(e->draft->policy()) : "none"},
                        {"lazy_draft", e->draft != nullptr && e->draft->policy() == DraftResidency::kRequestScoped},
-                       {"kv_type", "f32"}}},
+                       {"kv_type", cpu::kv_type_name(e->runner->backend().kv_type())}}},
                      {"speculative", speculative_props(*e)},
                      {"cache", cache_props(*e)},
                      {"limits", {{"max_queue", opt.max_queue}, {"max_body_bytes", opt.max_body_bytes},

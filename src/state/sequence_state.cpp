@@ -6,14 +6,16 @@
 #include <map>
 #include <string_view>
 
+#include "tensor/half.h"
+
 namespace dflash {
 
 Status KvStore::reserve(int64_t n_tokens) {
   const size_t chunks = static_cast<size_t>((n_tokens + kKvChunkTokens - 1) / kKvChunkTokens);
   const size_t first_new = k_.size();
   while (k_.size() < chunks) {
-    DF_ASSIGN_OR_RETURN(Buffer k, be_->alloc(kKvChunkTokens * row_floats()));
-    DF_ASSIGN_OR_RETURN(Buffer v, be_->alloc(kKvChunkTokens * row_floats()));
+    DF_ASSIGN_OR_RETURN(Buffer k, be_->alloc(kKvChunkTokens * row_words()));
+    DF_ASSIGN_OR_RETURN(Buffer v, be_->alloc(kKvChunkTokens * row_words()));
     k_.push_back(std::move(k));
     v_.push_back(std::move(v));
   }
@@ -51,12 +53,34 @@ cpu::KvView KvStore::view(int64_t n_tokens) {
     v_ptrs_.push_back(v_[c].data());
   }
   cpu::KvView view{k_ptrs_, v_ptrs_, kKvChunkTokens, n_tokens, n_kv_heads_, head_dim_};
+  view.type = type_;
   if (table_cap_ > 0) {
     const auto* base = reinterpret_cast<const float* const*>(table_.data());
     view.device_k_table = base;
     view.device_v_table = base + table_cap_;
   }
   return view;
+}
+
+Status KvStore::read_rows(int which, int64_t pos, int64_t rows, float* out) {
+  const float* src = which == 0 ? k_row(pos) : v_row(pos);
+  if (type_ == cpu::KvType::kF32) return be_->download(out, src, rows * row_elems());
+  std::vector<uint16_t> h(static_cast<size_t>(rows * row_words() * 2));
+  DF_RETURN_IF_ERROR(be_->download(reinterpret_cast<float*>(h.data()), src, rows * row_words()));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t e = 0; e < row_elems(); ++e)
+      out[r * row_elems() + e] = fp16_to_fp32(h[static_cast<size_t>(r * row_words() * 2 + e)]);
+  return Status();
+}
+
+Status KvStore::write_rows(int which, int64_t pos, int64_t rows, const float* in) {
+  float* dst = which == 0 ? k_row(pos) : v_row(pos);
+  if (type_ == cpu::KvType::kF32) return be_->upload(dst, in, rows * row_elems());
+  std::vector<uint16_t> h(static_cast<size_t>(rows * row_words() * 2), 0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t e = 0; e < row_elems(); ++e)
+      h[static_cast<size_t>(r * row_words() * 2 + e)] = fp32_to_fp16(in[r * row_elems() + e]);
+  return be_->upload(dst, reinterpret_cast<const float*>(h.data()), rows * row_words());
 }
 
 void KvStore::shrink(int64_t n_tokens) {
@@ -300,7 +324,7 @@ Status SequenceState::commit_tree(std::span<const int32_t> parents, std::span<co
       // Ascending d is safe in place: path[d] >= d and increases, so a row written (slot d) is never a
       // later source (slot path[d'] > path[d] >= d).
       KvStore& kv = *kv_[i];
-      const int64_t rf = kv.row_floats();
+      const int64_t rf = kv.row_words();
       for (int64_t d = 1; d < m; ++d) {
         if (path[d] == d) continue;
         DF_RETURN_IF_ERROR(be(i).copy(kv.k_row(n_past_ + d), kv.k_row(n_past_ + path[d]), rf));
@@ -338,7 +362,7 @@ Result<Snapshot> SequenceState::export_snapshot() const {
   for (int64_t L = layer_begin_; L < layer_end_; ++L) {
     const size_t i = slot(L);
     if (kv_[i]) {
-      const int64_t rf = kv_[i]->row_floats();
+      const int64_t rf = kv_[i]->row_elems();
       for (int which = 0; which < 2; ++which) {
         SnapshotTensor t;
         t.name = tensor_name(which == 0 ? "kv_k" : "kv_v", L);
@@ -348,8 +372,7 @@ Result<Snapshot> SequenceState::export_snapshot() const {
         // Whole chunks at a time (the last one partly).
         for (int64_t p = 0; p < n_past_; p += kKvChunkTokens) {
           const int64_t rows = std::min(kKvChunkTokens, n_past_ - p);
-          const float* src = which == 0 ? kv.k_row(p) : kv.v_row(p);
-          DF_RETURN_IF_ERROR(be(i).download(t.data.data() + p * rf, src, rows * rf));
+          DF_RETURN_IF_ERROR(kv.read_rows(which, p, rows, t.data.data() + p * rf));
         }
         snap.tensors.push_back(std::move(t));
       }
@@ -418,13 +441,13 @@ Status SequenceState::import_snapshot(const Snapshot& snap) {
     if (kv_[i]) {
       kv_[i]->shrink(0);
       DF_RETURN_IF_ERROR(kv_[i]->reserve(snap.n_past));
-      const int64_t rf = kv_[i]->row_floats();
+      const int64_t rf = kv_[i]->row_elems();
       const SnapshotTensor* k = find("kv_k", L);
       const SnapshotTensor* v = find("kv_v", L);
-      for (int64_t p = 0; p < snap.n_past; p += kKvChunkTokens) {
+      for (int64_t p = 0; p < snap.n_past; p += kKvChunkTokens) {  // whole chunks (the last one partly)
         const int64_t rows = std::min(kKvChunkTokens, snap.n_past - p);
-        DF_RETURN_IF_ERROR(b.upload(kv_[i]->k_row(p), k->data.data() + p * rf, rows * rf));
-        DF_RETURN_IF_ERROR(b.upload(kv_[i]->v_row(p), v->data.data() + p * rf, rows * rf));
+        DF_RETURN_IF_ERROR(kv_[i]->write_rows(0, p, rows, k->data.data() + p * rf));
+        DF_RETURN_IF_ERROR(kv_[i]->write_rows(1, p, rows, v->data.data() + p * rf));
       }
     } else {
       DF_RETURN_IF_ERROR(b.upload(conv_[i].data(), find("conv", L)->data.data(), conv_[i].size()));

@@ -21,23 +21,32 @@ inline constexpr int64_t kKvChunkTokens = 64;
 // Attention K and V of one layer: chunk c holds positions [64c, 64c + 64) as [64, nkv, hd] float32.
 class KvStore {
  public:
-  KvStore(Backend& be, int64_t n_kv_heads, int64_t head_dim) : be_(&be), n_kv_heads_(n_kv_heads), head_dim_(head_dim) {}
+  // Elements of the backend's kv_type(), fixed for the store's life.
+  KvStore(Backend& be, int64_t n_kv_heads, int64_t head_dim)
+      : be_(&be), n_kv_heads_(n_kv_heads), head_dim_(head_dim), type_(be.kv_type()) {}
   Status reserve(int64_t n_tokens);
-  float* k_row(int64_t pos) { return k_[pos / kKvChunkTokens].data() + (pos % kKvChunkTokens) * row_floats(); }
-  float* v_row(int64_t pos) { return v_[pos / kKvChunkTokens].data() + (pos % kKvChunkTokens) * row_floats(); }
+  float* k_row(int64_t pos) { return k_[pos / kKvChunkTokens].data() + (pos % kKvChunkTokens) * row_words(); }
+  float* v_row(int64_t pos) { return v_[pos / kKvChunkTokens].data() + (pos % kKvChunkTokens) * row_words(); }
   cpu::KvView view(int64_t n_tokens);
   // Frees chunks past what n_tokens needs.
   void shrink(int64_t n_tokens);
-  int64_t row_floats() const { return n_kv_heads_ * head_dim_; }
+  cpu::KvType type() const { return type_; }
+  // Elements of a row (nkv * hd), and the 4-byte words that store them (half as many for f16).
+  int64_t row_elems() const { return n_kv_heads_ * head_dim_; }
+  int64_t row_words() const { return type_ == cpu::KvType::kF16 ? (row_elems() + 1) / 2 : row_elems(); }
   // Positions with addressable rows (whole chunks).
   int64_t capacity() const { return static_cast<int64_t>(k_.size()) * kKvChunkTokens; }
-  uint64_t bytes() const { return 2 * k_.size() * kKvChunkTokens * row_floats() * sizeof(float); }
+  uint64_t bytes() const { return 2 * k_.size() * kKvChunkTokens * row_words() * sizeof(float); }
+  // Rows [pos, pos + rows) of K (which 0) or V (1), within one chunk, as float32 into `out`, and back.
+  Status read_rows(int which, int64_t pos, int64_t rows, float* out);
+  Status write_rows(int which, int64_t pos, int64_t rows, const float* in);
   // Bumped whenever the device copy of the chunk tables moves (a recorded step that read it is stale).
   uint64_t table_version() const { return table_version_; }
 
  private:
   Backend* be_;
   int64_t n_kv_heads_, head_dim_;
+  cpu::KvType type_;
   Status sync_device_table(size_t first_chunk);
 
   std::vector<Buffer> k_, v_;  // chunks, in the backend's memory

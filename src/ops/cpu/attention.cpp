@@ -11,8 +11,11 @@
 
 #include "ops/cpu/kernels_internal.h"
 #include "ops/cpu/ops.h"
+#include "tensor/half.h"
 
 namespace dflash::cpu {
+
+const char* kv_type_name(KvType t) { return t == KvType::kF16 ? "f16" : "f32"; }
 
 void attention(const float* q, int64_t n_q, int64_t n_heads, const KvView& kv, const AttentionMask& mask,
                float scale, float* out, ThreadPool& pool) {
@@ -45,6 +48,7 @@ void attention(const float* q, int64_t n_q, int64_t n_heads, const KvView& kv, c
   pool.parallel_for(n_tasks, 1, [&](int64_t tb, int64_t te) {
     std::vector<float> scores(static_cast<size_t>(ct));
     std::vector<float> acc(static_cast<size_t>(hd));
+    std::vector<float> krow(static_cast<size_t>(hd)), vrow(static_cast<size_t>(hd));  // f16 rows as float32
     std::vector<int64_t> keys;  // a tree query's visible new slots
     for (int64_t task = tb; task < te; ++task) {
       for (int64_t item = task; item < n_items; item += n_tasks) {
@@ -66,8 +70,16 @@ void attention(const float* q, int64_t n_q, int64_t n_heads, const KvView& kv, c
           n_keys = n_prefix + static_cast<int64_t>(keys.size());
         }
         const auto slot_of = [&](int64_t t) { return vis == nullptr || t < n_prefix ? t : keys[t - n_prefix]; };
-        const auto k_at = [&](int64_t j) { return kv.k_chunks[j / ct] + ((j % ct) * nkv + kvh) * hd; };
-        const auto v_at = [&](int64_t j) { return kv.v_chunks[j / ct] + ((j % ct) * nkv + kvh) * hd; };
+        // Row j of K or V for this KV head; an f16 store's row converted (exactly) into `tmp`.
+        const auto row_at = [&](std::span<const float* const> chunks, int64_t j, std::vector<float>& tmp) {
+          const int64_t e = ((j % ct) * nkv + kvh) * hd;
+          if (kv.type == KvType::kF32) return chunks[j / ct] + e;
+          const auto* h = reinterpret_cast<const uint16_t*>(chunks[j / ct]) + e;
+          for (int64_t d = 0; d < hd; ++d) tmp[static_cast<size_t>(d)] = fp16_to_fp32(h[d]);
+          return static_cast<const float*>(tmp.data());
+        };
+        const auto k_at = [&](int64_t j) { return row_at(kv.k_chunks, j, krow); };
+        const auto v_at = [&](int64_t j) { return row_at(kv.v_chunks, j, vrow); };
 
         float m = kNegInf, l = 0.0f;
         std::fill(acc.begin(), acc.end(), 0.0f);

@@ -4,6 +4,7 @@
 #include <new>
 
 #include "ops/backend.h"
+#include "tensor/half.h"
 
 namespace dflash {
 
@@ -22,13 +23,24 @@ double Backend::elapsed_ms(int64_t a, int64_t b) const {
 Status Backend::kv_write(const cpu::KvView& kv, int64_t first_pos, const float* k, const float* v, int64_t n) {
   const int64_t row = kv.n_kv_heads * kv.head_dim;
   if (first_pos < 0 || n < 0 || kv.chunk_tokens <= 0) return invalid_argument("kv_write: bad position or count");
+  if (kv.type == cpu::KvType::kF16 && device_memory())
+    return unsupported("kv_write: {} keeps no f16 KV", name());
   for (int64_t t = 0; t < n; ++t) {
     const int64_t pos = first_pos + t, c = pos / kv.chunk_tokens;
     if (c >= static_cast<int64_t>(kv.k_chunks.size()))
       return invalid_argument("kv_write: position {} is past the store's {} chunks", pos, kv.k_chunks.size());
-    const int64_t off = (pos % kv.chunk_tokens) * row;
-    DF_RETURN_IF_ERROR(copy(const_cast<float*>(kv.k_chunks[static_cast<size_t>(c)]) + off, k + t * row, row));
-    DF_RETURN_IF_ERROR(copy(const_cast<float*>(kv.v_chunks[static_cast<size_t>(c)]) + off, v + t * row, row));
+    const int64_t slot = pos % kv.chunk_tokens;
+    if (kv.type == cpu::KvType::kF16) {  // host memory (checked above): rounded to fp16 in place
+      auto* kd = reinterpret_cast<uint16_t*>(const_cast<float*>(kv.k_chunks[static_cast<size_t>(c)])) + slot * row;
+      auto* vd = reinterpret_cast<uint16_t*>(const_cast<float*>(kv.v_chunks[static_cast<size_t>(c)])) + slot * row;
+      for (int64_t e = 0; e < row; ++e) {
+        kd[e] = fp32_to_fp16(k[t * row + e]);
+        vd[e] = fp32_to_fp16(v[t * row + e]);
+      }
+      continue;
+    }
+    DF_RETURN_IF_ERROR(copy(const_cast<float*>(kv.k_chunks[static_cast<size_t>(c)]) + slot * row, k + t * row, row));
+    DF_RETURN_IF_ERROR(copy(const_cast<float*>(kv.v_chunks[static_cast<size_t>(c)]) + slot * row, v + t * row, row));
   }
   return Status();
 }

@@ -59,8 +59,14 @@ inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x));
 
 // ---------------------------------------------------------------- attention
 
+// How a KV store keeps its elements: float32, or IEEE fp16 (half the memory and the bytes attention reads;
+// written rounded to nearest even, tensor/half.h, and read back exactly). An f16 store's chunk pointers
+// address uint16 elements (the pointer type stays float*; a row is nkv * hd / 2 floats of storage).
+enum class KvType : uint8_t { kF32, kF16 };
+const char* kv_type_name(KvType t);
+
 // Keys and values of one layer, stored in fixed-size chunks (the KvStore layout): chunk c holds
-// positions [c * chunk_tokens, (c+1) * chunk_tokens) as [chunk_tokens, nkv, hd] float32.
+// positions [c * chunk_tokens, (c+1) * chunk_tokens) as [chunk_tokens, nkv, hd] elements of `type`.
 struct KvView {
   std::span<const float* const> k_chunks;
   std::span<const float* const> v_chunks;
@@ -72,6 +78,7 @@ struct KvView {
   // backend then needs no per-call upload of the tables); null on the CPU.
   const float* const* device_k_table = nullptr;
   const float* const* device_v_table = nullptr;
+  KvType type = KvType::kF32;
 };
 
 // Which keys a query sees. Keys [0, n_prefix) are context every query sees; key n_prefix + s is "new

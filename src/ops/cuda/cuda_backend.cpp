@@ -511,6 +511,7 @@ Status CudaBackend::attention(const float* q, int64_t n_q, int64_t n_heads, cons
                               const cpu::AttentionMask& mask, float scale, float* out) {
   activate();
   forget_q8();
+  if (kv.type != cpu::KvType::kF32) return unsupported("CUDA attention reads f32 KV, not {}", cpu::kv_type_name(kv.type));
   const float* const* k_table = kv.device_k_table;
   const float* const* v_table = kv.device_v_table;
   if (k_table == nullptr || v_table == nullptr) {
@@ -562,6 +563,7 @@ Status CudaBackend::attention_prep(float* q, float* k, const float* v, int64_t n
                                    const cpu::KvView& kv, int64_t first_slot) {
   activate();
   forget_q8();
+  if (kv.type != cpu::KvType::kF32) return unsupported("CUDA KV writes are f32, not {}", cpu::kv_type_name(kv.type));
   if (!cuda::qk_prep_supported(hd, rot) || kv.device_k_table == nullptr || kv.device_v_table == nullptr)
     return Backend::attention_prep(q, k, v, n, nh, nkv, hd, q_norm, k_norm, eps, rot, positions, theta, freq_scale, kv,
                                    first_slot);
@@ -585,6 +587,7 @@ Status CudaBackend::attention_prep(float* q, float* k, const float* v, int64_t n
 }
 
 Status CudaBackend::kv_write(const cpu::KvView& kv, int64_t first_pos, const float* k, const float* v, int64_t n) {
+  if (kv.type != cpu::KvType::kF32) return unsupported("CUDA KV writes are f32, not {}", cpu::kv_type_name(kv.type));
   activate();
   forget_q8();
   if (kv.device_k_table == nullptr || kv.device_v_table == nullptr) {

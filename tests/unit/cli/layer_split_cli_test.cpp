@@ -409,6 +409,45 @@ TEST(LayerSplitServe, disk_snapshots_restore_on_the_same_placement_only) {
   for (const std::string& name : written) EXPECT_TRUE(fs::exists(dir + "/" + name)) << name << " was removed";
 }
 
+// --kv-type f16 (registered with the placement flags): /props reports it, requests are answered, and its disk
+// snapshots are its own: an f32 server's files are not restored by an f16 one (f16 KV changes what later
+// layers read, so such a restore would not continue like a cold prefill), while an f16 restart hits its own.
+TEST(KvTypeServe, f16_kv_is_reported_and_keeps_its_own_disk_snapshots) {
+  const std::string scratch = test::scratch_dir(), dir = scratch + "/kv16";
+  const std::vector<std::string> disk = {"--kv-cache-dir", dir, "--kv-cache-min-tokens", "1", "--draft", "none"};
+  auto with = [&](std::vector<std::string> args) {
+    args.insert(args.end(), disk.begin(), disk.end());
+    return args;
+  };
+  {
+    Server s;  // f32: writes its snapshot
+    ASSERT_TRUE(s.start(with({}), scratch + "/kv32.log"));
+    EXPECT_EQ(s.props()["runtime"]["kv_type"], "f32");
+    ASSERT_TRUE(s.chat(ask_body()).is_object()) << "see " << s.log_text();
+    ASSERT_TRUE(s.wait_written(1));
+  }
+  json first;
+  for (int session = 0; session < 2; ++session) {
+    SCOPED_TRACE("f16 session " + std::to_string(session));
+    Server s;
+    ASSERT_TRUE(s.start(with({"--kv-type", "f16"}), scratch + "/kv16_" + std::to_string(session) + ".log"));
+    const json p = s.props();
+    EXPECT_EQ(p["runtime"]["kv_type"], "f16") << p.dump();
+    EXPECT_EQ(p["cache"]["disk_entries"], session == 0 ? 0 : 1) << p.dump();
+    const json r = s.chat(ask_body());
+    ASSERT_TRUE(r.is_object()) << "see " << s.log_text();
+    const int64_t cached = r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+    if (session == 0) {
+      EXPECT_EQ(cached, 0) << r.dump();
+      first = r;
+      ASSERT_TRUE(s.wait_written(1));
+    } else {
+      EXPECT_EQ(cached, r["usage"]["prompt_tokens"].get<int64_t>()) << r.dump();
+      EXPECT_EQ(r["choices"][0]["message"], first["choices"][0]["message"]);
+    }
+  }
+}
+
 // ---- dflash bench ----------------------------------------------------------------------------------------
 
 // bench on a split names the placement and counts one hand-off per boundary per decode step (none on one

@@ -110,5 +110,37 @@ TEST(Run, DeviceFlagIsValidated) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+// --kv-type f16 (serve, run, logits, bench): a CPU model runs with it, and its logits stay close to f32's;
+// a CUDA device or another type is refused with a message naming the flag.
+TEST(Run, KvTypeFlag) {
+  const std::string model = test::fixture_path("models/tiny-qwen35");
+  const std::string q = test::shell_quote(DFLASH_BIN);
+  auto r = test::run_command(q + " run -m " + test::shell_quote(model) + " -p hi -n 4 --kv-type f16 --temperature 0");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(r.out.empty());
+  for (const char* bad : {"--kv-type f8", "--kv-type f16 --device cuda:0", "--kv-type f16 --target-devices cpu,cuda:0"}) {
+    r = test::run_command(q + " run -m " + test::shell_quote(model) + " -p hi -n 2 " + bad);
+    EXPECT_EQ(r.exit_code, 1) << bad;
+    EXPECT_NE(r.err.find("--kv-type"), std::string::npos) << bad << ": " << r.err;
+  }
+  const std::string f32 = test::scratch_dir() + "/kv32.bin", f16 = test::scratch_dir() + "/kv16.bin";
+  for (const auto& [type, out] : {std::pair{"f32", f32}, std::pair{"f16", f16}}) {
+    r = test::run_command(q + " logits -m " + test::shell_quote(model) + " --tokens 5,9,2,7,1,3 --all --kv-type " +
+                          type + " -o " + test::shell_quote(out));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  const auto a = read_text_file(f32), b = read_text_file(f16);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->size(), b->size());
+  const auto* x = reinterpret_cast<const float*>(a->data());
+  const auto* y = reinterpret_cast<const float*>(b->data());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a->size() / 4; ++i) {
+    diff = std::max(diff, std::abs(double(x[i]) - y[i]));
+    scale = std::max(scale, std::abs(double(x[i])));
+  }
+  EXPECT_LT(diff, 4 * std::ldexp(1.0, -11) * std::max(1.0, scale));  // fp16 rounding of K and V (kv_f16_test)
+}
+
 }  // namespace
 }  // namespace dflash
