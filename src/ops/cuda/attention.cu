@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "ops/cuda/attention_internal.h"
+#include "ops/cuda/launch.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -103,6 +104,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 template <int HD, int R, int T>
 __global__ void __launch_bounds__(kThreads) attn_kernel(Params p) {
+  pdl_begin();
   using S = Shape<HD, R, T>;
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -339,6 +341,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(Params p) {
 // One block per output row (query, head); threads over the head dim.
 __global__ void merge_kernel(const float* part_acc, const float* part_ml, int n_splits, int64_t n_rows, int hd,
                              float* out) {
+  pdl_begin();
   const int64_t row = blockIdx.x;
   float M = -INFINITY;
   for (int s = 0; s < n_splits; ++s) M = fmaxf(M, part_ml[2 * (s * n_rows + row)]);
@@ -500,7 +503,7 @@ cudaError_t launch(const Params& p, int64_t row_blocks, int n_kv_heads, cudaStre
   }
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(n_kv_heads),
                   static_cast<unsigned>(p.n_splits));
-  attn_kernel<HD, R, T><<<grid, kThreads, S::kBytes, stream>>>(p);
+  launch_pdl(attn_kernel<HD, R, T>, grid, dim3(kThreads), S::kBytes, stream, p);
   return cudaGetLastError();
 }
 
@@ -606,8 +609,8 @@ cudaError_t attention_with(AttnPrefillKernel kernel, const float* q, int64_t n_q
   }
   if (err != cudaSuccess || pl.n_splits == 1) return err;
   if (n_rows > 2147483647) return cudaErrorInvalidValue;
-  merge_kernel<<<static_cast<unsigned>(n_rows), 64, 0, stream>>>(part_acc, part_ml, pl.n_splits, n_rows,
-                                                                 static_cast<int>(kv.head_dim), out);
+  launch_pdl(merge_kernel, dim3(static_cast<unsigned>(n_rows)), dim3(64), 0, stream, part_acc, part_ml, pl.n_splits,
+             n_rows, static_cast<int>(kv.head_dim), out);
   return cudaGetLastError();
 }
 
