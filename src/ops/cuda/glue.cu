@@ -1,5 +1,7 @@
 #include "ops/cuda/glue.h"
 
+#include <cuda_fp16.h>
+
 #include <cstdint>
 
 #include "ops/cuda/launch.cuh"
@@ -76,15 +78,25 @@ __global__ void gather_row_bytes_kernel(const uint8_t* table, int64_t rb, int64_
 
 __global__ void kv_write_kernel(float* const* k_chunks, float* const* v_chunks, int64_t chunk_tokens,
                                 int64_t row_floats, const float* k, const float* v, int64_t n, int64_t first_pos,
-                                const int32_t* first_dev) {
+                                const int32_t* first_dev, bool f16) {
   pdl_begin();
   const int64_t t = blockIdx.x;
   const int64_t pos = (first_dev != nullptr ? int64_t{*first_dev} : first_pos) + t;
-  const int64_t c = pos / chunk_tokens, off = (pos - c * chunk_tokens) * row_floats;
-  float* __restrict__ kd = k_chunks[c] + off;
-  float* __restrict__ vd = v_chunks[c] + off;
+  const int64_t c = pos / chunk_tokens, off = (pos - c * chunk_tokens) * row_floats;  // in elements
   const float* __restrict__ ks = k + t * row_floats;
   const float* __restrict__ vs = v + t * row_floats;
+  if (f16) {
+    __half* __restrict__ kd = reinterpret_cast<__half*>(k_chunks[c]) + off;
+    __half* __restrict__ vd = reinterpret_cast<__half*>(v_chunks[c]) + off;
+    for (int64_t e = threadIdx.x; e < row_floats; e += blockDim.x) {
+      const float a = __ldg(ks + e), b = __ldg(vs + e);
+      kd[e] = __float2half_rn(a);
+      vd[e] = __float2half_rn(b);
+    }
+    return;
+  }
+  float* __restrict__ kd = k_chunks[c] + off;
+  float* __restrict__ vd = v_chunks[c] + off;
   for (int64_t e = threadIdx.x; e < row_floats; e += blockDim.x) {
     const float a = __ldg(ks + e), b = __ldg(vs + e);  // both loads before the stores
     kd[e] = a;
@@ -106,12 +118,12 @@ cudaError_t gather_row_bytes(const void* table, int64_t row_bytes, int64_t n_row
 
 cudaError_t kv_write(float* const* k_chunks, float* const* v_chunks, int64_t chunk_tokens, int64_t row_floats,
                      const float* k, const float* v, int64_t n, int64_t first_pos, const int32_t* first_dev,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, bool f16) {
   if (chunk_tokens <= 0 || row_floats < 0 || n < 0 || n > 2147483647 || first_pos < 0) return cudaErrorInvalidValue;
   if (n == 0 || row_floats == 0) return cudaSuccess;
   if (k_chunks == nullptr || v_chunks == nullptr || k == nullptr || v == nullptr) return cudaErrorInvalidValue;
   launch_pdl(kv_write_kernel, dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, k_chunks, v_chunks,
-             chunk_tokens, row_floats, k, v, n, first_pos, first_dev);
+             chunk_tokens, row_floats, k, v, n, first_pos, first_dev, f16);
   return cudaGetLastError();
 }
 

@@ -4,6 +4,8 @@
 // cannot fuse them into FMAs.
 #include "ops/cuda/norm_rope.h"
 
+#include <cuda_fp16.h>
+
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/quantize_q8.cuh"
 
@@ -299,12 +301,24 @@ __global__ void qk_prep_kernel(QkPrepArgs a) {
   }
   const int64_t slot = (a.slot_dev != nullptr ? int64_t{a.slot_dev[0]} : a.first_slot) + t;
   const int64_t kh = h - a.nh, c = slot / a.chunk_tokens, row = slot - c * a.chunk_tokens;
-  float* kd = a.k_chunks[c] + (row * a.nkv + kh) * a.hd;
-  float* vd = a.v_chunks[c] + (row * a.nkv + kh) * a.hd;
+  const int64_t e0 = (row * a.nkv + kh) * a.hd;  // element offset of the row's head in the chunk
   const float* vs = a.v + (t * a.nkv + kh) * a.hd;
   float vv[kPrepMaxPer];
 #pragma unroll
   for (int j = 0; j < kPrepMaxPer; ++j) vv[j] = j < per ? vs[lane + 32 * j] : 0.0f;
+  if (a.kv_f16) {
+    __half* kh16 = reinterpret_cast<__half*>(a.k_chunks[c]) + e0;
+    __half* vh16 = reinterpret_cast<__half*>(a.v_chunks[c]) + e0;
+#pragma unroll
+    for (int j = 0; j < kPrepMaxPer; ++j)
+      if (j < per) {
+        kh16[lane + 32 * j] = __float2half_rn(v[j]);
+        vh16[lane + 32 * j] = __float2half_rn(vv[j]);
+      }
+    return;
+  }
+  float* kd = a.k_chunks[c] + e0;
+  float* vd = a.v_chunks[c] + e0;
 #pragma unroll
   for (int j = 0; j < kPrepMaxPer; ++j)
     if (j < per) {
