@@ -66,4 +66,40 @@ float graph_ms(cudaStream_t stream, int reps, F&& f) {
   return ms / static_cast<float>(reps);
 }
 
+// The device's copy rate (bytes read + written per second, a 1 GiB device-to-device copy, median of 10),
+// printed with the device's name: the ceiling the GEMV benchmarks compare with.
+inline double device_copy_rate() {
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  const size_t bytes = size_t{1} << 30;
+  void *a = nullptr, *b = nullptr;
+  CHECK(cudaMalloc(&a, bytes));
+  CHECK(cudaMalloc(&b, bytes));
+  CHECK(cudaMemset(a, 1, bytes));
+  const float ms = median_ms([&] { CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, 10);
+  const double rate = 2.0 * bytes / (ms * 1e-3);
+  CHECK(cudaFree(a));
+  CHECK(cudaFree(b));
+  std::printf("device: %s, %d SMs; device-to-device copy: %.0f GB/s (read + write)\n", prop.name,
+              prop.multiProcessorCount, rate / 1e9);
+  return rate;
+}
+
+// `copies` copies of `bytes` of weights at distinct addresses (at least 256 MiB in all: more than the L2),
+// filled with random 16-bit words that are all finite fp16/bf16 values (speed does not depend on values).
+inline uint8_t* weight_pool(size_t bytes, int copies, size_t* pool_bytes) {
+  std::vector<uint16_t> host(bytes / 2 + 8);
+  uint32_t s = 1;
+  for (auto& h : host) {
+    s = s * 1664525u + 1013904223u;
+    h = static_cast<uint16_t>(s >> 16) & 0x3bffu;
+  }
+  *pool_bytes = std::max<size_t>(bytes * static_cast<size_t>(copies), size_t{256} << 20);
+  uint8_t* w = nullptr;
+  CHECK(cudaMalloc(&w, *pool_bytes + 256));
+  for (size_t off = 0; off < *pool_bytes; off += bytes)
+    CHECK(cudaMemcpy(w + off, host.data(), std::min(bytes, *pool_bytes - off), cudaMemcpyHostToDevice));
+  return w;
+}
+
 }  // namespace bench

@@ -357,21 +357,9 @@ int main(int argc, char** argv) {
       only.emplace_back(argv[i]);
     }
   }
+  const double copy_gbs = bench::device_copy_rate() / 1e9;
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
-
-  // Copy rate: 1 GiB device to device.
-  const size_t copy_bytes = size_t{1} << 30;
-  void *ca = nullptr, *cb = nullptr;
-  CHECK(cudaMalloc(&ca, copy_bytes));
-  CHECK(cudaMalloc(&cb, copy_bytes));
-  CHECK(cudaMemset(ca, 1, copy_bytes));
-  const float copy_ms = bench::median_ms([&] { CHECK(cudaMemcpyAsync(cb, ca, copy_bytes, cudaMemcpyDeviceToDevice)); }, 10);
-  const double copy_gbs = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e9;
-  CHECK(cudaFree(ca));
-  CHECK(cudaFree(cb));
-  std::printf("device: %s, %d SMs; device-to-device copy: %.0f GB/s (read + write)\n", prop.name,
-              prop.multiProcessorCount, copy_gbs);
 
   const DType types[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0, DType::kQ4_0,
                          DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K,
@@ -415,20 +403,15 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "no shape runs in the types asked for\n");
       return 2;
     }
-    std::vector<uint16_t> host(max_bytes / 2 + 8);
-    std::mt19937 rng(1);
-    for (auto& h : host) h = static_cast<uint16_t>(rng()) & 0x3bffu;
     // Weights for every rep of a timed graph at their own address: kReps copies' worth (at least 4x the L2).
-    const size_t pool_bytes = std::max<size_t>(max_bytes * kReps, size_t{256} << 20);
-    uint8_t* w = nullptr;
-    CHECK(cudaMalloc(&w, pool_bytes + 256));
-    for (size_t off = 0; off < pool_bytes; off += max_bytes)
-      CHECK(cudaMemcpy(w + off, host.data(), std::min(max_bytes, pool_bytes - off), cudaMemcpyHostToDevice));
+    size_t pool_bytes = 0;
+    uint8_t* w = bench::weight_pool(max_bytes, kReps, &pool_bytes);
     float *x = nullptr, *y = nullptr;
     CHECK(cudaMalloc(&x, sizeof(float) * 16 * max_cols));
     CHECK(cudaMalloc(&y, sizeof(float) * 16 * max_rows));
     {
       std::vector<float> hx(static_cast<size_t>(16 * max_cols));
+      std::mt19937 rng(1);
       std::uniform_real_distribution<float> u(-1.0f, 1.0f);
       for (auto& v : hx) v = u(rng);
       CHECK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));

@@ -56,19 +56,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  cudaDeviceProp prop{};
-  CHECK(cudaGetDeviceProperties(&prop, 0));
-  const size_t copy_bytes = size_t{1} << 30;
-  void *ca = nullptr, *cb = nullptr;
-  CHECK(cudaMalloc(&ca, copy_bytes));
-  CHECK(cudaMalloc(&cb, copy_bytes));
-  CHECK(cudaMemset(ca, 1, copy_bytes));
-  const float copy_ms = bench::median_ms([&] { CHECK(cudaMemcpyAsync(cb, ca, copy_bytes, cudaMemcpyDeviceToDevice)); }, 10);
-  const double copy_gbs = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e9;
-  CHECK(cudaFree(ca));
-  CHECK(cudaFree(cb));
-  std::printf("device: %s, %d SMs; device-to-device copy: %.0f GB/s (read + write)\n", prop.name,
-              prop.multiProcessorCount, copy_gbs);
+  const double copy_gbs = bench::device_copy_rate() / 1e9;
 
   struct Shape {
     int64_t rows, cols;
@@ -86,20 +74,15 @@ int main(int argc, char** argv) {
     max_rows = std::max(max_rows, s.rows);
     max_cols = std::max(max_cols, s.cols);
   }
-  std::vector<uint16_t> host(max_bytes / 2 + 8);
-  std::mt19937 rng(1);
-  for (auto& h : host) h = static_cast<uint16_t>(rng()) & 0x3bffu;
-  const size_t pool_bytes = std::max<size_t>(max_bytes * kReps, size_t{256} << 20);
-  uint8_t* w = nullptr;
-  CHECK(cudaMalloc(&w, pool_bytes + 256));
-  for (size_t off = 0; off < pool_bytes; off += max_bytes)
-    CHECK(cudaMemcpy(w + off, host.data(), std::min(max_bytes, pool_bytes - off), cudaMemcpyHostToDevice));
+  size_t pool_bytes = 0;
+  uint8_t* w = bench::weight_pool(max_bytes, kReps, &pool_bytes);
   cudaStream_t stream = nullptr;
   CHECK(cudaStreamCreate(&stream));
 
   // Activations: 32 tokens of random x, quantized once.
   const int64_t nmax = dflash::cuda::kMmqMaxTokens;
   std::vector<float> xh(static_cast<size_t>(nmax * max_cols));
+  std::mt19937 rng(1);
   std::uniform_real_distribution<float> ud(-2.0f, 2.0f);
   for (auto& v : xh) v = ud(rng);
   float *x = nullptr, *y = nullptr, *xd = nullptr;

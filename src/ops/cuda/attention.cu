@@ -411,6 +411,19 @@ bool args_ok(const float* q, int64_t n_q, int64_t n_heads, const DeviceKvView& k
   return true;
 }
 
+// A prefill plan's key ranges: `splits` (at most what the workspace holds for `per_split` bytes each, 1
+// when under 2) ranges of whole tiles over max_keys keys; the last range may be short, empty ones dropped.
+void set_key_splits(Plan& pl, int64_t max_keys, int64_t splits, size_t per_split, size_t workspace_bytes) {
+  if (splits > 1 && workspace_bytes != SIZE_MAX) splits = std::min<int64_t>(splits, workspace_bytes / per_split);
+  if (splits < 2) splits = 1;
+  const int64_t T = pl.keys_per_tile;
+  int64_t kps = splits == 1 ? std::max<int64_t>(max_keys, 1) : (max_keys + splits - 1) / splits;
+  kps = (kps + T - 1) / T * T;
+  pl.keys_per_split = kps;
+  pl.n_splits = splits == 1 ? 1 : static_cast<int>((max_keys + kps - 1) / kps);
+  if (pl.n_splits < 1) pl.n_splits = 1;
+}
+
 // The tensor-core kernel takes prefill-shaped calls (n_q > 32, causal or full) whose positions fit its
 // 32-bit arithmetic.
 bool mma_eligible(AttnPrefillKernel kernel, int64_t n_q, int64_t n_heads, const DeviceKvView& kv,
@@ -441,14 +454,7 @@ Plan make_mma_plan(int64_t n_q, int64_t n_heads, const DeviceKvView& kv, const D
     splits = std::min<int64_t>(splits, kMaxSplits);
   }
   const size_t per_split = sizeof(float) * static_cast<size_t>(n_q * n_heads) * static_cast<size_t>(kv.head_dim + 2);
-  if (splits > 1 && workspace_bytes != SIZE_MAX) splits = std::min<int64_t>(splits, workspace_bytes / per_split);
-  if (splits < 2) splits = 1;
-  const int64_t T = pl.keys_per_tile;
-  int64_t kps = splits == 1 ? std::max<int64_t>(max_keys, 1) : (max_keys + splits - 1) / splits;
-  kps = (kps + T - 1) / T * T;
-  pl.keys_per_split = kps;
-  pl.n_splits = splits == 1 ? 1 : static_cast<int>((max_keys + kps - 1) / kps);
-  if (pl.n_splits < 1) pl.n_splits = 1;
+  set_key_splits(pl, max_keys, splits, per_split, workspace_bytes);
   return pl;
 }
 
@@ -485,14 +491,7 @@ Plan make_plan(int64_t n_q, int64_t n_heads, const DeviceKvView& kv, const Devic
     splits = std::min<int64_t>(splits, (max_keys + kMinKeysPerSplit - 1) / kMinKeysPerSplit);
     splits = std::min<int64_t>(splits, kMaxSplits);
   }
-  if (splits > 1 && workspace_bytes != SIZE_MAX) splits = std::min<int64_t>(splits, workspace_bytes / per_split);
-  if (splits < 2) splits = 1;
-  const int64_t T = pl.keys_per_tile;
-  int64_t kps = splits == 1 ? std::max<int64_t>(max_keys, 1) : (max_keys + splits - 1) / splits;
-  kps = (kps + T - 1) / T * T;
-  pl.keys_per_split = kps;
-  pl.n_splits = splits == 1 ? 1 : static_cast<int>((max_keys + kps - 1) / kps);
-  if (pl.n_splits < 1) pl.n_splits = 1;
+  set_key_splits(pl, max_keys, splits, per_split, workspace_bytes);
   return pl;
 }
 
@@ -500,17 +499,10 @@ template <int HD, int R, int T>
 cudaError_t launch(const Params& p, int64_t row_blocks, int n_kv_heads, cudaStream_t stream) {
   using S = Shape<HD, R, T>;
   if (S::kBytes > 48 * 1024) {
-    static std::atomic<uint64_t> raised{0};  // one bit per device
-    int dev = 0;
-    cudaError_t err = cudaGetDevice(&dev);
-    if (err != cudaSuccess) return err;
-    const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
-    if (bit == 0 || !(raised.load(std::memory_order_relaxed) & bit)) {
-      err = cudaFuncSetAttribute(attn_kernel<HD, R, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(S::kBytes));
-      if (err != cudaSuccess) return err;
-      raised.fetch_or(bit, std::memory_order_relaxed);
-    }
+    static std::atomic<uint64_t> raised{0};
+    if (const cudaError_t err = allow_dynamic_smem(reinterpret_cast<const void*>(attn_kernel<HD, R, T>), S::kBytes, raised);
+        err != cudaSuccess)
+      return err;
   }
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(n_kv_heads),
                   static_cast<unsigned>(p.n_splits));
@@ -625,6 +617,17 @@ cudaError_t attention_with(AttnPrefillKernel kernel, const float* q, int64_t n_q
   launch_pdl(merge_kernel, dim3(static_cast<unsigned>(n_rows)), dim3(64), 0, stream, part_acc, part_ml, pl.n_splits,
              n_rows, static_cast<int>(kv.head_dim), out);
   return cudaGetLastError();
+}
+
+cudaError_t allow_dynamic_smem(const void* kernel, size_t bytes, std::atomic<uint64_t>& raised) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit != 0 && (raised.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (err == cudaSuccess) raised.fetch_or(bit, std::memory_order_relaxed);
+  return err;
 }
 
 cudaError_t attention(const float* q, int64_t n_q, int64_t n_heads, const DeviceKvView& kv,

@@ -360,17 +360,11 @@ cudaError_t launch_shape(const Params& p, cudaStream_t stream) {
   using S = Shape<HD, BN>;
   static_assert(S::kBytes <= 227 * 1024);
   if (S::kBytes > 48 * 1024) {
-    static std::atomic<uint64_t> raised{0};  // one bit per device
-    int dev = 0;
-    cudaError_t err = cudaGetDevice(&dev);
-    if (err != cudaSuccess) return err;
-    const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
-    if (bit == 0 || !(raised.load(std::memory_order_relaxed) & bit)) {
-      err = cudaFuncSetAttribute(attn_mma_kernel<HD, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(S::kBytes));
-      if (err != cudaSuccess) return err;
-      raised.fetch_or(bit, std::memory_order_relaxed);
-    }
+    static std::atomic<uint64_t> raised{0};
+    if (const cudaError_t err =
+            allow_dynamic_smem(reinterpret_cast<const void*>(attn_mma_kernel<HD, BN>), S::kBytes, raised);
+        err != cudaSuccess)
+      return err;
   }
   const dim3 grid(static_cast<unsigned>(p.row_blocks), static_cast<unsigned>(p.n_kv_heads),
                   static_cast<unsigned>(p.n_splits));

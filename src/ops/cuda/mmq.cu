@@ -91,17 +91,7 @@ __device__ __forceinline__ float half_bits(uint32_t h) {
 // stored), so every load stays inside the inputs.
 __device__ __forceinline__ int clamp_token(int t, int n) { return t < n ? t : n - 1; }
 
-// q4_K's 6-bit scales and mins of sub-blocks 2c, 2c + 1 from the packed bytes s0 (0-3), s1 (4-7), s2 (8-11)
-// (as gemv_q8.cu's k4_scales_mins).
-__device__ __forceinline__ void k4_scales_mins(int c, uint32_t s0, uint32_t s1, uint32_t s2, int (&sc)[2],
-                                               int (&m)[2]) {
-  const unsigned sh = 16 * (c & 1);
-  const uint32_t w0 = s0 >> sh, w1 = s1 >> sh, w2 = s2 >> sh;
-  const uint32_t scs = c < 2 ? w0 & 0x3f3fu : (w2 & 0x0f0fu) | ((w0 >> 2) & 0x3030u);
-  const uint32_t ms = c < 2 ? w1 & 0x3f3fu : ((w2 >> 4) & 0x0f0fu) | ((w1 >> 2) & 0x3030u);
-  sc[0] = static_cast<int>(scs & 0xffu), sc[1] = static_cast<int>(scs >> 8 & 0xffu);
-  m[0] = static_cast<int>(ms & 0xffu), m[1] = static_cast<int>(ms >> 8 & 0xffu);
-}
+using qblocks::k4_scales_mins;
 
 // q4_K: d, dmin (fp16), 12 bytes of packed scales, 128 bytes of nibbles. Lane: rows i = 0 (g), 1 (g + 8).
 template <bool kNoAlloc>

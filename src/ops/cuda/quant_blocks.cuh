@@ -73,6 +73,21 @@ __device__ __forceinline__ uint32_t load_u32(const uint8_t* p) {
 }
 __device__ __forceinline__ float i2f(int v) { return static_cast<float>(v); }  // exact for these codes
 
+// q4_K / q5_K: the 6-bit scales and mins of sub-blocks 2c and 2c + 1 from the 12 packed bytes s0 (bytes
+// 0-3), s1 (4-7), s2 (8-11). Sub-block j < 4: scale s0 byte j & 63, min s1 byte j & 63; j >= 4: the low
+// (scale) or high (min) nibble of s2 byte j - 4, with the top two bits of s0 (scale) or s1 (min) byte j - 4
+// above it. The pair's bytes are adjacent (bytes 2(c % 2) and + 1 of each word) and take the same case:
+// both are formed at once in 16 bits, without branches.
+__device__ __forceinline__ void k4_scales_mins(int c, uint32_t s0, uint32_t s1, uint32_t s2, int (&sc)[2],
+                                               int (&m)[2]) {
+  const unsigned sh = 16 * (c & 1);
+  const uint32_t w0 = s0 >> sh, w1 = s1 >> sh, w2 = s2 >> sh;
+  const uint32_t scs = c < 2 ? w0 & 0x3f3fu : (w2 & 0x0f0fu) | ((w0 >> 2) & 0x3030u);
+  const uint32_t ms = c < 2 ? w1 & 0x3f3fu : ((w2 >> 4) & 0x0f0fu) | ((w1 >> 2) & 0x3030u);
+  sc[0] = static_cast<int>(scs & 0xffu), sc[1] = static_cast<int>(scs >> 8 & 0xffu);
+  m[0] = static_cast<int>(ms & 0xffu), m[1] = static_cast<int>(ms >> 8 & 0xffu);
+}
+
 // Group g of a legacy block: low nibbles of qs[0..15] (g = 0) or high nibbles (g = 1).
 struct Q4_0 {  // d@0 qs@2: x = (q - 8) * d
   static constexpr int kElems = 32, kBytes = 18;

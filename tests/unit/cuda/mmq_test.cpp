@@ -27,6 +27,7 @@
 #include "tensor/dtype.h"
 #include "tensor/half.h"
 #include "tensor/quant.h"
+#include "unit/ops/ops_test_util.h"
 
 namespace dflash {
 namespace {
@@ -153,8 +154,7 @@ class Mmq : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!test::cuda_device_present()) DF_SKIP_LOUDLY("no CUDA device");
-    const char* s = std::getenv("DFLASH_TEST_SEED");
-    seed_ = s ? static_cast<uint32_t>(std::strtoul(s, nullptr, 10)) : std::random_device{}();
+    seed_ = test::fresh_seed();
     rng_.seed(seed_);
   }
   uint8_t* upload(const std::vector<uint8_t>& bytes) {
