@@ -53,6 +53,12 @@ struct BenchOptions {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+// The median of timings (the upper one of an even count); v must not be empty.
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 Status make_random(const BenchOptions& opt) {
   if (opt.out.empty()) return invalid_argument("--make-random needs -o FILE.gguf");
   auto ft = file_type_from_name(opt.type);
@@ -230,8 +236,7 @@ Result<nlohmann::json> bench_verify_cost(Runner& runner, SequenceState& state, s
       DF_RETURN_IF_ERROR(runner.forward(state, step).status());
       if (r > 0) ms.push_back((now_s() - t0) * 1e3);
     }
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
+    return median(ms);
   };
   DF_ASSIGN_OR_RETURN(const double ar_ms, plain_ms());
   nlohmann::json rows = nlohmann::json::array();
@@ -257,8 +262,7 @@ Result<nlohmann::json> bench_verify_cost(Runner& runner, SequenceState& state, s
       if (r > 0) ms.push_back((now_s() - t0) * 1e3);
       DF_RETURN_IF_ERROR(state.rollback_captured(1));
     }
-    std::sort(ms.begin(), ms.end());
-    const double v = ms[ms.size() / 2];
+    const double v = median(ms);
     rows.push_back({{"tokens", n}, {"verify_ms", v}, {"plain_ms", ar_ms}, {"ratio", v / ar_ms}});
   }
   return rows;
@@ -407,24 +411,22 @@ Status run_bench(const BenchOptions& opt) {
   }
   // Prefill `reps` times, each on a fresh sequence: the first run is cold (kernels loaded, heuristics picked,
   // scratch grown: what a first request sees, its TTFT); the prefill rate is the median of the others.
-  std::optional<SequenceState> kept;
+  std::optional<SequenceState> kept;  // the last run's sequence, which decode continues
   std::vector<int32_t> tokens;
   double ttft_s = 0;
   std::vector<double> warm_s;
   for (int rep = 0; rep < opt.reps; ++rep) {
-    kept.reset();
-    SequenceState st(s, runner.state_layout());
+    kept.reset();  // the previous run's memory back before the next one takes its own
+    kept.emplace(s, runner.state_layout());
     const double t0 = now_s();
-    DF_ASSIGN_OR_RETURN(std::vector<float> logits, runner.prefill(st, prompt));
+    DF_ASSIGN_OR_RETURN(std::vector<float> logits, runner.prefill(*kept, prompt));
     tokens = {static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin())};
     const double took = now_s() - t0;
     if (rep == 0) ttft_s = took;
     else warm_s.push_back(took);
-    kept.emplace(std::move(st));
   }
   SequenceState& state = *kept;
-  std::sort(warm_s.begin(), warm_s.end());
-  const double prefill_s = warm_s.empty() ? ttft_s : warm_s[warm_s.size() / 2];
+  const double prefill_s = warm_s.empty() ? ttft_s : median(warm_s);
   const HandoffStats h0 = runner.handoff_stats();
   const double t1 = now_s();
   for (int64_t i = 0; i < opt.gen_len; ++i) {

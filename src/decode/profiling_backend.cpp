@@ -9,6 +9,8 @@ namespace dflash {
 namespace {
 
 constexpr double kF = 4.0;  // bytes per f32 activation
+// Bytes per element of a KV store.
+double kv_bytes(const cpu::KvView& kv) { return kv.type == cpu::KvType::kF16 ? 2.0 : kF; }
 
 double weight_bytes(const cpu::WeightView& w) {
   const auto rb = row_bytes(w.type, static_cast<uint64_t>(w.cols));
@@ -96,9 +98,8 @@ Status ProfilingBackend::rope_neox(float* x, int64_t n, int64_t n_heads, int64_t
 
 Status ProfilingBackend::attention(const float* q, int64_t n_q, int64_t n_heads, const cpu::KvView& kv,
                                    const cpu::AttentionMask& mask, float scale, float* out) {
-  const double kv_bytes = kv.type == cpu::KvType::kF16 ? 2.0 : kF;
   const double bytes =
-      kF * 2.0 * n_q * n_heads * kv.head_dim + kv_bytes * 2.0 * kv.n_tokens * kv.n_kv_heads * kv.head_dim;
+      kF * 2.0 * n_q * n_heads * kv.head_dim + kv_bytes(kv) * 2.0 * kv.n_tokens * kv.n_kv_heads * kv.head_dim;
   return timed("attention", bytes, [&] { return inner_.attention(q, n_q, n_heads, kv, mask, scale, out); });
 }
 
@@ -124,7 +125,8 @@ Status ProfilingBackend::causal_conv1d_silu(const float* x, int64_t n, int64_t c
 
 Status ProfilingBackend::kv_write(const cpu::KvView& kv, int64_t first_pos, const float* k, const float* v,
                                   int64_t n) {
-  return timed("kv_write", 4 * kF * n * kv.n_kv_heads * kv.head_dim,
+  // K and V read as f32, stored as the store's elements.
+  return timed("kv_write", 2 * (kF + kv_bytes(kv)) * n * kv.n_kv_heads * kv.head_dim,
                [&] { return inner_.kv_write(kv, first_pos, k, v, n); });
 }
 
@@ -132,7 +134,7 @@ Status ProfilingBackend::attention_prep(float* q, float* k, const float* v, int6
                                         int64_t hd, const float* q_norm, const float* k_norm, float eps, int64_t rot,
                                         std::span<const int32_t> positions, double theta, double freq_scale,
                                         const cpu::KvView& kv, int64_t first_slot) {
-  const double bytes = kF * (2.0 * n * nh * hd + 4.0 * n * nkv * hd + 2.0 * hd);
+  const double bytes = kF * (2.0 * n * nh * hd + 2.0 * n * nkv * hd + 2.0 * hd) + kv_bytes(kv) * 2.0 * n * nkv * hd;
   return timed("attention_prep", bytes, [&] {
     return inner_.attention_prep(q, k, v, n, nh, nkv, hd, q_norm, k_norm, eps, rot, positions, theta, freq_scale, kv,
                                  first_slot);

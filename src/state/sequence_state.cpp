@@ -67,9 +67,7 @@ Status KvStore::read_rows(int which, int64_t pos, int64_t rows, float* out) {
   if (type_ == cpu::KvType::kF32) return be_->download(out, src, rows * row_elems());
   std::vector<uint16_t> h(static_cast<size_t>(rows * row_words() * 2));
   DF_RETURN_IF_ERROR(be_->download(reinterpret_cast<float*>(h.data()), src, rows * row_words()));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t e = 0; e < row_elems(); ++e)
-      out[r * row_elems() + e] = fp16_to_fp32(h[static_cast<size_t>(r * row_words() * 2 + e)]);
+  for (int64_t r = 0; r < rows; ++r) fp16_to_fp32_row(h.data() + r * row_words() * 2, out + r * row_elems(), row_elems());
   return Status();
 }
 
@@ -77,9 +75,7 @@ Status KvStore::write_rows(int which, int64_t pos, int64_t rows, const float* in
   float* dst = which == 0 ? k_row(pos) : v_row(pos);
   if (type_ == cpu::KvType::kF32) return be_->upload(dst, in, rows * row_elems());
   std::vector<uint16_t> h(static_cast<size_t>(rows * row_words() * 2), 0);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t e = 0; e < row_elems(); ++e)
-      h[static_cast<size_t>(r * row_words() * 2 + e)] = fp32_to_fp16(in[r * row_elems() + e]);
+  for (int64_t r = 0; r < rows; ++r) fp32_to_fp16_row(in + r * row_elems(), h.data() + r * row_words() * 2, row_elems());
   return be_->upload(dst, reinterpret_cast<const float*>(h.data()), rows * row_words());
 }
 

@@ -43,13 +43,6 @@ void attention(const float* q, int64_t n_q, int64_t n_heads, const KvView& kv, c
     }
   }
 
-  // fp16 -> fp32 of every 16-bit pattern (256 KiB, built once): one load a converted element.
-  static const std::vector<float> fp16_table = [] {
-    std::vector<float> t(65536);
-    for (uint32_t h = 0; h < 65536; ++h) t[h] = fp16_to_fp32(static_cast<uint16_t>(h));
-    return t;
-  }();
-  const float* fp16 = fp16_table.data();
   const int64_t n_items = n_q * n_heads;
   const int64_t n_tasks = std::min<int64_t>(n_items, pool.size());
   pool.parallel_for(n_tasks, 1, [&](int64_t tb, int64_t te) {
@@ -81,8 +74,7 @@ void attention(const float* q, int64_t n_q, int64_t n_heads, const KvView& kv, c
         const auto row_at = [&](std::span<const float* const> chunks, int64_t j, std::vector<float>& tmp) {
           const int64_t e = ((j % ct) * nkv + kvh) * hd;
           if (kv.type == KvType::kF32) return chunks[j / ct] + e;
-          const auto* h = reinterpret_cast<const uint16_t*>(chunks[j / ct]) + e;
-          for (int64_t d = 0; d < hd; ++d) tmp[static_cast<size_t>(d)] = fp16[h[d]];
+          fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(chunks[j / ct]) + e, tmp.data(), hd);
           return static_cast<const float*>(tmp.data());
         };
         const auto k_at = [&](int64_t j) { return row_at(kv.k_chunks, j, krow); };

@@ -33,10 +33,8 @@ Status Backend::kv_write(const cpu::KvView& kv, int64_t first_pos, const float* 
     if (kv.type == cpu::KvType::kF16) {  // host memory (checked above): rounded to fp16 in place
       auto* kd = reinterpret_cast<uint16_t*>(const_cast<float*>(kv.k_chunks[static_cast<size_t>(c)])) + slot * row;
       auto* vd = reinterpret_cast<uint16_t*>(const_cast<float*>(kv.v_chunks[static_cast<size_t>(c)])) + slot * row;
-      for (int64_t e = 0; e < row; ++e) {
-        kd[e] = fp32_to_fp16(k[t * row + e]);
-        vd[e] = fp32_to_fp16(v[t * row + e]);
-      }
+      fp32_to_fp16_row(k + t * row, kd, row);
+      fp32_to_fp16_row(v + t * row, vd, row);
       continue;
     }
     DF_RETURN_IF_ERROR(copy(const_cast<float*>(kv.k_chunks[static_cast<size_t>(c)]) + slot * row, k + t * row, row));
