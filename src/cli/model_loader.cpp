@@ -37,16 +37,13 @@ void add_placement_flags(CLI::App* cmd, PlacementFlags* flags) {
       ->check([](const std::string& v) { return v.empty() ? std::string("--target-devices is empty") : std::string(); });
   cmd->add_option("--target-layer-split", flags->target_layer_split,
                   "positive weights of the devices' layer shares, one per device (default equal)");
-  cmd->add_option("--kv-type", flags->kv_type, "attention KV elements: f32, or f16 (half the memory; CPU only for now)")
+  cmd->add_option("--kv-type", flags->kv_type, "attention KV elements: f32, or f16 (half the memory)")
       ->capture_default_str();
 }
 
 Status check_placement_flags(const PlacementFlags& where) {
   if (where.kv_type != "f32" && where.kv_type != "f16")
     return invalid_argument("--kv-type {}: f32 or f16", where.kv_type);
-  const bool any_cuda = where.device.starts_with("cuda") || where.target_devices.find("cuda") != std::string::npos;
-  if (where.kv_type == "f16" && any_cuda)
-    return unsupported("--kv-type f16 runs on the CPU only for now: the CUDA kernels read and write f32 KV");
   if (!where.target_devices.empty() && where.device != "cpu")
     return invalid_argument("--device and --target-devices exclude each other (name the devices in --target-devices)");
   if (where.target_devices.empty()) {
@@ -59,11 +56,14 @@ Status check_placement_flags(const PlacementFlags& where) {
 
 namespace {
 
-// --kv-type on every CPU shard (check_placement_flags refused f16 with a CUDA shard).
+// --kv-type on every shard's backend.
 void set_kv_type(LoadedModel& m, const PlacementFlags& where) {
   const cpu::KvType t = where.kv_type == "f16" ? cpu::KvType::kF16 : cpu::KvType::kF32;
   for (const RunnerShard& sh : m.runner->shards())
     if (auto* cpu_be = dynamic_cast<CpuBackend*>(sh.backend)) cpu_be->set_kv_type(t);
+#ifdef DFLASH_HAVE_CUDA
+    else if (auto* cuda_be = dynamic_cast<CudaBackend*>(sh.backend)) cuda_be->set_kv_type(t);
+#endif
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 // partials and merge_kernel combines them: M = max m_s, o = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
 #include "ops/cuda/attention.h"
 
+#include <cuda_fp16.h>
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -28,6 +29,7 @@
 #include <cstdint>
 
 #include "ops/cuda/attention_internal.h"
+#include "ops/cuda/launch.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -57,7 +59,17 @@ struct Params {
   const int32_t* lengths;  // device {n_prefix, n_tokens} overriding the fields above, or null
   int32_t path_mode;         // 1: a block per query, its keys walked as plain decoding at its position would
   int32_t blocks_per_query;  // path mode: row blocks of one query (ceil(group / R))
+  int32_t kv_f16;            // 1: K/V chunks hold fp16 elements
 };
+
+// Four consecutive elements of a K/V chunk at element offset `off`, as float32 (fp16 exactly converted).
+__device__ __forceinline__ float4 load_kv4(const float* chunk, int64_t off, bool f16) {
+  if (!f16) return *reinterpret_cast<const float4*>(chunk + off);
+  const uint2 h = *reinterpret_cast<const uint2*>(reinterpret_cast<const __half*>(chunk) + off);
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&h.x));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&h.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
 
 // Path mode takes trees of at most this many nodes (a node's path to the root is shorter).
 constexpr int kMaxPathQueries = 128;
@@ -103,6 +115,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 template <int HD, int R, int T>
 __global__ void __launch_bounds__(kThreads) attn_kernel(Params p) {
+  pdl_begin();
   using S = Shape<HD, R, T>;
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -207,8 +220,8 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(Params p) {
         const int64_t pj = path && tree && j >= n_prefix ? n_prefix + path_s[1 + (j - n_prefix)] : j;
         const int64_t c = pj / p.chunk_tokens;
         const int64_t off = ((pj - c * p.chunk_tokens) * p.n_kv_heads + kvh) * HD + 4 * d4;
-        kv4 = *reinterpret_cast<const float4*>(p.k_chunks[c] + off);
-        vv4 = *reinterpret_cast<const float4*>(p.v_chunks[c] + off);
+        kv4 = load_kv4(p.k_chunks[c], off, p.kv_f16 != 0);
+        vv4 = load_kv4(p.v_chunks[c], off, p.kv_f16 != 0);
       }
       *reinterpret_cast<float4*>(Ks + t * S::KS + 4 * d4) = kv4;
       *reinterpret_cast<float4*>(Vs + t * S::VS + 4 * d4) = vv4;
@@ -339,6 +352,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(Params p) {
 // One block per output row (query, head); threads over the head dim.
 __global__ void merge_kernel(const float* part_acc, const float* part_ml, int n_splits, int64_t n_rows, int hd,
                              float* out) {
+  pdl_begin();
   const int64_t row = blockIdx.x;
   float M = -INFINITY;
   for (int s = 0; s < n_splits; ++s) M = fmaxf(M, part_ml[2 * (s * n_rows + row)]);
@@ -492,7 +506,7 @@ cudaError_t launch(const Params& p, int64_t row_blocks, int n_kv_heads, cudaStre
   }
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(n_kv_heads),
                   static_cast<unsigned>(p.n_splits));
-  attn_kernel<HD, R, T><<<grid, kThreads, S::kBytes, stream>>>(p);
+  launch_pdl(attn_kernel<HD, R, T>, grid, dim3(kThreads), S::kBytes, stream, p);
   return cudaGetLastError();
 }
 
@@ -564,6 +578,7 @@ cudaError_t attention_with(AttnPrefillKernel kernel, const float* q, int64_t n_q
     p.scale_log2 = scale * 1.4426950408889634f;
     p.part_acc = part_acc;
     p.part_ml = part_ml;
+    p.kv_f16 = kv.f16 ? 1 : 0;
     err = attn_mma::launch(p, static_cast<int>(kv.head_dim), stream);
   } else {
     Params p{};
@@ -587,6 +602,7 @@ cudaError_t attention_with(AttnPrefillKernel kernel, const float* q, int64_t n_q
     p.lengths = n_q <= kDecodeMaxQueries ? mask.lengths : nullptr;
     p.path_mode = pl.path ? 1 : 0;
     p.blocks_per_query = pl.blocks_per_query;
+    p.kv_f16 = kv.f16 ? 1 : 0;
     p.part_acc = part_acc;
     p.part_ml = part_ml;
     switch (kv.head_dim) {
@@ -598,8 +614,8 @@ cudaError_t attention_with(AttnPrefillKernel kernel, const float* q, int64_t n_q
   }
   if (err != cudaSuccess || pl.n_splits == 1) return err;
   if (n_rows > 2147483647) return cudaErrorInvalidValue;
-  merge_kernel<<<static_cast<unsigned>(n_rows), 64, 0, stream>>>(part_acc, part_ml, pl.n_splits, n_rows,
-                                                                 static_cast<int>(kv.head_dim), out);
+  launch_pdl(merge_kernel, dim3(static_cast<unsigned>(n_rows)), dim3(64), 0, stream, part_acc, part_ml, pl.n_splits,
+             n_rows, static_cast<int>(kv.head_dim), out);
   return cudaGetLastError();
 }
 

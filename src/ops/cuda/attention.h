@@ -51,6 +51,7 @@ struct DeviceKvView {
   int64_t n_tokens = 0;  // valid positions
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
+  bool f16 = false;  // chunks hold IEEE fp16 elements (the pointers address __half; offsets count elements)
 };
 
 // Keys [0, n_prefix) are seen by every query; key n_prefix + s is new slot s. Query i sees slot s when

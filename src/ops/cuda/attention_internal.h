@@ -58,6 +58,7 @@ struct Params {
   float scale_log2;        // scale * log2(e): scores are kept in base-2 units
   float* part_acc;         // n_splits > 1: [n_splits][n_q * n_heads][head_dim], as attn_kernel's partials
   float* part_ml;          // [n_splits][n_q * n_heads][2]: (max in natural units, sum)
+  int32_t kv_f16;          // 1: K/V chunks hold fp16 elements (staged as they are)
 };
 
 constexpr int kRowsPerBlock = 128;  // 8 warps of 16 rows

@@ -109,7 +109,14 @@ __device__ __forceinline__ void load_tile(const Params& p, const float* const* c
     if (j < ke) {
       const int c = p.chunk_shift >= 0 ? j >> p.chunk_shift : j / p.chunk_tokens;
       const int64_t off = (static_cast<int64_t>(j - c * p.chunk_tokens) * p.n_kv_heads + kvh) * HD + 4 * c4;
-      st[k] = ldg_nc4(chunks[c] + off);
+      if (p.kv_f16) {  // four fp16 elements, exactly as float32 (store_tile rounds them back to the same fp16)
+        const uint2 h = __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const __half*>(chunks[c]) + off));
+        const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&h.x));
+        const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&h.y));
+        st[k] = make_float4(a.x, a.y, b.x, b.y);
+      } else {
+        st[k] = ldg_nc4(chunks[c] + off);
+      }
     } else {
       st[k] = make_float4(0.f, 0.f, 0.f, 0.f);
     }

@@ -1,6 +1,7 @@
 // Short causal conv + SiLU kernels (conv.h): one thread per output element; a second launch moves the
 // chain form's window.
 #include "ops/cuda/conv.h"
+#include "ops/cuda/launch.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -11,6 +12,7 @@ constexpr int kMaxK = int(kConvMaxKernel);
 __global__ void __launch_bounds__(kThreads)
     conv_out_kernel(const float* __restrict__ x, int64_t n, int64_t C, const float* __restrict__ w, int K,
                     const float* __restrict__ conv_state, float* __restrict__ out, const int32_t* __restrict__ parents) {
+  pdl_begin();
   const int hist = K - 1;
   const int64_t total = n * C;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
@@ -60,6 +62,7 @@ __global__ void __launch_bounds__(kThreads)
 // it is overwritten (n + r > r).
 __global__ void __launch_bounds__(kThreads)
     conv_state_kernel(const float* __restrict__ x, int64_t n, int64_t C, int hist, float* conv_state) {
+  pdl_begin();
   for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < C; c += int64_t(gridDim.x) * blockDim.x)
     for (int r = 0; r < hist; ++r) {
       const int64_t u = n + r;
@@ -82,10 +85,11 @@ cudaError_t causal_conv1d_silu(const float* x, int64_t n, int64_t channels, cons
   if (!x || !w || !out || (kernel > 1 && !conv_state)) return cudaErrorInvalidValue;
   if (n > INT64_MAX / channels) return cudaErrorInvalidValue;
   const int K = int(kernel);
-  conv_out_kernel<<<grid_for(n * channels), kThreads, 0, stream>>>(x, n, channels, w, K, conv_state, out, parents);
+  launch_pdl(conv_out_kernel, dim3(grid_for(n * channels)), dim3(kThreads), 0, stream, x, n, channels, w, K, conv_state,
+             out, parents);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || parents != nullptr || K == 1) return err;
-  conv_state_kernel<<<grid_for(channels), kThreads, 0, stream>>>(x, n, channels, K - 1, conv_state);
+  launch_pdl(conv_state_kernel, dim3(grid_for(channels)), dim3(kThreads), 0, stream, x, n, channels, K - 1, conv_state);
   return cudaGetLastError();
 }
 

@@ -511,7 +511,6 @@ Status CudaBackend::attention(const float* q, int64_t n_q, int64_t n_heads, cons
                               const cpu::AttentionMask& mask, float scale, float* out) {
   activate();
   forget_q8();
-  if (kv.type != cpu::KvType::kF32) return unsupported("CUDA attention reads f32 KV, not {}", cpu::kv_type_name(kv.type));
   const float* const* k_table = kv.device_k_table;
   const float* const* v_table = kv.device_v_table;
   if (k_table == nullptr || v_table == nullptr) {
@@ -523,6 +522,7 @@ Status CudaBackend::attention(const float* q, int64_t n_q, int64_t n_heads, cons
     v_table = k_table + kv.k_chunks.size();
   }
   cuda::DeviceKvView dkv{k_table, v_table, kv.chunk_tokens, kv.n_tokens, kv.n_kv_heads, kv.head_dim};
+  dkv.f16 = kv.type == cpu::KvType::kF16;
   DF_ASSIGN_OR_RETURN(const void* par, stage(parents_, mask.parents.data(), mask.parents.size_bytes()));
   cuda::DeviceAttnMask dmask{cuda::to_device(mask.kind), mask.n_prefix, static_cast<const int32_t*>(par)};
   dmask.window = mask.window;
@@ -563,7 +563,6 @@ Status CudaBackend::attention_prep(float* q, float* k, const float* v, int64_t n
                                    const cpu::KvView& kv, int64_t first_slot) {
   activate();
   forget_q8();
-  if (kv.type != cpu::KvType::kF32) return unsupported("CUDA KV writes are f32, not {}", cpu::kv_type_name(kv.type));
   if (!cuda::qk_prep_supported(hd, rot) || kv.device_k_table == nullptr || kv.device_v_table == nullptr)
     return Backend::attention_prep(q, k, v, n, nh, nkv, hd, q_norm, k_norm, eps, rot, positions, theta, freq_scale, kv,
                                    first_slot);
@@ -574,7 +573,7 @@ Status CudaBackend::attention_prep(float* q, float* k, const float* v, int64_t n
                      .q_norm = q_norm, .k_norm = k_norm, .eps = eps, .inv_freq = table, .positions = nullptr,
                      .k_chunks = const_cast<float* const*>(kv.device_k_table),
                      .v_chunks = const_cast<float* const*>(kv.device_v_table), .chunk_tokens = kv.chunk_tokens,
-                     .first_slot = first_slot, .slot_dev = nullptr};
+                     .first_slot = first_slot, .slot_dev = nullptr, .kv_f16 = kv.type == cpu::KvType::kF16};
   if (capturing_) {
     if (n != 1) return unsupported("a recorded step has one token");
     a.positions = step_params_ + 1;  // the replay's position, which is also its slot
@@ -587,7 +586,6 @@ Status CudaBackend::attention_prep(float* q, float* k, const float* v, int64_t n
 }
 
 Status CudaBackend::kv_write(const cpu::KvView& kv, int64_t first_pos, const float* k, const float* v, int64_t n) {
-  if (kv.type != cpu::KvType::kF32) return unsupported("CUDA KV writes are f32, not {}", cpu::kv_type_name(kv.type));
   activate();
   forget_q8();
   if (kv.device_k_table == nullptr || kv.device_v_table == nullptr) {
@@ -601,7 +599,8 @@ Status CudaBackend::kv_write(const cpu::KvView& kv, int64_t first_pos, const flo
     first_dev = step_params_ + 1;
   }
   return check(cuda::kv_write(const_cast<float* const*>(kv.device_k_table), const_cast<float* const*>(kv.device_v_table),
-                              kv.chunk_tokens, kv.n_kv_heads * kv.head_dim, k, v, n, first_pos, first_dev, stream_),
+                              kv.chunk_tokens, kv.n_kv_heads * kv.head_dim, k, v, n, first_pos, first_dev, stream_,
+                              kv.type == cpu::KvType::kF16),
                "kv_write");
 }
 

@@ -34,6 +34,10 @@ class CudaBackend final : public Backend {
   // (exactly the numerics of decode, re-streaming the weights per slice).
   void set_tensor_core_prefill(bool on) { tensor_core_prefill_ = on; }
   void set_token_exact(bool on) override { token_exact_ = on; }
+  // fp16 KV stores: half the KV memory and the bytes decode attention reads (the kernels convert on load and
+  // round to nearest even on store, as the CPU does).
+  void set_kv_type(cpu::KvType t) { kv_type_ = t; }
+  cpu::KvType kv_type() const override { return kv_type_; }
   // Waits for the stream; returns the first asynchronous error, if any.
   Status synchronize() override;
   Result<double> measure_peak_matmul_flops() override;
@@ -159,6 +163,7 @@ class CudaBackend final : public Backend {
   int64_t next_graph_id_ = 1;
   uint64_t epoch_ = 0;  // bumped when scratch a recording may use moves
   bool tensor_core_prefill_ = true;
+  cpu::KvType kv_type_ = cpu::KvType::kF32;
   bool token_exact_ = false;  // set_token_exact: products of any length as GEMV slices
   // Pinned staging ring: host arrays are copied here before their asynchronous upload.
   uint8_t* pinned_ = nullptr;

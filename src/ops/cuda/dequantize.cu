@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "ops/cuda/dequantize.h"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/quant_blocks.cuh"
 
 namespace dflash::cuda {
@@ -90,6 +91,7 @@ struct TileShape {
 template <typename Codec, typename Out, bool kAlignedDst>
 __global__ void __launch_bounds__(kThreads, 4)
     dequantize_blocks_kernel(const uint8_t* __restrict__ src, Out* __restrict__ dst, int64_t blocks) {
+  pdl_begin();
   using Shape = TileShape<Codec>;
   __shared__ uint4 smem[Shape::kSmemWords];
   auto* sbytes = reinterpret_cast<uint8_t*>(smem);
@@ -134,9 +136,9 @@ cudaError_t launch_blocks(const void* src, Out* dst, int64_t n, cudaStream_t str
   const auto grid = static_cast<unsigned>(tiles < kMaxGrid ? tiles : kMaxGrid);
   const auto* s = static_cast<const uint8_t*>(src);
   if (reinterpret_cast<uintptr_t>(dst) % 16 == 0)
-    dequantize_blocks_kernel<Codec, Out, true><<<grid, kThreads, 0, stream>>>(s, dst, blocks);
+    launch_pdl(dequantize_blocks_kernel<Codec, Out, true>, grid, dim3(kThreads), 0, stream, s, dst, blocks);
   else
-    dequantize_blocks_kernel<Codec, Out, false><<<grid, kThreads, 0, stream>>>(s, dst, blocks);
+    launch_pdl(dequantize_blocks_kernel<Codec, Out, false>, grid, dim3(kThreads), 0, stream, s, dst, blocks);
   return cudaGetLastError();
 }
 
@@ -161,6 +163,7 @@ __device__ __forceinline__ float load_plain(const uint8_t* src, int64_t i) {
 template <uint32_t kType, typename Out, bool kAlignedSrc>
 __global__ void __launch_bounds__(kThreads)
     convert_plain_kernel(const uint8_t* __restrict__ src, Out* __restrict__ dst, int64_t n) {
+  pdl_begin();
   using Bits = typename OutBits<Out>::Bits;
   auto* out = reinterpret_cast<Bits*>(dst);
   const int64_t stride = int64_t{gridDim.x} * kThreads;
@@ -173,6 +176,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename Out>
 __global__ void __launch_bounds__(kThreads)
     convert_f32_x8_kernel(const float4* __restrict__ src, uint4* __restrict__ dst, int64_t groups) {
+  pdl_begin();
   const int64_t stride = int64_t{gridDim.x} * kThreads;
   for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < groups; i += stride) {
     const float4 a = src[2 * i], b = src[2 * i + 1];
@@ -191,8 +195,8 @@ cudaError_t launch_plain(const void* src, Out* dst, int64_t n, cudaStream_t stre
       const int64_t groups = n / 8;
       const int64_t ctas = (groups + kThreads - 1) / kThreads;
       const auto grid = static_cast<unsigned>(ctas < kMaxGrid ? ctas : kMaxGrid);
-      convert_f32_x8_kernel<Out><<<grid, kThreads, 0, stream>>>(static_cast<const float4*>(src),
-                                                                reinterpret_cast<uint4*>(dst), groups);
+      launch_pdl(convert_f32_x8_kernel<Out>, grid, dim3(kThreads), 0, stream, static_cast<const float4*>(src),
+                 reinterpret_cast<uint4*>(dst), groups);
       if (n == 8 * groups) return cudaGetLastError();
       if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
       src = static_cast<const float*>(src) + 8 * groups;
@@ -205,9 +209,9 @@ cudaError_t launch_plain(const void* src, Out* dst, int64_t n, cudaStream_t stre
   const auto grid = static_cast<unsigned>(ctas < kMaxGrid ? ctas : kMaxGrid);
   const auto* s = static_cast<const uint8_t*>(src);
   if (reinterpret_cast<uintptr_t>(src) % kBytes == 0)
-    convert_plain_kernel<kType, Out, true><<<grid, kThreads, 0, stream>>>(s, dst, n);
+    launch_pdl(convert_plain_kernel<kType, Out, true>, grid, dim3(kThreads), 0, stream, s, dst, n);
   else
-    convert_plain_kernel<kType, Out, false><<<grid, kThreads, 0, stream>>>(s, dst, n);
+    launch_pdl(convert_plain_kernel<kType, Out, false>, grid, dim3(kThreads), 0, stream, s, dst, n);
   return cudaGetLastError();
 }
 

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "ops/cuda/launch.cuh"
+
 namespace dflash::cuda {
 namespace {
 
@@ -70,6 +72,7 @@ __global__ void __launch_bounds__(kRecWarps * 32)
                          const float* __restrict__ g, const float* __restrict__ beta, int64_t n, int hk, int hv,
                          int dk, int dv, float* state, float* __restrict__ out, float* per_token_states,
                          const int32_t* __restrict__ parents) {
+  pdl_begin();
   const int h = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row0 = (blockIdx.y * kRecWarps + warp) * kRecRows;
@@ -151,8 +154,8 @@ template <int M, bool VEC>
 void launch_recurrent(dim3 grid, cudaStream_t stream, const float* q, const float* k, const float* v,
                       const float* g, const float* beta, int64_t n, const DeltaNetDims& d, float* state, float* out,
                       float* pts, const int32_t* parents) {
-  gdn_recurrent_kernel<M, VEC><<<grid, kRecWarps * 32, 0, stream>>>(
-      q, k, v, g, beta, n, int(d.n_k_heads), int(d.n_v_heads), int(d.d_k), int(d.d_v), state, out, pts, parents);
+  launch_pdl(gdn_recurrent_kernel<M, VEC>, grid, dim3(kRecWarps * 32), 0, stream, q, k, v, g, beta, n, int(d.n_k_heads),
+             int(d.n_v_heads), int(d.d_k), int(d.d_v), state, out, pts, parents);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -194,6 +197,7 @@ __global__ void __launch_bounds__(kChunkThreads)
                           const float* __restrict__ g, const float* __restrict__ beta, int64_t t0, int64_t n, int hk,
                           int hv, int dk, int dv, int64_t seg_tokens, double* __restrict__ ws_gam,
                           float* __restrict__ ws_u, float* __restrict__ ws_w, float* __restrict__ ws_p) {
+  pdl_begin();
   const int c = blockIdx.x, h = blockIdx.y, kh = h % hk, tid = threadIdx.x;
   const int64_t c0 = t0 + int64_t(c) * kC;
   const int L = int(n - c0 < kC ? n - c0 : kC);
@@ -284,6 +288,7 @@ __global__ void __launch_bounds__(kChunkThreads)
                           int hv, int dk, int dv, int64_t seg_tokens, const double* __restrict__ ws_gam,
                           const float* __restrict__ ws_u, const float* __restrict__ ws_w,
                           const float* __restrict__ ws_p, float* __restrict__ state, float* __restrict__ out) {
+  pdl_begin();
   const int h = blockIdx.x, a0 = blockIdx.y * kScanRows, kh = h % hk, tid = threadIdx.x;
   const int rows = dv - a0 < kScanRows ? dv - a0 : kScanRows;
   const int ld = padded_ld(dk);
@@ -444,12 +449,12 @@ cudaError_t gated_delta_net_chunked(const float* q, const float* k, const float*
   for (int64_t t0 = 0; t0 < n; t0 += seg) {
     const int64_t len = n - t0 < seg ? n - t0 : seg;
     const dim3 prep_grid(unsigned((len + kC - 1) / kC), unsigned(hv));
-    gdn_chunk_prep_kernel<<<prep_grid, kChunkThreads, prep_smem, stream>>>(q, k, v, g, beta, t0, n, hk, hv, dk, dv,
-                                                                           seg, ws_gam, ws_u, ws_w, ws_p);
+    launch_pdl(gdn_chunk_prep_kernel, prep_grid, dim3(kChunkThreads), prep_smem, stream, q, k, v, g, beta, t0, n, hk,
+               hv, dk, dv, seg, ws_gam, ws_u, ws_w, ws_p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
     const dim3 scan_grid(unsigned(hv), unsigned((dv + kScanRows - 1) / kScanRows));
-    gdn_chunk_scan_kernel<<<scan_grid, kChunkThreads, scan_smem, stream>>>(q, k, t0, n, hk, hv, dk, dv, seg, ws_gam,
-                                                                           ws_u, ws_w, ws_p, state, out);
+    launch_pdl(gdn_chunk_scan_kernel, scan_grid, dim3(kChunkThreads), scan_smem, stream, q, k, t0, n, hk, hv, dk, dv,
+               seg, ws_gam, ws_u, ws_w, ws_p, state, out);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   return cudaSuccess;

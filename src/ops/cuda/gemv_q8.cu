@@ -25,6 +25,7 @@
 #include "ops/cuda/gemv_q8.h"
 #include "ops/cuda/matmul.h"
 #include "ops/cuda/gemv_common.cuh"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/quant_blocks.cuh"
 #include "ops/cuda/quantize_q8.cuh"
 
@@ -49,6 +50,7 @@ struct Args {
   const float* xd;
   const int* xs;  // [n, cols / 16]: sum of the 16 codes of each half block
   int n, split;
+  int prefetch;  // 1: prefetch the first weight blocks into L2 before the PDL wait (launch.cuh, DFLASH_PDL=2)
 };
 
 // Global loads. Weights are read once: K4's 16-byte weight loads skip L1 (ldw_u4: L1::no_allocate), so
@@ -309,6 +311,29 @@ struct Legacy {
   }
 };
 
+// Before the PDL wait (weights are constant during a step): the L2 prefetch of the weight bytes of
+// group_dot's first iteration, the blocks b0 + k * step (k < U) of each row. Lane u of a block's kLanes
+// touches byte 32u (while < kBytes) or the block's last byte (the first u past it), so every 32-byte sector
+// of the block is prefetched whatever its alignment. A cache hint only: it changes no value.
+template <typename B, int R>
+__device__ __forceinline__ void prefetch_first(const Args& a, const uint8_t* const (&rowp)[R], int part, int lane) {
+  constexpr int kPerStep = 32 / B::kLanes;
+  constexpr int U = B::kInFlight > R ? B::kInFlight / R : 1;
+  const int u = lane % B::kLanes;
+  const int off = u * 32 < B::kBytes ? u * 32 : u * 32 < B::kBytes + 32 ? B::kBytes - 1 : -1;
+  if (off < 0) return;
+  const int64_t blocks = a.cols / B::kElems;
+  const int64_t step = int64_t{a.split} * kPerStep;
+  const int64_t b0 = int64_t{part} * kPerStep + lane / B::kLanes;
+#pragma unroll
+  for (int k = 0; k < U; ++k) {
+    const int64_t b = b0 + k * step;
+    if (b < blocks)
+#pragma unroll
+      for (int j = 0; j < R; ++j) asm volatile("prefetch.global.L2 [%0];" ::"l"(rowp[j] + b * B::kBytes + off));
+  }
+}
+
 // acc[j][t] += the dot product of row rowp[j] with token t over this lane's blocks: blocks
 // (part * P + lane / kLanes) + i * split * P (P = 32 / kLanes blocks a warp step), in increasing order,
 // whatever R and NT, so every (row, token) sum is formed in the same order by every kernel. Each block's
@@ -381,6 +406,9 @@ __global__ void __launch_bounds__(kThreads, B::min_ctas(NT)) gemv_q8_kernel(cons
     rowp[j] = a.parts[p].w + r[j] * a.rb;
     y[j] = grow < a.total_rows ? a.parts[p].y : nullptr;
   }
+  // Everything above reads only the kernel parameters; the activations (and y) only after the wait.
+  if (a.prefetch && y[0] != nullptr) prefetch_first<B, R>(a, rowp, part, lane);
+  pdl_begin();
   float acc[R][NT];
 #pragma unroll
   for (int j = 0; j < R; ++j)
@@ -394,8 +422,7 @@ template <typename B, int R, int NT>
 cudaError_t launch_rows(const Args& a, cudaStream_t stream) {
   unsigned g = 0;
   if (!gemv_common::grid_for_rows((a.total_rows + R - 1) / R, a.split, &g)) return cudaErrorInvalidValue;
-  gemv_q8_kernel<B, R, NT><<<g, kThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch_pdl(gemv_q8_kernel<B, R, NT>, dim3(g), dim3(kThreads), 0, stream, a);
 }
 
 template <typename B>
@@ -412,6 +439,7 @@ cudaError_t launch(const Args& a, cudaStream_t stream) {
 __global__ void __launch_bounds__(kThreads) quantize_q8_kernel(const float* x, int64_t blocks, Q8Out out) {
   const int64_t blk = int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5);
   const int lane = static_cast<int>(threadIdx.x) & 31;
+  pdl_begin();
   if (blk >= blocks) return;
   quantize_q8_block(x[blk * 32 + lane], lane, blk, out);
 }
@@ -439,8 +467,8 @@ cudaError_t quantize_q8_rows(const float* x, int64_t n, int64_t cols, int8_t* xq
   if (x == nullptr || xq == nullptr || xd == nullptr || xs == nullptr) return cudaErrorInvalidValue;
   const int64_t grid = (blocks + kWarps - 1) / kWarps;
   if (grid > INT_MAX) return cudaErrorInvalidValue;
-  quantize_q8_kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(x, blocks, Q8Out{xq, xd, xs});
-  return cudaGetLastError();
+  return launch_pdl(quantize_q8_kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads), 0, stream, x, blocks,
+                    Q8Out{xq, xd, xs});
 }
 
 cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, const int8_t* xq, const float* xd,
@@ -481,6 +509,7 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
   }
   if (a.total_rows == 0) return cudaSuccess;
   a.split = gemv_auto_split(a.total_rows);
+  a.prefetch = pdl_mode() == 2 && pdl_enabled() ? 1 : 0;
   switch (id) {
     case qblocks::kQ4_0: return launch<Legacy<false>>(a, stream);
     case qblocks::kQ8_0: return launch<Legacy<true>>(a, stream);

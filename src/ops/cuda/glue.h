@@ -27,8 +27,9 @@ cudaError_t gather_row_bytes(const void* table, int64_t row_bytes, int64_t n_row
 // tables of chunk pointers, chunk_tokens rows a chunk) at positions first, first + 1, ...; `first` is
 // *first_dev when first_dev is not null (read on the device: a replayed graph's position), else
 // first_pos. The chunks must exist.
+// f16: the chunks hold fp16 elements (row_floats counts elements; rounded to nearest even).
 cudaError_t kv_write(float* const* k_chunks, float* const* v_chunks, int64_t chunk_tokens, int64_t row_floats,
                      const float* k, const float* v, int64_t n, int64_t first_pos, const int32_t* first_dev,
-                     cudaStream_t stream = nullptr);
+                     cudaStream_t stream = nullptr, bool f16 = false);
 
 }  // namespace dflash::cuda

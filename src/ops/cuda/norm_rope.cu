@@ -4,6 +4,9 @@
 // cannot fuse them into FMAs.
 #include "ops/cuda/norm_rope.h"
 
+#include <cuda_fp16.h>
+
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/quantize_q8.cuh"
 
 #include <algorithm>
@@ -55,6 +58,7 @@ constexpr int kWarpPer = 32;
 // With `delta` (the fused residual add): x += delta first, stored back to x, and the norm is of the sum.
 __global__ void rms_norm_warp_kernel(float* x, int64_t xs, const float* delta, const float* w, float eps, int64_t n,
                                      int64_t dim, float* y, int64_t ys) {
+  pdl_begin();
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   if (r >= n) return;
   const int lane = threadIdx.x % 32;
@@ -93,6 +97,7 @@ __global__ void rms_norm_warp_kernel(float* x, int64_t xs, const float* delta, c
 constexpr int kBlockPer = 32;
 __global__ void rms_norm_block_kernel(float* x, int64_t xs, const float* delta, const float* w, float eps, int64_t dim,
                                       float* y, int64_t ys) {
+  pdl_begin();
   __shared__ double scratch[kThreads / 32];
   const int64_t r = blockIdx.x;
   float* xr = x + r * xs;
@@ -129,6 +134,7 @@ __global__ void rms_norm_block_kernel(float* x, int64_t xs, const float* delta, 
 // Any row length: one block per row, two passes over global memory.
 __global__ void rms_norm_long_kernel(float* x, int64_t xs, const float* delta, const float* w, float eps, int64_t dim,
                                      float* y, int64_t ys) {
+  pdl_begin();
   __shared__ double scratch[kThreads / 32];
   const int64_t r = blockIdx.x;
   float* xr = x + r * xs;
@@ -151,6 +157,7 @@ __global__ void rms_norm_long_kernel(float* x, int64_t xs, const float* delta, c
 constexpr int kRopeThreads = 256;
 __global__ void rope_neox_kernel(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
                                  const int32_t* positions, double theta, double freq_scale, const double* inv_freq) {
+  pdl_begin();
   extern __shared__ float cs_sn[];  // [half] cos, then [half] sin
   const int64_t t = blockIdx.x;
   const int64_t half = rot_dims / 2;
@@ -182,15 +189,18 @@ __global__ void rope_neox_kernel(float* x, int64_t n_heads, int64_t head_dim, in
 __device__ __forceinline__ float silu_f(float v) { return __fdiv_rn(v, __fadd_rn(1.0f, expf(-v))); }
 
 __global__ void silu_kernel(float* x, int64_t n) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] = silu_f(x[i]);
 }
 __global__ void sigmoid_kernel(float* x, int64_t n) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x[i])));
 }
 // With q8 on (n a multiple of 32): each warp holds whole 32-element blocks, quantized as they are stored.
 __global__ void swiglu_kernel(const float* gate, const float* up, float* out, int64_t n, Q8Out q8) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float o = __fmul_rn(silu_f(gate[i]), up[i]);
     out[i] = o;
@@ -198,15 +208,18 @@ __global__ void swiglu_kernel(const float* gate, const float* up, float* out, in
   }
 }
 __global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = __fadd_rn(a[i], b[i]);
 }
 __global__ void mul_kernel(const float* a, const float* b, float* out, int64_t n) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = __fmul_rn(a[i], b[i]);
 }
 
 __global__ void softmax_rows_kernel(float* x, int64_t dim) {
+  pdl_begin();
   __shared__ double dscratch[kThreads / 32];
   __shared__ float fscratch[kThreads / 32];
   float* v = x + static_cast<int64_t>(blockIdx.x) * dim;
@@ -242,6 +255,7 @@ constexpr int64_t kMaxGridX = 2147483647;
 // sincos, as rope_neox), then q in place, k and the token's v row into the KV store at its position.
 constexpr int kPrepMaxPer = 8;  // head_dim <= 256
 __global__ void qk_prep_kernel(QkPrepArgs a) {
+  pdl_begin();
   const int64_t warp_global = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t heads = a.nh + a.nkv;
@@ -287,12 +301,24 @@ __global__ void qk_prep_kernel(QkPrepArgs a) {
   }
   const int64_t slot = (a.slot_dev != nullptr ? int64_t{a.slot_dev[0]} : a.first_slot) + t;
   const int64_t kh = h - a.nh, c = slot / a.chunk_tokens, row = slot - c * a.chunk_tokens;
-  float* kd = a.k_chunks[c] + (row * a.nkv + kh) * a.hd;
-  float* vd = a.v_chunks[c] + (row * a.nkv + kh) * a.hd;
+  const int64_t e0 = (row * a.nkv + kh) * a.hd;  // element offset of the row's head in the chunk
   const float* vs = a.v + (t * a.nkv + kh) * a.hd;
   float vv[kPrepMaxPer];
 #pragma unroll
   for (int j = 0; j < kPrepMaxPer; ++j) vv[j] = j < per ? vs[lane + 32 * j] : 0.0f;
+  if (a.kv_f16) {
+    __half* kh16 = reinterpret_cast<__half*>(a.k_chunks[c]) + e0;
+    __half* vh16 = reinterpret_cast<__half*>(a.v_chunks[c]) + e0;
+#pragma unroll
+    for (int j = 0; j < kPrepMaxPer; ++j)
+      if (j < per) {
+        kh16[lane + 32 * j] = __float2half_rn(v[j]);
+        vh16[lane + 32 * j] = __float2half_rn(vv[j]);
+      }
+    return;
+  }
+  float* kd = a.k_chunks[c] + e0;
+  float* vd = a.v_chunks[c] + e0;
 #pragma unroll
   for (int j = 0; j < kPrepMaxPer; ++j)
     if (j < per) {
@@ -313,16 +339,16 @@ cudaError_t launch_rms_norm(float* x, int64_t x_stride, const float* delta, cons
   if (dim <= 32 * kWarpPer) {
     const int64_t blocks = (n + kThreads / 32 - 1) / (kThreads / 32);
     if (blocks > kMaxGridX) return cudaErrorInvalidValue;
-    rms_norm_warp_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, x_stride, delta, w, eps, n, dim,
-                                                                                  y, y_stride);
+    launch_pdl(rms_norm_warp_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, x, x_stride, delta,
+               w, eps, n, dim, y, y_stride);
   } else if (dim <= int64_t{kThreads} * kBlockPer) {
     if (n > kMaxGridX) return cudaErrorInvalidValue;
-    rms_norm_block_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, x_stride, delta, w, eps, dim, y,
-                                                                              y_stride);
+    launch_pdl(rms_norm_block_kernel, dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, x, x_stride, delta, w,
+               eps, dim, y, y_stride);
   } else {
     if (n > kMaxGridX) return cudaErrorInvalidValue;
-    rms_norm_long_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, x_stride, delta, w, eps, dim, y,
-                                                                             y_stride);
+    launch_pdl(rms_norm_long_kernel, dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, x, x_stride, delta, w,
+               eps, dim, y, y_stride);
   }
   return cudaGetLastError();
 }
@@ -359,8 +385,8 @@ cudaError_t rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head_dim, in
   const int64_t pairs = n_heads * (rot_dims / 2);
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(std::min<int64_t>(
                                                (pairs + kRopeThreads - 1) / kRopeThreads, 65535)));
-  rope_neox_kernel<<<grid, kRopeThreads, smem, stream>>>(x, n_heads, head_dim, rot_dims, positions, theta, freq_scale,
-                                                         inv_freq);
+  launch_pdl(rope_neox_kernel, grid, dim3(kRopeThreads), smem, stream, x, n_heads, head_dim, rot_dims, positions, theta,
+             freq_scale, inv_freq);
   return cudaGetLastError();
 }
 
@@ -379,21 +405,21 @@ cudaError_t qk_prep(const QkPrepArgs& a, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const int64_t blocks = (warps + kThreads / 32 - 1) / (kThreads / 32);
   if (blocks > kMaxGridX) return cudaErrorInvalidValue;
-  qk_prep_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
+  launch_pdl(qk_prep_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, a);
   return cudaGetLastError();
 }
 
 cudaError_t silu_inplace(float* x, int64_t n, cudaStream_t stream) {
   if (n < 0 || (n > 0 && x == nullptr)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  silu_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n);
+  launch_pdl(silu_kernel, dim3(grid_for(n)), dim3(kThreads), 0, stream, x, n);
   return cudaGetLastError();
 }
 
 cudaError_t sigmoid_inplace(float* x, int64_t n, cudaStream_t stream) {
   if (n < 0 || (n > 0 && x == nullptr)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  sigmoid_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n);
+  launch_pdl(sigmoid_kernel, dim3(grid_for(n)), dim3(kThreads), 0, stream, x, n);
   return cudaGetLastError();
 }
 
@@ -401,7 +427,7 @@ cudaError_t swiglu(const float* gate, const float* up, float* out, int64_t n, cu
   if (n < 0 || (n > 0 && (gate == nullptr || up == nullptr || out == nullptr))) return cudaErrorInvalidValue;
   if (q8.on() && (n % 32 != 0 || q8.xd == nullptr || q8.xs == nullptr)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  swiglu_kernel<<<grid_for(n), kThreads, 0, stream>>>(gate, up, out, n, q8);
+  launch_pdl(swiglu_kernel, dim3(grid_for(n)), dim3(kThreads), 0, stream, gate, up, out, n, q8);
   return cudaGetLastError();
 }
 
@@ -409,21 +435,21 @@ cudaError_t softmax_rows(float* x, int64_t n, int64_t dim, cudaStream_t stream) 
   if (n < 0 || dim < 0 || n > kMaxGridX) return cudaErrorInvalidValue;
   if (n == 0 || dim == 0) return cudaSuccess;
   if (x == nullptr) return cudaErrorInvalidValue;
-  softmax_rows_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, dim);
+  launch_pdl(softmax_rows_kernel, dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, x, dim);
   return cudaGetLastError();
 }
 
 cudaError_t add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {
   if (n < 0 || (n > 0 && (a == nullptr || b == nullptr || out == nullptr))) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  add_kernel<<<grid_for(n), kThreads, 0, stream>>>(a, b, out, n);
+  launch_pdl(add_kernel, dim3(grid_for(n)), dim3(kThreads), 0, stream, a, b, out, n);
   return cudaGetLastError();
 }
 
 cudaError_t mul(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {
   if (n < 0 || (n > 0 && (a == nullptr || b == nullptr || out == nullptr))) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  mul_kernel<<<grid_for(n), kThreads, 0, stream>>>(a, b, out, n);
+  launch_pdl(mul_kernel, dim3(grid_for(n)), dim3(kThreads), 0, stream, a, b, out, n);
   return cudaGetLastError();
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "ops/cuda/top_k.h"
+#include "ops/cuda/launch.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -180,6 +181,7 @@ __device__ void write_final(const float* xr, int64_t row, const BlockShared<K>& 
 template <int K, bool kLse>
 __global__ void __launch_bounds__(kThreads)
     top_k_scan_kernel(const float* __restrict__ x, int64_t cols, int64_t span, Outputs out, Partials part) {
+  pdl_begin();
   __shared__ BlockShared<K> sh;
   const int64_t row = blockIdx.x;
   const int64_t split = blockIdx.y, splits = gridDim.y;
@@ -223,6 +225,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int K, bool kLse>
 __global__ void __launch_bounds__(kThreads)
     top_k_merge_kernel(const float* __restrict__ x, int64_t cols, int64_t splits, Outputs out, Partials part) {
+  pdl_begin();
   __shared__ BlockShared<K> sh;
   const int64_t row = blockIdx.x;
   Cand list[K];
@@ -248,8 +251,11 @@ template <int K, bool kLse>
 cudaError_t launch(const float* x, int64_t rows, int64_t cols, int64_t splits, const Outputs& out,
                    const Partials& part, cudaStream_t stream) {
   const int64_t span = (cols + splits - 1) / splits;
-  top_k_scan_kernel<K, kLse><<<dim3(unsigned(rows), unsigned(splits)), kThreads, 0, stream>>>(x, cols, span, out, part);
-  if (splits > 1) top_k_merge_kernel<K, kLse><<<unsigned(rows), kThreads, 0, stream>>>(x, cols, splits, out, part);
+  launch_pdl(top_k_scan_kernel<K, kLse>, dim3(unsigned(rows), unsigned(splits)), dim3(kThreads), 0, stream, x, cols,
+             span, out, part);
+  if (splits > 1)
+    launch_pdl(top_k_merge_kernel<K, kLse>, dim3(unsigned(rows)), dim3(kThreads), 0, stream, x, cols, splits, out,
+               part);
   return cudaGetLastError();
 }
 

@@ -40,6 +40,7 @@
 #include "ops/cuda/fill.h"
 #include "support/cuda_test_util.h"
 #include "support/test_paths.h"
+#include "tensor/half.h"
 
 namespace dflash {
 namespace {
@@ -85,12 +86,13 @@ struct Case {
   bool workspace = true;    // give attention() its preferred workspace
   int64_t extra_keys = 0;   // kFull: keys stored past n_prefix + n_q
   int64_t window = 0;       // kCausal: sliding window (0: none)
+  bool f16_kv = false;      // K/V chunks in fp16 on the device (the reference reads the same values in f32)
   std::string name() const {
     const char* k = kind == cpu::MaskKind::kCausal ? "causal" : (kind == cpu::MaskKind::kTree ? "tree" : "full");
     return std::string(k) + (window > 0 ? " window=" + std::to_string(window) : std::string()) + " hd=" + std::to_string(hd) + " nh=" + std::to_string(nh) + " nkv=" +
            std::to_string(nkv) + " n_q=" + std::to_string(n_q) + " n_prefix=" + std::to_string(n_prefix) +
            " scale_mul=" + std::to_string(scale_mul) + (workspace ? "" : " no-workspace") +
-           (extra_keys ? " extra=" + std::to_string(extra_keys) : "");
+           (extra_keys ? " extra=" + std::to_string(extra_keys) : "") + (f16_kv ? " f16-kv" : "");
   }
 };
 
@@ -122,6 +124,9 @@ class AttentionTest : public ::testing::Test {
     for (int64_t ch = 0; ch < n_chunks; ++ch) {
       kc.push_back(normal(chunk_elems));
       vc.push_back(normal(chunk_elems));
+      if (c.f16_kv)  // what an fp16 store holds: the reference reads the same numbers
+        for (auto* v : {&kc.back(), &vc.back()})
+          for (float& x : *v) x = fp16_to_fp32(fp32_to_fp16(x));
     }
     const auto q = normal(static_cast<size_t>(c.n_q * c.nh * c.hd));
     std::vector<int32_t> parents;
@@ -150,9 +155,19 @@ class AttentionTest : public ::testing::Test {
     // Device: each chunk its own allocation, tables of chunk pointers.
     Arena arena;
     std::vector<const float*> dk, dv;
+    const auto halves = [](const std::vector<float>& v) {
+      std::vector<uint16_t> h(v.size());
+      for (size_t i = 0; i < v.size(); ++i) h[i] = fp32_to_fp16(v[i]);
+      return h;
+    };
     for (int64_t ch = 0; ch < n_chunks; ++ch) {
-      dk.push_back(arena.upload(kc[ch]));
-      dv.push_back(arena.upload(vc[ch]));
+      if (c.f16_kv) {
+        dk.push_back(reinterpret_cast<const float*>(arena.upload(halves(kc[ch]))));
+        dv.push_back(reinterpret_cast<const float*>(arena.upload(halves(vc[ch]))));
+      } else {
+        dk.push_back(arena.upload(kc[ch]));
+        dv.push_back(arena.upload(vc[ch]));
+      }
       ASSERT_NE(dk.back(), nullptr);
       ASSERT_NE(dv.back(), nullptr);
     }
@@ -163,6 +178,7 @@ class AttentionTest : public ::testing::Test {
     dkv.n_tokens = n_tokens;
     dkv.n_kv_heads = c.nkv;
     dkv.head_dim = c.hd;
+    dkv.f16 = c.f16_kv;
     cuda::DeviceAttnMask dmask;
     dmask.kind = cuda::to_device(c.kind);
     dmask.n_prefix = c.n_prefix;
@@ -257,6 +273,23 @@ TEST_F(AttentionTest, MatchesCpuAcrossShapesAndMasks) {
           if (HasFatalFailure()) return;
         }
   print_worst("shapes and masks");
+}
+
+// fp16 K/V chunks: every kernel shape (decode, path mode, trees, the tensor-core prefill) reads them exactly,
+// so the bounds of the f32 chunks hold against the reference on the same (fp16-valued) numbers.
+TEST_F(AttentionTest, Fp16KvChunksMatchCpu) {
+  SCOPED_TRACE(seed_note());
+  std::uniform_int_distribution<int64_t> prefix(0, 300);
+  for (int64_t hd : {64, 128, 256})
+    for (int64_t n_q : {1, 5, 16, 100, 300})
+      for (cpu::MaskKind kind : {cpu::MaskKind::kCausal, cpu::MaskKind::kTree, cpu::MaskKind::kFull}) {
+        Case c{hd, 8, 2, n_q, prefix(rng_), kind};
+        c.f16_kv = true;
+        if (kind == cpu::MaskKind::kCausal && n_q == 100) c.window = 37;
+        run_case(c);
+        if (HasFatalFailure()) return;
+      }
+  print_worst("fp16 KV");
 }
 
 TEST_F(AttentionTest, NoPrefixAndSharpScores) {

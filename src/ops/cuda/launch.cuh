@@ -1,0 +1,107 @@
+// Kernel launches with programmatic dependent launch (PDL, sm_90+): `launch_pdl` launches a kernel with
+// cudaLaunchAttributeProgrammaticStreamSerialization, so that its CTAs may be scheduled (and run their
+// prologue) while the kernel before it on the stream drains; stream capture records the dependency as a
+// programmatic graph edge, so recorded steps keep the overlap. The attribute relaxes only the dependency on
+// the immediately preceding KERNEL of the stream: a preceding copy, memset or event wait stays a full
+// dependency.
+//
+// The contract of a kernel launched by launch_pdl: every thread calls pdl_wait() before its first access to
+// memory that earlier work on the stream may write or read (anything but constant data such as weights),
+// and no thread returns before it. pdl_wait() (griddepcontrol.wait) returns once every prerequisite grid
+// has completed and its writes are visible. Because every such kernel waits before it finishes, its
+// completion implies its predecessors' (the dependency stays transitive for the kernels after it, PDL or
+// not). pdl_launch_dependents() (griddepcontrol.launch_dependents) lets the next kernel's CTAs be scheduled
+// before this one ends; our kernels call it right after the wait (pdl_begin), so the next kernel launches
+// once every CTA of this one is resident and then only waits: it cannot take SM slots this kernel still
+// needs. Without the attribute (PDL off, or an older GPU) both are no-ops and the launch is an ordinary one.
+//
+// Off switch: DFLASH_PDL=0 in the environment (read once per process) launches every kernel without the
+// attribute. DFLASH_PDL=2 also lets the integer-dot GEMV prefetch its first weight blocks into L2 before its
+// wait (pdl_mode() == 2; weights are never written by a step, and an L2 prefetch cannot return stale data).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <utility>
+
+namespace dflash::cuda {
+
+// 0: PDL off; 1: on (the default); 2: on, with the GEMV's weight prefetch before its wait.
+inline int pdl_mode() {
+  static const int mode = [] {
+    const char* v = std::getenv("DFLASH_PDL");
+    if (v == nullptr || *v == '\0') return 1;
+    const int m = std::atoi(v);
+    return m < 0 ? 0 : m > 2 ? 2 : m;
+  }();
+  return mode;
+}
+
+// Whether launches on the current device use PDL: pdl_mode() != 0 and compute capability >= 9.0 (cached
+// per device).
+inline bool pdl_enabled() {
+  if (pdl_mode() == 0) return false;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices];  // 0 unknown, 1 no, 2 yes (zero-initialized: static)
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  if (dev < 0 || dev >= kMaxDevices) return false;
+  int c = cached[dev].load(std::memory_order_relaxed);
+  if (c == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    c = major >= 9 ? 2 : 1;
+    cached[dev].store(c, std::memory_order_relaxed);
+  }
+  return c == 2;
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when pdl_enabled().
+// Returns the launch status (also left in cudaGetLastError, as for <<<>>>).
+template <typename... KArgs, typename... Args>
+cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// griddepcontrol.wait: blocks until the grids this one depends on programmatically have completed and their
+// memory operations are visible. A no-op for a grid launched without the attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// griddepcontrol.launch_dependents: this CTA no longer delays the launch of the dependent grid.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// The prologue of every kernel launched by launch_pdl: wait for the predecessors, then release the
+// dependents. Call it from every thread before any global memory access (and before any early return).
+__device__ __forceinline__ void pdl_begin() {
+  pdl_wait();
+  pdl_launch_dependents();
+}
+
+}  // namespace dflash::cuda
