@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cuda/attention_internal.h"
 
@@ -97,10 +98,22 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// This thread's float4s of keys [j0, j0 + BN) (zeros at and past ke) of one KV head.
-template <int HD, int BN>
+__device__ __forceinline__ uint2 ldg_nc2(const void* ptr) {
+  uint2 v;
+  asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(ptr));
+  return v;
+}
+
+// Four K/V elements as loaded: float32 (converted to f16 when stored) or fp16 (stored as they are). The
+// loads are volatile asm so that they stay where they are issued, ahead of the tile's arithmetic, and the
+// registers are not touched before store_tile.
+template <bool F16>
+using Staged = std::conditional_t<F16, uint2, float4>;
+
+// This thread's four-element groups of keys [j0, j0 + BN) (zeros at and past ke) of one KV head.
+template <int HD, int BN, bool F16>
 __device__ __forceinline__ void load_tile(const Params& p, const float* const* chunks, int kvh, int j0, int ke,
-                                          float4 (&st)[Shape<HD, BN>::kLoads]) {
+                                          Staged<F16> (&st)[Shape<HD, BN>::kLoads]) {
   using S = Shape<HD, BN>;
   const int c4 = threadIdx.x % S::kC4, t0 = threadIdx.x / S::kC4;
 #pragma unroll
@@ -109,34 +122,31 @@ __device__ __forceinline__ void load_tile(const Params& p, const float* const* c
     if (j < ke) {
       const int c = p.chunk_shift >= 0 ? j >> p.chunk_shift : j / p.chunk_tokens;
       const int64_t off = (static_cast<int64_t>(j - c * p.chunk_tokens) * p.n_kv_heads + kvh) * HD + 4 * c4;
-      if (p.kv_f16) {  // four fp16 elements, exactly as float32 (store_tile rounds them back to the same fp16)
-        const uint2 h = __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const __half*>(chunks[c]) + off));
-        const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&h.x));
-        const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&h.y));
-        st[k] = make_float4(a.x, a.y, b.x, b.y);
-      } else {
-        st[k] = ldg_nc4(chunks[c] + off);
-      }
+      if constexpr (F16) st[k] = ldg_nc2(reinterpret_cast<const __half*>(chunks[c]) + off);
+      else st[k] = ldg_nc4(chunks[c] + off);
     } else {
-      st[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if constexpr (F16) st[k] = make_uint2(0u, 0u);
+      else st[k] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
 }
 
 // The registers of load_tile, as f16, to a [BN][LD] buffer.
-template <int HD, int BN>
-__device__ __forceinline__ void store_tile(__half* buf, const float4 (&st)[Shape<HD, BN>::kLoads]) {
+template <int HD, int BN, bool F16>
+__device__ __forceinline__ void store_tile(__half* buf, const Staged<F16> (&st)[Shape<HD, BN>::kLoads]) {
   using S = Shape<HD, BN>;
   const int c4 = threadIdx.x % S::kC4, t0 = threadIdx.x / S::kC4;
 #pragma unroll
   for (int k = 0; k < S::kLoads; ++k) {
     const int t = t0 + k * S::kRowStep;
-    *reinterpret_cast<uint2*>(buf + t * S::LD + 4 * c4) = make_uint2(pack_half2(st[k].x, st[k].y),
-                                                                     pack_half2(st[k].z, st[k].w));
+    uint2 h;
+    if constexpr (F16) h = st[k];
+    else h = make_uint2(pack_half2(st[k].x, st[k].y), pack_half2(st[k].z, st[k].w));
+    *reinterpret_cast<uint2*>(buf + t * S::LD + 4 * c4) = h;
   }
 }
 
-template <int HD, int BN>
+template <int HD, int BN, bool F16>
 __global__ void __launch_bounds__(kThreads, Shape<HD, BN>::kMinBlocks) attn_mma_kernel(const Params p) {
   using S = Shape<HD, BN>;
   extern __shared__ uint4 smem_u4[];
@@ -177,13 +187,13 @@ __global__ void __launch_bounds__(kThreads, Shape<HD, BN>::kMinBlocks) attn_mma_
     }
     *reinterpret_cast<uint2*>(Qs + r * S::LD + 4 * c4) = make_uint2(pack_half2(v.x, v.y), pack_half2(v.z, v.w));
   }
-  float4 st[S::kLoads];                      // K's next tile (or K's, then V's)
-  float4 stv[S::kLoadBoth ? S::kLoads : 1];  // V's next tile (kLoadBoth)
+  Staged<F16> st[S::kLoads];                      // K's next tile (or K's, then V's)
+  Staged<F16> stv[S::kLoadBoth ? S::kLoads : 1];  // V's next tile (kLoadBoth)
   if (n_tiles > 0) {
-    load_tile<HD, BN>(p, p.k_chunks, kvh, kb, ke, st);
-    store_tile<HD, BN>(smem + S::kK, st);
-    load_tile<HD, BN>(p, p.v_chunks, kvh, kb, ke, st);
-    store_tile<HD, BN>(smem + S::kV, st);
+    load_tile<HD, BN, F16>(p, p.k_chunks, kvh, kb, ke, st);
+    store_tile<HD, BN, F16>(smem + S::kK, st);
+    load_tile<HD, BN, F16>(p, p.v_chunks, kvh, kb, ke, st);
+    store_tile<HD, BN, F16>(smem + S::kV, st);
   }
   __syncthreads();
 
@@ -216,8 +226,8 @@ __global__ void __launch_bounds__(kThreads, Shape<HD, BN>::kMinBlocks) attn_mma_
     const uint32_t kbuf = sbase + 2u * static_cast<uint32_t>(S::kK + buf * BN * S::LD);
     const uint32_t vbuf = sbase + 2u * static_cast<uint32_t>(S::kV + buf * BN * S::LD);
     if (more) {
-      load_tile<HD, BN>(p, p.k_chunks, kvh, j0 + BN, ke, st);
-      if constexpr (S::kLoadBoth) load_tile<HD, BN>(p, p.v_chunks, kvh, j0 + BN, ke, stv);
+      load_tile<HD, BN, F16>(p, p.k_chunks, kvh, j0 + BN, ke, st);
+      if constexpr (S::kLoadBoth) load_tile<HD, BN, F16>(p, p.v_chunks, kvh, j0 + BN, ke, stv);
     }
 
     // 2. S = Q K^T.
@@ -238,8 +248,8 @@ __global__ void __launch_bounds__(kThreads, Shape<HD, BN>::kMinBlocks) attn_mma_
     }
     if constexpr (!S::kLoadBoth) {
       if (more) {
-        store_tile<HD, BN>(smem + S::kK + (buf ^ 1) * BN * S::LD, st);
-        load_tile<HD, BN>(p, p.v_chunks, kvh, j0 + BN, ke, st);
+        store_tile<HD, BN, F16>(smem + S::kK + (buf ^ 1) * BN * S::LD, st);
+        load_tile<HD, BN, F16>(p, p.v_chunks, kvh, j0 + BN, ke, st);
       }
     }
 
@@ -311,10 +321,10 @@ __global__ void __launch_bounds__(kThreads, Shape<HD, BN>::kMinBlocks) attn_mma_
     }
     if (more) {
       if constexpr (S::kLoadBoth) {
-        store_tile<HD, BN>(smem + S::kK + (buf ^ 1) * BN * S::LD, st);
-        store_tile<HD, BN>(smem + S::kV + (buf ^ 1) * BN * S::LD, stv);
+        store_tile<HD, BN, F16>(smem + S::kK + (buf ^ 1) * BN * S::LD, st);
+        store_tile<HD, BN, F16>(smem + S::kV + (buf ^ 1) * BN * S::LD, stv);
       } else {
-        store_tile<HD, BN>(smem + S::kV + (buf ^ 1) * BN * S::LD, st);
+        store_tile<HD, BN, F16>(smem + S::kV + (buf ^ 1) * BN * S::LD, st);
       }
     }
     __syncthreads();
@@ -355,20 +365,20 @@ __global__ void __launch_bounds__(kThreads, Shape<HD, BN>::kMinBlocks) attn_mma_
   }
 }
 
-template <int HD, int BN>
+template <int HD, int BN, bool F16>
 cudaError_t launch_shape(const Params& p, cudaStream_t stream) {
   using S = Shape<HD, BN>;
   static_assert(S::kBytes <= 227 * 1024);
   if (S::kBytes > 48 * 1024) {
     static std::atomic<uint64_t> raised{0};
     if (const cudaError_t err =
-            allow_dynamic_smem(reinterpret_cast<const void*>(attn_mma_kernel<HD, BN>), S::kBytes, raised);
+            allow_dynamic_smem(reinterpret_cast<const void*>(attn_mma_kernel<HD, BN, F16>), S::kBytes, raised);
         err != cudaSuccess)
       return err;
   }
   const dim3 grid(static_cast<unsigned>(p.row_blocks), static_cast<unsigned>(p.n_kv_heads),
                   static_cast<unsigned>(p.n_splits));
-  attn_mma_kernel<HD, BN><<<grid, kThreads, S::kBytes, stream>>>(p);
+  attn_mma_kernel<HD, BN, F16><<<grid, kThreads, S::kBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -376,9 +386,9 @@ cudaError_t launch_shape(const Params& p, cudaStream_t stream) {
 
 cudaError_t launch(const Params& p, int head_dim, cudaStream_t stream) {
   switch (head_dim) {
-    case 64: return launch_shape<64, 64>(p, stream);
-    case 128: return launch_shape<128, 64>(p, stream);
-    case 256: return launch_shape<256, 32>(p, stream);
+    case 64: return p.kv_f16 ? launch_shape<64, 64, true>(p, stream) : launch_shape<64, 64, false>(p, stream);
+    case 128: return p.kv_f16 ? launch_shape<128, 64, true>(p, stream) : launch_shape<128, 64, false>(p, stream);
+    case 256: return p.kv_f16 ? launch_shape<256, 32, true>(p, stream) : launch_shape<256, 32, false>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }
