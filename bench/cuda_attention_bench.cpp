@@ -1,16 +1,26 @@
-// bench_cuda_attention: causal prefill attention (ops/cuda/attention.h), the tensor-core kernel that
-// attention() runs for n_q > 32 beside the float32 kernel that ran those calls before it
-// (attention_internal.h: AttnPrefillKernel::kSimt).
+// bench_cuda_attention: device attention (ops/cuda/attention.h).
 //
-//   bench_cuda_attention [--quick] [--no-old] [--sizes 512,4096,...]
+//   bench_cuda_attention [--quick] [--no-old] [--sizes 512,4096,...] [--kv f32|f16]
+//   bench_cuda_attention --decode [--sizes ...] [--tuning]
 //
+// Prefill (default): causal prefill attention, the tensor-core kernel that attention() runs for n_q > 32
+// beside the float32 kernel that ran those calls before it (attention_internal.h: AttnPrefillKernel::kSimt).
 // Shapes: Qwen3-8B (32 query heads, 8 KV heads, head_dim 128) and Qwen3.5-27B's attention layers (24 / 4,
 // head_dim 256); n_q = n_keys = n (a prompt's prefill from an empty cache), n in 512, 4096, 16384, 32768
 // (--quick: 4096; --sizes: a comma-separated list). K/V in 64-token chunks of one buffer, as KvStore keeps
-// them. Figure: FLOPs = 4 * n_heads * head_dim * visible (query, key) pairs (n (n + 1) / 2 under the causal
-// mask: q.k and p.v, two FLOPs a multiply-add), over the median device time of a call (each call timed alone
-// with events; the f32 kernel's calls are repeated fewer times at long contexts). "rel diff" is
-// max |new - old| / max(1, |old|) over the outputs: the tensor-core kernel's f16 rounding, a sanity check.
+// them, float32 or (--kv f16) fp16. Figure: FLOPs = 4 * n_heads * head_dim * visible (query, key) pairs
+// (n (n + 1) / 2 under the causal mask: q.k and p.v, two FLOPs a multiply-add), over the median device time
+// of a call (each call timed alone with events; the f32 kernel's calls are repeated fewer times at long
+// contexts). "rel diff" is max |new - old| / max(1, |old|) over the outputs: the tensor-core kernel's f16
+// rounding, a sanity check.
+//
+// --decode: the path-mode kernel (attention_decode.cu) at the same shapes: one query (decode) and 16 (a chain
+// verify) after n cached keys (default 512, 4096, 32768), K/V float32 and fp16. Each call reads its own copy
+// of the KV (copies enough for 256 MiB, more than the L2, as successive layers do), calls recorded in a CUDA
+// graph (as a replayed step runs them). Figure: KV bytes a call must read (the prefix once per call) over its
+// time, beside the device's copy rate. --tuning repeats the table for split factors 1-3 (splits = factor *
+// SMs / blocks of one query), the knob attn_decode::tuning() that only benchmarks turn.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,32 +39,136 @@
 
 namespace {
 
-// Fills n device floats with a repeated block of pseudo-random values in [-2, 2).
-void fill_random(float* dst, size_t n, uint32_t seed) {
+// Fills n device elements (float or __half) with a repeated block of pseudo-random values in [-2, 2).
+template <typename E>
+void fill_random(E* dst, size_t n, uint32_t seed) {
   constexpr size_t kBlock = size_t{1} << 22;
-  std::vector<float> host(std::min(n, kBlock));
+  std::vector<E> host(std::min(n, kBlock));
   uint64_t s = 0x9e3779b97f4a7c15ull * (seed + 1);
-  for (float& x : host) {
+  for (E& x : host) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
-    x = static_cast<float>(static_cast<int32_t>(s >> 32)) * (2.0f / 2147483648.0f);
+    x = E(static_cast<float>(static_cast<int32_t>(s >> 32)) * (2.0f / 2147483648.0f));
   }
   for (size_t off = 0; off < n; off += host.size())
-    CHECK(cudaMemcpy(dst + off, host.data(), sizeof(float) * std::min(host.size(), n - off), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dst + off, host.data(), sizeof(E) * std::min(host.size(), n - off), cudaMemcpyHostToDevice));
+}
+
+// Random K and V of n tokens in chunks of 64 (float32 or fp16 elements), and the device chunk tables.
+struct Kv {
+  void* k = nullptr;
+  void* v = nullptr;
+  const float** table = nullptr;
+  dflash::cuda::DeviceKvView view;
+  Kv(int64_t n, int64_t nkv, int64_t hd, bool f16, uint32_t seed) {
+    constexpr int64_t kChunk = 64;
+    const int64_t n_chunks = (n + kChunk - 1) / kChunk;
+    const size_t chunk_elems = static_cast<size_t>(kChunk * nkv * hd), es = f16 ? 2 : 4;
+    CHECK(cudaMalloc(&k, es * chunk_elems * n_chunks));
+    CHECK(cudaMalloc(&v, es * chunk_elems * n_chunks));
+    if (f16) {
+      fill_random(static_cast<__half*>(k), chunk_elems * n_chunks, seed);
+      fill_random(static_cast<__half*>(v), chunk_elems * n_chunks, seed + 1);
+    } else {
+      fill_random(static_cast<float*>(k), chunk_elems * n_chunks, seed);
+      fill_random(static_cast<float*>(v), chunk_elems * n_chunks, seed + 1);
+    }
+    std::vector<const float*> t;
+    for (void* base : {k, v})
+      for (int64_t c = 0; c < n_chunks; ++c)
+        t.push_back(reinterpret_cast<const float*>(static_cast<const char*>(base) + es * chunk_elems * c));
+    CHECK(cudaMalloc(&table, sizeof(float*) * t.size()));
+    CHECK(cudaMemcpy(table, t.data(), sizeof(float*) * t.size(), cudaMemcpyHostToDevice));
+    view = dflash::cuda::DeviceKvView{table, table + n_chunks, kChunk, n, nkv, hd, f16};
+  }
+  ~Kv() {
+    CHECK(cudaFree(k));
+    CHECK(cudaFree(v));
+    CHECK(cudaFree(table));
+  }
+  Kv(const Kv&) = delete;
+  Kv& operator=(const Kv&) = delete;
+};
+
+struct Shape {
+  const char* name;
+  int64_t nh, nkv, hd;
+};
+const Shape kShapes[] = {{"qwen3-8b", 32, 8, 128}, {"qwen3.5-27b", 24, 4, 256}};
+
+// The --decode table (see the header).
+void decode_table(const std::vector<int64_t>& sizes, bool tuning) {
+  namespace cu = dflash::cuda;
+  const double copy_rate = bench::device_copy_rate();
+  std::vector<int> variants = {cu::attn_decode::tuning().split_factor};
+  if (tuning) variants = {1, 2, 3};
+  cudaStream_t stream = nullptr;
+  CHECK(cudaStreamCreate(&stream));
+  std::printf("%-12s %6s %4s %5s %5s %6s %10s %9s %8s\n", "shape", "ctx", "kv", "n_q", "split", "splits",
+              "us/call", "GB/s", "of copy");
+  for (const Shape& s : kShapes)
+    for (int64_t n : sizes)
+      for (bool f16 : {false, true}) {
+        const size_t kv_bytes = static_cast<size_t>(n * s.nkv * s.hd) * 2 * (f16 ? 2 : 4);
+        const int copies = static_cast<int>(std::max<size_t>(1, ((size_t{256} << 20) + kv_bytes - 1) / kv_bytes));
+        std::vector<std::unique_ptr<Kv>> kvs;
+        for (int c = 0; c < copies; ++c) kvs.push_back(std::make_unique<Kv>(n + 32, s.nkv, s.hd, f16, 7 + 2 * c));
+        for (int64_t n_q : {int64_t{1}, int64_t{16}}) {
+          const size_t q_elems = static_cast<size_t>(n_q * s.nh * s.hd);
+          float *q = nullptr, *out = nullptr;
+          CHECK(cudaMalloc(&q, sizeof(float) * q_elems));
+          CHECK(cudaMalloc(&out, sizeof(float) * q_elems));
+          fill_random(q, q_elems, 1);
+          cu::DeviceAttnMask mask;
+          mask.n_prefix = n;
+          const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
+          for (const int split_factor : variants) {
+            cu::attn_decode::tuning().split_factor = split_factor;
+            cu::DeviceKvView view = kvs[0]->view;
+            view.n_tokens = n + n_q;
+            const size_t ws_bytes = cu::attention_workspace_bytes(n_q, s.nh, view, mask);
+            void* ws = nullptr;
+            if (ws_bytes > 0) CHECK(cudaMalloc(&ws, ws_bytes));
+            const float ms = bench::graph_ms(stream, 4 * copies, [&](cudaStream_t st, int r) {
+              cu::DeviceKvView vr = kvs[r % copies]->view;
+              vr.n_tokens = n + n_q;
+              CHECK(cu::attention(q, n_q, s.nh, vr, mask, scale, out, ws, ws_bytes, st));
+            });
+            const size_t splits = ws_bytes == 0 ? 1 : ws_bytes / (sizeof(float) * q_elems / s.hd * (s.hd + 2));
+            const double gbs = static_cast<double>(kv_bytes) / (ms * 1e-3) / 1e9;
+            std::printf("%-12s %6lld %4s %5lld %5d %6zu %10.2f %9.0f %8.2f\n", s.name, static_cast<long long>(n),
+                        f16 ? "f16" : "f32", static_cast<long long>(n_q), split_factor, splits,
+                        ms * 1e3, gbs, gbs * 1e9 / copy_rate);
+            std::fflush(stdout);
+            if (ws) CHECK(cudaFree(ws));
+          }
+          CHECK(cudaFree(q));
+          CHECK(cudaFree(out));
+        }
+      }
+  CHECK(cudaStreamDestroy(stream));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   using dflash::cuda::AttnPrefillKernel;
-  bool with_old = true;
+  bool with_old = true, decode = false, tuning = false, f16 = false, sizes_given = false;
   std::vector<int64_t> sizes = {512, 4096, 16384, 32768};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       sizes = {4096};
     } else if (std::strcmp(argv[i], "--no-old") == 0) {
       with_old = false;
+    } else if (std::strcmp(argv[i], "--decode") == 0) {
+      decode = true;
+    } else if (std::strcmp(argv[i], "--tuning") == 0) {
+      tuning = true;
+    } else if (std::strcmp(argv[i], "--kv") == 0 && i + 1 < argc &&
+               (std::strcmp(argv[i + 1], "f32") == 0 || std::strcmp(argv[i + 1], "f16") == 0)) {
+      f16 = std::strcmp(argv[++i], "f16") == 0;
     } else if (std::strcmp(argv[i], "--sizes") == 0 && i + 1 < argc) {
       sizes.clear();
+      sizes_given = true;
       for (const char* p = argv[++i]; *p != '\0';) {
         char* end = nullptr;
         const long v = std::strtol(p, &end, 10);
@@ -65,42 +180,32 @@ int main(int argc, char** argv) {
         p = *end == ',' ? end + 1 : end;
       }
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--no-old] [--sizes 512,4096,...]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--quick] [--no-old] [--sizes 512,4096,...] [--kv f32|f16]\n"
+                   "       %s --decode [--sizes ...] [--tuning]\n",
+                   argv[0], argv[0]);
       return 2;
     }
   }
+  if (decode) {
+    if (!sizes_given) sizes = {512, 4096, 32768};
+    decode_table(sizes, tuning);
+    return 0;
+  }
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-
-  struct Shape {
-    const char* name;
-    int64_t nh, nkv, hd;
-  };
-  const Shape shapes[] = {{"qwen3-8b", 32, 8, 128}, {"qwen3.5-27b", 24, 4, 256}};
-  constexpr int64_t kChunk = 64;
+  std::printf("device: %s, %d SMs; K/V %s\n", prop.name, prop.multiProcessorCount, f16 ? "fp16" : "float32");
   std::printf("%-12s %6s %6s %3s %10s %9s %8s %9s %8s %8s %10s\n", "shape", "n", "heads", "hd", "old ms", "old TF/s",
               "new ms", "new TF/s", "splits", "speedup", "rel diff");
-  for (const Shape& s : shapes)
+  for (const Shape& s : kShapes)
     for (int64_t n : sizes) {
       const size_t q_elems = static_cast<size_t>(n * s.nh * s.hd);
-      const int64_t n_chunks = (n + kChunk - 1) / kChunk;
-      const size_t chunk_elems = static_cast<size_t>(kChunk * s.nkv * s.hd);
-      float *q = nullptr, *k = nullptr, *v = nullptr, *out_new = nullptr, *out_old = nullptr;
+      float *q = nullptr, *out_new = nullptr, *out_old = nullptr;
       CHECK(cudaMalloc(&q, sizeof(float) * q_elems));
       CHECK(cudaMalloc(&out_new, sizeof(float) * q_elems));
-      CHECK(cudaMalloc(&k, sizeof(float) * chunk_elems * n_chunks));
-      CHECK(cudaMalloc(&v, sizeof(float) * chunk_elems * n_chunks));
       fill_random(q, q_elems, 1);
-      fill_random(k, chunk_elems * n_chunks, 2);
-      fill_random(v, chunk_elems * n_chunks, 3);
-      std::vector<const float*> table;
-      for (int64_t c = 0; c < n_chunks; ++c) table.push_back(k + c * chunk_elems);
-      for (int64_t c = 0; c < n_chunks; ++c) table.push_back(v + c * chunk_elems);
-      const float** dtable = nullptr;
-      CHECK(cudaMalloc(&dtable, sizeof(float*) * table.size()));
-      CHECK(cudaMemcpy(dtable, table.data(), sizeof(float*) * table.size(), cudaMemcpyHostToDevice));
-      dflash::cuda::DeviceKvView kv{dtable, dtable + n_chunks, kChunk, n, s.nkv, s.hd};
+      const Kv kvs(n, s.nkv, s.hd, f16, 2);
+      const dflash::cuda::DeviceKvView& kv = kvs.view;
       dflash::cuda::DeviceAttnMask mask;  // causal, no prefix
       const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
       const size_t ws_new = dflash::cuda::attention_workspace_bytes_with(AttnPrefillKernel::kTensorCore, n, s.nh, kv, mask);
@@ -151,11 +256,8 @@ int main(int argc, char** argv) {
                   old_tf_s, new_ms, new_tf, splits, speed_s, diff_s);
       std::fflush(stdout);
       if (ws) CHECK(cudaFree(ws));
-      CHECK(cudaFree(dtable));
       CHECK(cudaFree(q));
       CHECK(cudaFree(out_new));
-      CHECK(cudaFree(k));
-      CHECK(cudaFree(v));
     }
   CHECK(cudaDeviceSynchronize());
   return 0;

@@ -1,13 +1,15 @@
 // Kernels of attention.h.
 //
 // Prefill-shaped calls (n_q > 32, kCausal or kFull) run the tensor-core kernel of attention_mma.cu (f16
-// inputs, f32 softmax and accumulators); everything else, and those calls too when asked through
-// attention_internal.h (benchmarks), runs the float32 kernel below.
+// inputs, f32 softmax and accumulators); path mode (decode, chain verify, trees of up to 128 nodes) runs the
+// kernel of attention_decode.cu; everything else, and prefill-shaped calls too when asked through
+// attention_internal.h (benchmarks, token-exact steps), runs the float32 kernel below.
 //
-// One kernel template attn_kernel<HD, R, T> serves decode, path mode and trees of more than 128 nodes
-// (and, on request, prefill). A block owns R "rows" of one KV head: row g = query i * group + head-of-group
-// hg (query-major), i.e. every query head that reads this KV head, so one K/V tile in shared memory serves
-// the whole group. Block (x, y, z) = (row block, KV head, key split). Per tile of T keys:
+// One kernel template attn_kernel<HD, R, T> serves small calls outside path mode (a windowed causal block,
+// a kFull block such as the draft's), trees of more than 128 nodes and, on request, prefill. A block owns R
+// "rows" of one KV head: row g = query i * group + head-of-group hg (query-major), i.e. every query head
+// that reads this KV head, so one K/V tile in shared memory serves the whole group. Block (x, y, z) = (row
+// block, KV head, key split). Per tile of T keys:
 //   1. K and V rows of the tile -> shared memory (16-byte loads, chunk table lookup per key); for a kTree
 //      mask each row's visible slots in the tile as a 64-bit mask, by walking its parent chain down to the
 //      tile's first slot;
@@ -30,6 +32,7 @@
 
 #include "ops/cuda/attention_internal.h"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/warp_reduce.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -57,8 +60,6 @@ struct Params {
   float* part_acc;  // [n_splits][n_q * n_heads][HD]
   float* part_ml;   // [n_splits][n_q * n_heads][2]
   const int32_t* lengths;  // device {n_prefix, n_tokens} overriding the fields above, or null
-  int32_t path_mode;         // 1: a block per query, its keys walked as plain decoding at its position would
-  int32_t blocks_per_query;  // path mode: row blocks of one query (ceil(group / R))
   int32_t kv_f16;            // 1: K/V chunks hold fp16 elements
 };
 
@@ -69,16 +70,6 @@ __device__ __forceinline__ float4 load_kv4(const float* chunk, int64_t off, bool
   const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&h.x));
   const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&h.y));
   return make_float4(a.x, a.y, b.x, b.y);
-}
-
-// Path mode takes trees of at most this many nodes (a node's path to the root is shorter).
-constexpr int kMaxPathQueries = 128;
-
-// Keys per split of a fixed-split (decode) plan: the visible keys cut into n_splits ranges of whole tiles.
-__host__ __device__ inline int64_t decode_keys_per_split(int64_t max_keys, int n_splits, int tile) {
-  int64_t kps = (max_keys + n_splits - 1) / n_splits;
-  kps = (kps + tile - 1) / tile * tile;
-  return kps < tile ? tile : kps;
 }
 
 template <int HD, int R, int T>
@@ -100,18 +91,8 @@ struct Shape {
   static constexpr int kL = kM + R;
   static constexpr int kC = kL + R;
   static constexpr int kMask = kC + R;  // R uint64, 8-byte aligned since R % 16 == 0
-  static constexpr int kPath = kMask + 2 * R;  // path mode: the query's depth, then its path's slots
-  static constexpr size_t kBytes = sizeof(float) * kPath + sizeof(int32_t) * (1 + kMaxPathQueries);
+  static constexpr size_t kBytes = sizeof(float) * (kMask + 2 * R);
 };
-
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 template <int HD, int R, int T>
 __global__ void __launch_bounds__(kThreads) attn_kernel(Params p) {
@@ -127,24 +108,15 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(Params p) {
   float* l_s = smem + S::kL;
   float* c_s = smem + S::kC;
   uint64_t* tmask = reinterpret_cast<uint64_t*>(smem + S::kMask);
-  int32_t* path_s = reinterpret_cast<int32_t*>(smem + S::kPath);  // [0]: depth; [1 + d]: slot at depth d
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int kvh = blockIdx.y;
   const int split = blockIdx.z;
   const int group = p.group;
-  const bool path = p.path_mode != 0;
   const bool tree = p.kind == static_cast<int32_t>(AttnMaskKind::kTree);
-  // Rows [row0, row_end) of the block: R of all the rows, or (path mode) R of one query's group.
-  int64_t row0, row_end;
-  if (path) {
-    const int64_t i = blockIdx.x / p.blocks_per_query, sub = blockIdx.x % p.blocks_per_query;
-    row0 = i * group + sub * R;
-    row_end = i * group + std::min<int64_t>(group, (sub + 1) * R);
-  } else {
-    row0 = static_cast<int64_t>(blockIdx.x) * R;
-    row_end = std::min<int64_t>(row0 + R, p.n_q * group);
-  }
+  // Rows [row0, row_end) of the block.
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * R;
+  const int64_t row_end = std::min<int64_t>(row0 + R, p.n_q * group);
   int64_t n_prefix = p.n_prefix, n_tokens = p.n_tokens, keys_per_split = p.keys_per_split;
   if (p.lengths != nullptr) {
     n_prefix = p.lengths[0];
@@ -153,36 +125,12 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(Params p) {
 
   // Keys this block may see: every query of the block sees nothing past n_prefix + i_hi (causal, tree).
   int64_t kend = n_tokens;
-  if (path) {
-    // The query at depth d sees the prefix and its path: virtual keys [0, n_prefix + d], key n_prefix + e
-    // being its ancestor at depth e (a chain's slot e). Split and tiled as a one-token decode at position
-    // n_prefix + d splits and tiles its keys, so the output is that decode's, bit for bit.
-    const int64_t i = row0 / group;
-    if (tid == 0) {
-      int32_t depth = static_cast<int32_t>(i);
-      if (tree) {  // two walks up the parents: the depth, then the slots from the deepest up
-        // (a malformed parent, parents[a] >= a, ends the walk rather than loop)
-        depth = 0;
-        for (int64_t a = i; p.parents[a] >= 0 && p.parents[a] < a; a = p.parents[a]) ++depth;
-        int32_t d = depth;
-        for (int64_t a = i;; a = p.parents[a]) {
-          path_s[1 + d] = static_cast<int32_t>(a);
-          if (d-- == 0) break;
-        }
-      }
-      path_s[0] = depth;
-    }
-    __syncthreads();
-    kend = std::min<int64_t>(kend, n_prefix + path_s[0] + 1);
-    keys_per_split = decode_keys_per_split(kend, p.n_splits, T);
-  } else {
-    if (p.kind != static_cast<int32_t>(AttnMaskKind::kFull)) {
-      if (p.lengths != nullptr) keys_per_split = decode_keys_per_split(std::min<int64_t>(n_tokens, n_prefix + p.n_q),
-                                                                       p.n_splits, T);
-      kend = std::min<int64_t>(kend, n_prefix + (row_end - 1) / group + 1);
-    } else if (p.lengths != nullptr) {
-      keys_per_split = decode_keys_per_split(n_tokens, p.n_splits, T);
-    }
+  if (p.kind != static_cast<int32_t>(AttnMaskKind::kFull)) {
+    if (p.lengths != nullptr) keys_per_split = decode_keys_per_split(std::min<int64_t>(n_tokens, n_prefix + p.n_q),
+                                                                     p.n_splits, T);
+    kend = std::min<int64_t>(kend, n_prefix + (row_end - 1) / group + 1);
+  } else if (p.lengths != nullptr) {
+    keys_per_split = decode_keys_per_split(n_tokens, p.n_splits, T);
   }
   const int64_t kb = split * keys_per_split;
   const int64_t ke = std::min<int64_t>(kend, kb + keys_per_split);
@@ -216,17 +164,15 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(Params p) {
       const int64_t j = j0 + t;
       float4 kv4 = make_float4(0.f, 0.f, 0.f, 0.f), vv4 = kv4;
       if (j < ke) {
-        // Path mode: virtual key j past the prefix is the path's slot at depth j - n_prefix.
-        const int64_t pj = path && tree && j >= n_prefix ? n_prefix + path_s[1 + (j - n_prefix)] : j;
-        const int64_t c = pj / p.chunk_tokens;
-        const int64_t off = ((pj - c * p.chunk_tokens) * p.n_kv_heads + kvh) * HD + 4 * d4;
+        const int64_t c = j / p.chunk_tokens;
+        const int64_t off = ((j - c * p.chunk_tokens) * p.n_kv_heads + kvh) * HD + 4 * d4;
         kv4 = load_kv4(p.k_chunks[c], off, p.kv_f16 != 0);
         vv4 = load_kv4(p.v_chunks[c], off, p.kv_f16 != 0);
       }
       *reinterpret_cast<float4*>(Ks + t * S::KS + 4 * d4) = kv4;
       *reinterpret_cast<float4*>(Vs + t * S::VS + 4 * d4) = vv4;
     }
-    const bool tree_tile = !path && tree && j0 + T > n_prefix;
+    const bool tree_tile = tree && j0 + T > n_prefix;
     if (tree_tile && tid < R) {
       const int64_t g = row0 + tid;
       uint64_t mk = 0;
@@ -249,7 +195,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(Params p) {
       const int r = e / T, t = e % T;
       const int64_t g = row0 + r, j = j0 + t;
       bool vis = g < row_end && j < ke;
-      if (vis && !path && j >= n_prefix) {
+      if (vis && j >= n_prefix) {
         const int64_t i = g / group, s = j - n_prefix;
         if (p.kind == static_cast<int32_t>(AttnMaskKind::kCausal)) vis = s <= i;
         else if (p.kind == static_cast<int32_t>(AttnMaskKind::kTree)) vis = (tmask[r] >> t) & 1u;
@@ -349,24 +295,37 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(Params p) {
   }
 }
 
-// One block per output row (query, head); threads over the head dim.
-__global__ void merge_kernel(const float* part_acc, const float* part_ml, int n_splits, int64_t n_rows, int hd,
-                             float* out) {
+// One block of kMergeThreads per output row (query, head). The split maxima, weights e^(m_s - M) and the sum
+// L are computed across the threads (splits in parallel, then a fixed-order reduction), so the row's
+// latency is a few loads deep rather than n_splits; then each thread sums its head-dim columns over the
+// splits in split order.
+constexpr int kMergeThreads = 128;
+constexpr int kMaxSplits = 256;
+
+__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const float* part_acc, const float* part_ml,
+                                                              int n_splits, int64_t n_rows, int hd, float* out) {
   pdl_begin();
+  __shared__ float w_s[kMaxSplits];
+  __shared__ float red[kMergeThreads / 32];
   const int64_t row = blockIdx.x;
-  float M = -INFINITY;
-  for (int s = 0; s < n_splits; ++s) M = fmaxf(M, part_ml[2 * (s * n_rows + row)]);
-  float L = 0.0f;
-  for (int s = 0; s < n_splits; ++s) {
-    const float m = part_ml[2 * (s * n_rows + row)];
-    if (m != -INFINITY) L += part_ml[2 * (s * n_rows + row) + 1] * expf(m - M);
+  float m = -INFINITY;
+  for (int s = threadIdx.x; s < n_splits; s += kMergeThreads) m = fmaxf(m, part_ml[2 * (s * n_rows + row)]);
+  const float M = block_reduce<kMergeThreads, true>(m, red);
+  float l = 0.0f;
+  for (int s = threadIdx.x; s < n_splits; s += kMergeThreads) {
+    const float ms = part_ml[2 * (s * n_rows + row)];
+    const float w = ms == -INFINITY ? 0.0f : expf(ms - M);
+    w_s[s] = w;
+    if (w != 0.0f) l += part_ml[2 * (s * n_rows + row) + 1] * w;
   }
+  const float L = block_reduce<kMergeThreads, false>(l, red);  // its barriers also publish w_s
   const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+  for (int d = threadIdx.x; d < hd; d += kMergeThreads) {
     float a = 0.0f;
+#pragma unroll 8
     for (int s = 0; s < n_splits; ++s) {
-      const float m = part_ml[2 * (s * n_rows + row)];
-      if (m != -INFINITY) a += part_acc[(s * n_rows + row) * hd + d] * expf(m - M);
+      const float w = w_s[s];
+      if (w != 0.0f) a += part_acc[(s * n_rows + row) * hd + d] * w;
     }
     out[row * hd + d] = a * inv;
   }
@@ -374,11 +333,10 @@ __global__ void merge_kernel(const float* part_acc, const float* part_ml, int n_
 
 constexpr int64_t kDecodeMaxQueries = 32;
 constexpr int64_t kMinKeysPerSplit = 128;
-constexpr int kMaxSplits = 256;
 
 struct Plan {
   bool mma;   // the tensor-core kernel (attention_mma.cu); the fields below then describe its launch
-  bool path;  // path mode (Params::path_mode)
+  bool path;  // path mode: attention_decode.cu's kernel (rows_per_block and keys_per_tile unused)
   int blocks_per_query;
   int rows_per_block;
   int keys_per_tile;
@@ -386,6 +344,13 @@ struct Plan {
   int n_splits;
   int64_t keys_per_split;
 };
+
+// log2(chunk_tokens) when it is a power of two below 2^31, else -1.
+int chunk_shift(int64_t chunk_tokens) {
+  for (int b = 0; b < 31; ++b)
+    if (chunk_tokens == (int64_t{1} << b)) return b;
+  return -1;
+}
 
 int multiprocessors() {
   int dev = 0, sms = 0;
@@ -465,7 +430,7 @@ Plan make_plan(int64_t n_q, int64_t n_heads, const DeviceKvView& kv, const Devic
   pl.path = (mask.kind == AttnMaskKind::kTree && n_q <= kMaxPathQueries) ||
             (mask.kind == AttnMaskKind::kCausal && mask.window == 0 && n_q <= kDecodeMaxQueries);
   const bool decode = pl.path || n_q <= kDecodeMaxQueries;
-  pl.rows_per_block = decode ? 16 : 64;
+  pl.rows_per_block = pl.path ? attn_decode::kMaxRows : decode ? 16 : 64;
   pl.keys_per_tile = decode ? 32 : (kv.head_dim >= 256 ? 16 : 32);
   const int64_t group = n_heads / kv.n_kv_heads;
   pl.blocks_per_query = static_cast<int>((group + pl.rows_per_block - 1) / pl.rows_per_block);
@@ -475,7 +440,7 @@ Plan make_plan(int64_t n_q, int64_t n_heads, const DeviceKvView& kv, const Devic
   // Path mode splits as the one-token decode does (the grid of one query), so its queries' outputs are
   // those decodes'.
   const int64_t base = (pl.path ? pl.blocks_per_query : pl.row_blocks) * kv.n_kv_heads;
-  const int64_t target = 2 * static_cast<int64_t>(multiprocessors());
+  const int64_t target = (pl.path ? attn_decode::tuning().split_factor : 2) * static_cast<int64_t>(multiprocessors());
   const size_t per_split = sizeof(float) * static_cast<size_t>(n_q * n_heads) * static_cast<size_t>(kv.head_dim + 2);
   if (decode) {  // a fixed number of ranges, whatever the key count (see attention.h)
     int64_t splits = base < target ? std::min<int64_t>((target + base - 1) / base, kMaxSplits) : 1;
@@ -559,9 +524,7 @@ cudaError_t attention_with(AttnPrefillKernel kernel, const float* q, int64_t n_q
     p.k_chunks = kv.k_chunks;
     p.v_chunks = kv.v_chunks;
     p.chunk_tokens = static_cast<int32_t>(kv.chunk_tokens);
-    p.chunk_shift = -1;
-    for (int b = 0; b < 31; ++b)
-      if (kv.chunk_tokens == (int64_t{1} << b)) p.chunk_shift = b;
+    p.chunk_shift = chunk_shift(kv.chunk_tokens);
     p.n_tokens = static_cast<int32_t>(kv.n_tokens);
     p.n_q = static_cast<int32_t>(n_q);
     p.causal = mask.kind == AttnMaskKind::kCausal ? 1 : 0;
@@ -580,6 +543,30 @@ cudaError_t attention_with(AttnPrefillKernel kernel, const float* q, int64_t n_q
     p.part_ml = part_ml;
     p.kv_f16 = kv.f16 ? 1 : 0;
     err = attn_mma::launch(p, static_cast<int>(kv.head_dim), stream);
+  } else if (pl.path) {
+    attn_decode::Params p{};
+    p.q = q;
+    p.out = out;
+    p.k_chunks = kv.k_chunks;
+    p.v_chunks = kv.v_chunks;
+    p.chunk_tokens = kv.chunk_tokens;
+    p.chunk_shift = chunk_shift(kv.chunk_tokens);
+    p.n_tokens = kv.n_tokens;
+    p.n_prefix = mask.n_prefix;
+    p.n_q = n_q;
+    p.parents = mask.parents;
+    p.tree = mask.kind == AttnMaskKind::kTree ? 1 : 0;
+    p.n_heads = static_cast<int32_t>(n_heads);
+    p.n_kv_heads = static_cast<int32_t>(kv.n_kv_heads);
+    p.group = static_cast<int32_t>(n_heads / kv.n_kv_heads);
+    p.blocks_per_query = pl.blocks_per_query;
+    p.scale = scale;
+    p.n_splits = pl.n_splits;
+    p.part_acc = part_acc;
+    p.part_ml = part_ml;
+    p.lengths = mask.lengths;
+    p.kv_f16 = kv.f16 ? 1 : 0;
+    err = attn_decode::launch(p, static_cast<int>(kv.head_dim), stream);
   } else {
     Params p{};
     p.q = q;
@@ -600,8 +587,6 @@ cudaError_t attention_with(AttnPrefillKernel kernel, const float* q, int64_t n_q
     p.n_splits = pl.n_splits;
     p.keys_per_split = pl.keys_per_split;
     p.lengths = n_q <= kDecodeMaxQueries ? mask.lengths : nullptr;
-    p.path_mode = pl.path ? 1 : 0;
-    p.blocks_per_query = pl.blocks_per_query;
     p.kv_f16 = kv.f16 ? 1 : 0;
     p.part_acc = part_acc;
     p.part_ml = part_ml;
@@ -614,8 +599,8 @@ cudaError_t attention_with(AttnPrefillKernel kernel, const float* q, int64_t n_q
   }
   if (err != cudaSuccess || pl.n_splits == 1) return err;
   if (n_rows > 2147483647) return cudaErrorInvalidValue;
-  launch_pdl(merge_kernel, dim3(static_cast<unsigned>(n_rows)), dim3(64), 0, stream, part_acc, part_ml, pl.n_splits,
-             n_rows, static_cast<int>(kv.head_dim), out);
+  launch_pdl(merge_kernel, dim3(static_cast<unsigned>(n_rows)), dim3(kMergeThreads), 0, stream, part_acc, part_ml,
+             pl.n_splits, n_rows, static_cast<int>(kv.head_dim), out);
   return cudaGetLastError();
 }
 

@@ -1,7 +1,7 @@
-// Device attention over the chunked KV layout (kernels in attention.cu, attention_mma.cu); the math of
-// cpu::attention (ops/cpu/ops.h), which is the reference: same masks, GQA mapping, scale, "a query that sees
-// no key gets zeros", a running max. Decode-shaped calls are float32 throughout; prefill-shaped calls run on
-// the tensor cores with f16 inputs (below).
+// Device attention over the chunked KV layout (kernels in attention.cu, attention_decode.cu and
+// attention_mma.cu); the math of cpu::attention (ops/cpu/ops.h), which is the reference: same masks, GQA
+// mapping, scale, "a query that sees no key gets zeros", a running max. Decode-shaped calls are float32
+// throughout; prefill-shaped calls run on the tensor cores with f16 inputs (below).
 //
 // KV layout (chosen to mirror the CPU KvStore, so that a paged store needs no copy): a device array of
 // device chunk pointers per tensor. Chunk c holds positions [c * chunk_tokens, (c + 1) * chunk_tokens) as
@@ -9,26 +9,26 @@
 // case of a table whose entries are buffer + c * chunk_tokens * nkv * hd. Every chunk pointer must be
 // 16-byte aligned (cudaMalloc gives 256); the tables themselves live in device memory.
 //
-// Kernels (the float32 attn_kernel template in two launch shapes, and the tensor-core prefill kernel):
+// Kernels:
 //   prefill (n_q > 32, kCausal with or without a window, or kFull): attn_mma_kernel (attention_mma.cu),
 //     FlashAttention-2 style: a block takes 128 rows = (query, head-of-the-group) pairs of one KV head (so a
 //     K/V tile in shared memory serves every query head of the group), 16 a warp; K/V tiles of 64 keys (32
 //     at hd 256) converted to f16 while staged; S = Q K^T and O += P V by mma.sync m16n8k16 (f16 inputs,
 //     f32 accumulators), online softmax in f32. Within f16 rounding of the reference (attention_test
 //     states the bound). attention_internal.h's kSimt runs these calls on the float32 kernel instead (a
-//     64-row launch of the kernel below), as token-exact steps do.
-//   kTree with n_q > 128: the float32 kernel's 64-row launch.
-//   decode (n_q <= 32, and trees of up to 128 nodes): 16 rows per block and split-K: the visible keys
-//     are cut into a fixed number of equal ranges (set by the grid's size, not the key count, so the
-//     launch is the same at every length) handled by different blocks, each leaving a partial (max, sum,
-//     unnormalised output) in the workspace; a merge kernel combines them. Prefill splits too when its
-//     grid alone would not fill the GPU.
+//     64-row launch of attn_kernel in attention.cu), as token-exact steps do.
 //   Path mode (a causal mask without a window and n_q <= 32 -- decode, chain verify --, or a tree of up
-//     to 128 nodes): each block serves one query, whose visible keys are walked as plain decoding at its
+//     to 128 nodes): the float32 decode kernel of attention_decode.cu. A block serves up to 16 heads of one
+//     query's group and one range of its keys; the query's visible keys are walked as plain decoding at its
 //     position would walk them: the prefix, then its ancestors in depth order (a chain's slots in order),
-//     in the tiles and split ranges a one-token call at position n_prefix + depth uses. So a verify
-//     step's query outputs equal plain decoding's of its path bit for bit (DFlash stays lossless on the
-//     GPU), given the workspace attention_workspace_bytes asks for (n_q times a decode's).
+//     cut into a fixed number of equal ranges (set by the grid's size, not the key count, so the launch is
+//     the same at every length) handled by different blocks, each leaving a partial (max, sum,
+//     unnormalised output) in the workspace that a merge kernel combines. So a verify step's query outputs
+//     equal plain decoding's of its path bit for bit (DFlash stays lossless on the GPU), given the
+//     workspace attention_workspace_bytes asks for (n_q times a decode's).
+//   Other calls of up to 32 queries (a windowed causal block, a kFull block such as the draft's) and trees
+//     of more than 128 nodes: the float32 attn_kernel (attention.cu), 16 rows per block (64 for trees) and
+//     split-K as above.
 // head_dim 64, 128 or 256.
 //
 // This header is included by nvcc-compiled code: no base/status.h (see attention_host.h for the Status API).

@@ -32,6 +32,61 @@ cudaError_t attention_with(AttnPrefillKernel kernel, const float* q, int64_t n_q
                            const DeviceKvView& kv, const DeviceAttnMask& mask, float scale, float* out, void* workspace,
                            size_t workspace_bytes, cudaStream_t stream = nullptr);
 
+// Path mode (attention.h) takes trees of at most this many nodes (a node's path to the root is shorter).
+constexpr int kMaxPathQueries = 128;
+
+// Keys per split of a fixed-split (decode) plan: the visible keys cut into n_splits ranges of whole tiles.
+__host__ __device__ inline int64_t decode_keys_per_split(int64_t max_keys, int n_splits, int tile) {
+  int64_t kps = (max_keys + n_splits - 1) / n_splits;
+  kps = (kps + tile - 1) / tile * tile;
+  return kps < tile ? tile : kps;
+}
+
+namespace attn_decode {
+
+// One launch of the path-mode decode kernel (attention_decode.cu): grid (n_q * blocks_per_query, n_kv_heads,
+// n_splits). A block takes up to kMaxRows heads of one query's group (blocks_per_query = ceil(group /
+// kMaxRows)); query i of a kCausal call is a chain's node at depth i, of a kTree call the node whose path
+// `parents` gives.
+struct Params {
+  const float* q;
+  float* out;
+  const float* const* k_chunks;
+  const float* const* v_chunks;
+  int64_t chunk_tokens;
+  int32_t chunk_shift;  // log2(chunk_tokens) when a power of two, else -1
+  int64_t n_tokens;
+  int64_t n_prefix;
+  int64_t n_q;
+  const int32_t* parents;  // tree only
+  int32_t tree;
+  int32_t n_heads;
+  int32_t n_kv_heads;
+  int32_t group;
+  int32_t blocks_per_query;
+  float scale;
+  int32_t n_splits;
+  float* part_acc;          // n_splits > 1: [n_splits][n_q * n_heads][head_dim]
+  float* part_ml;           // [n_splits][n_q * n_heads][2]: (max, sum)
+  const int32_t* lengths;   // device {n_prefix, n_tokens} overriding the fields above, or null
+  int32_t kv_f16;           // 1: K/V chunks hold fp16 elements
+};
+
+constexpr int kMaxRows = 16;
+
+// The launch shape: splits = ceil(split_factor * SMs / (blocks of one query)). It sets the order of the sums,
+// so it must not change while a decode and its verify are compared: the setter is for benchmarks only
+// (process-wide, not thread-safe).
+struct Tuning {
+  int split_factor = 2;
+};
+Tuning& tuning();
+
+// Enqueues the kernel (head_dim 64, 128 or 256); the caller merges split partials.
+cudaError_t launch(const Params& p, int head_dim, cudaStream_t stream);
+
+}  // namespace attn_decode
+
 namespace attn_mma {
 
 // One launch of attn_mma_kernel. Rows are (query, head-of-group) pairs of one KV head, query-major (row g =

@@ -8,6 +8,7 @@
 
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/quantize_q8.cuh"
+#include "ops/cuda/warp_reduce.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -17,37 +18,6 @@ namespace dflash::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ double warp_sum(double v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// Sum over the block (kThreads threads); every thread gets the result. `scratch` holds kThreads/32 values.
-__device__ double block_sum(double v, double* scratch) {
-  v = warp_sum(v);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // scratch may still be read from a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  double t = 0.0;
-  for (int w = 0; w < kThreads / 32; ++w) t += scratch[w];
-  return t;
-}
-__device__ float block_max(float v, float* scratch) {
-  v = warp_max(v);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float t = -INFINITY;
-  for (int w = 0; w < kThreads / 32; ++w) t = fmaxf(t, scratch[w]);
-  return t;
-}
 
 // Rows (and the weights) are held in registers between the sum and the scaling, and each thread issues
 // all its loads before its first store (stores may alias later loads, which would otherwise serialize
@@ -121,7 +91,7 @@ __global__ void rms_norm_block_kernel(float* x, int64_t xs, const float* delta, 
   double sum = 0.0;
 #pragma unroll
   for (int k = 0; k < kBlockPer; ++k) sum += static_cast<double>(v[k]) * v[k];
-  sum = block_sum(sum, scratch);
+  sum = block_reduce<kThreads, false>(sum, scratch);
   const float mean = dim > 0 ? static_cast<float>(sum / static_cast<double>(dim)) : 0.0f;
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
 #pragma unroll
@@ -145,7 +115,7 @@ __global__ void rms_norm_long_kernel(float* x, int64_t xs, const float* delta, c
   }
   double sum = 0.0;
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) sum += static_cast<double>(xr[i]) * xr[i];
-  sum = block_sum(sum, scratch);
+  sum = block_reduce<kThreads, false>(sum, scratch);
   const float mean = dim > 0 ? static_cast<float>(sum / static_cast<double>(dim)) : 0.0f;
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
   for (int64_t i = threadIdx.x; i < dim; i += kThreads)
@@ -225,7 +195,7 @@ __global__ void softmax_rows_kernel(float* x, int64_t dim) {
   float* v = x + static_cast<int64_t>(blockIdx.x) * dim;
   float mx = -INFINITY;
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) mx = fmaxf(mx, v[i]);
-  mx = block_max(mx, fscratch);
+  mx = block_reduce<kThreads, true>(mx, fscratch);
   if (mx == -INFINITY) {
     for (int64_t i = threadIdx.x; i < dim; i += kThreads) v[i] = 0.0f;
     return;
@@ -236,7 +206,7 @@ __global__ void softmax_rows_kernel(float* x, int64_t dim) {
     v[i] = e;
     sum += e;
   }
-  sum = block_sum(sum, dscratch);
+  sum = block_reduce<kThreads, false>(sum, dscratch);
   const float inv = static_cast<float>(1.0 / sum);
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) v[i] = __fmul_rn(v[i], inv);
 }

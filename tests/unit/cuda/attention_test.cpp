@@ -1,5 +1,5 @@
 // Device attention (ops/cuda/attention.h) against cpu::attention on random inputs: causal with a prefix,
-// tree with random parents, full; GQA groups 1, 2, 4, 6, 8; head_dim 64, 128, 256; n_q 1, 5, 16 (decode),
+// tree with random parents, full; GQA groups 1, 2, 4, 6, 8, 12, 20; head_dim 64, 128, 256; n_q 1, 5, 16 (decode),
 // 33, 100, 300, 1000 (prefill); key counts that are not a multiple of the 64-token chunk; sliding windows;
 // long contexts (split-K and its merge), with and without workspace. Outputs are poisoned with NaN first.
 //
@@ -324,7 +324,8 @@ TEST_F(AttentionTest, CausalSlidingWindow) {
 }
 
 // Long contexts: the decode kernel splits the keys across blocks and merges; prefill splits when its
-// grid is small. Also without workspace (no split) and with the prefix at a chunk boundary.
+// grid is small. Also without workspace (no split), with the prefix at a chunk boundary, GQA groups of 12
+// and 20 (the decode kernel's widest blocks, and two blocks a query) and fp16 chunks.
 TEST_F(AttentionTest, LongContextSplitK) {
   SCOPED_TRACE(seed_note());
   for (int64_t hd : {64, 128, 256}) {
@@ -336,6 +337,11 @@ TEST_F(AttentionTest, LongContextSplitK) {
     run_case({hd, 16, 2, 16, 2047, cpu::MaskKind::kFull});
     run_case({hd, 4, 1, 100, 2500, cpu::MaskKind::kCausal});
     run_case({hd, 4, 1, 33, 3333, cpu::MaskKind::kTree, 4.0f});
+    run_case({hd, 24, 2, 1, 4099, cpu::MaskKind::kCausal});  // group 12: the decode kernel's 16-row blocks
+    run_case({hd, 40, 2, 5, 3000, cpu::MaskKind::kTree});    // group 20: two blocks a query
+    Case h{hd, 32, 8, 1, 5000, cpu::MaskKind::kCausal};
+    h.f16_kv = true;
+    run_case(h);
   }
   print_worst("long");
 }
@@ -389,22 +395,25 @@ TEST_F(AttentionTest, TensorCorePrefillSplitK) {
 // A verify step's queries against plain decoding, bit for bit: chain (causal, n_q <= 32) and tree queries
 // (up to 128 nodes) each equal a one-token causal call whose keys are the prefix and the query's path laid
 // out in order (what plain decoding of that path stored), at prefixes that split the keys and ones that
-// do not. Path mode (attention.h) is what makes DFlash lossless on the GPU; a tolerance would not do.
+// do not, on float32 and fp16 chunks. Path mode (attention.h) is what makes DFlash lossless on the GPU; a
+// tolerance would not do.
 TEST_F(AttentionTest, VerifyQueriesEqualPlainDecodeBitForBit) {
   SCOPED_TRACE(seed_note());
   struct Shape {
     int64_t hd, nh, nkv, n_q, n_prefix;
     cpu::MaskKind kind;
+    bool f16 = false;  // fp16 chunks
   };
   const Shape shapes[] = {
       {128, 32, 8, 16, 1000, cpu::MaskKind::kCausal}, {128, 32, 8, 23, 1000, cpu::MaskKind::kTree},
       {256, 24, 4, 23, 4099, cpu::MaskKind::kTree},   {64, 8, 2, 41, 70, cpu::MaskKind::kTree},
       {128, 16, 2, 128, 300, cpu::MaskKind::kTree},   {128, 4, 4, 17, 0, cpu::MaskKind::kCausal},
       {64, 40, 2, 9, 5, cpu::MaskKind::kTree},  // group 20: two row blocks a query
+      {128, 32, 8, 16, 1000, cpu::MaskKind::kCausal, true}, {256, 24, 4, 23, 4099, cpu::MaskKind::kTree, true},
   };
   for (const Shape& c : shapes) {
     SCOPED_TRACE("hd=" + std::to_string(c.hd) + " nh=" + std::to_string(c.nh) + " nkv=" + std::to_string(c.nkv) +
-                 " n_q=" + std::to_string(c.n_q) + " n_prefix=" + std::to_string(c.n_prefix));
+                 " n_q=" + std::to_string(c.n_q) + " n_prefix=" + std::to_string(c.n_prefix) + (c.f16 ? " f16" : ""));
     const size_t tok = static_cast<size_t>(c.nkv * c.hd), row = static_cast<size_t>(c.nh * c.hd);
     const int64_t n_tokens = c.n_prefix + c.n_q;
     const auto keys = normal(static_cast<size_t>(n_tokens) * tok), vals = normal(static_cast<size_t>(n_tokens) * tok);
@@ -427,10 +436,18 @@ TEST_F(AttentionTest, VerifyQueriesEqualPlainDecodeBitForBit) {
           std::copy_n(keys.begin() + order[t] * tok, tok, kc.begin() + (t - ch * kChunk) * tok);
           std::copy_n(vals.begin() + order[t] * tok, tok, vc.begin() + (t - ch * kChunk) * tok);
         }
-        dk.push_back(arena.upload(kc));
-        dv.push_back(arena.upload(vc));
+        if (c.f16) {
+          std::vector<uint16_t> kh(kc.size()), vh(vc.size());
+          for (size_t e = 0; e < kc.size(); ++e) kh[e] = fp32_to_fp16(kc[e]);
+          for (size_t e = 0; e < vc.size(); ++e) vh[e] = fp32_to_fp16(vc[e]);
+          dk.push_back(reinterpret_cast<const float*>(arena.upload(kh)));
+          dv.push_back(reinterpret_cast<const float*>(arena.upload(vh)));
+        } else {
+          dk.push_back(arena.upload(kc));
+          dv.push_back(arena.upload(vc));
+        }
       }
-      cuda::DeviceKvView dkv{arena.upload(dk), arena.upload(dv), kChunk, n, c.nkv, c.hd};
+      cuda::DeviceKvView dkv{arena.upload(dk), arena.upload(dv), kChunk, n, c.nkv, c.hd, c.f16};
       float* dout = arena.alloc<float>(static_cast<size_t>(n_q) * row);
       ASSERT_NE(dout, nullptr);
       DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dout), static_cast<size_t>(n_q) * row, kNaN));
