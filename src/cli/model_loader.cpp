@@ -37,13 +37,15 @@ void add_placement_flags(CLI::App* cmd, PlacementFlags* flags) {
       ->check([](const std::string& v) { return v.empty() ? std::string("--target-devices is empty") : std::string(); });
   cmd->add_option("--target-layer-split", flags->target_layer_split,
                   "positive weights of the devices' layer shares, one per device (default equal)");
-  cmd->add_option("--kv-type", flags->kv_type, "attention KV elements: f32, or f16 (half the memory)")
+  cmd->add_option("--kv-type", flags->kv_type,
+                  "attention KV elements: f32, f16 (half the memory), or auto (f16 when every shard is a GPU, "
+                  "else f32)")
       ->capture_default_str();
 }
 
 Status check_placement_flags(const PlacementFlags& where) {
-  if (where.kv_type != "f32" && where.kv_type != "f16")
-    return invalid_argument("--kv-type {}: f32 or f16", where.kv_type);
+  if (where.kv_type != "auto" && where.kv_type != "f32" && where.kv_type != "f16")
+    return invalid_argument("--kv-type {}: auto, f32 or f16", where.kv_type);
   if (!where.target_devices.empty() && where.device != "cpu")
     return invalid_argument("--device and --target-devices exclude each other (name the devices in --target-devices)");
   if (where.target_devices.empty()) {
@@ -56,9 +58,13 @@ Status check_placement_flags(const PlacementFlags& where) {
 
 namespace {
 
-// --kv-type on every shard's backend.
+// --kv-type on every shard's backend. auto: f16 when every shard is a GPU (its attention reads half the
+// bytes, and fp16 is what GPU servers keep), f32 when any shard is the CPU (whose fp16 reads are slower).
 void set_kv_type(LoadedModel& m, const PlacementFlags& where) {
-  const cpu::KvType t = where.kv_type == "f16" ? cpu::KvType::kF16 : cpu::KvType::kF32;
+  bool all_gpu = true;
+  for (const RunnerShard& sh : m.runner->shards()) all_gpu = all_gpu && sh.backend->device_memory();
+  const bool f16 = where.kv_type == "f16" || (where.kv_type == "auto" && all_gpu);
+  const cpu::KvType t = f16 ? cpu::KvType::kF16 : cpu::KvType::kF32;
   for (const RunnerShard& sh : m.runner->shards())
     if (auto* cpu_be = dynamic_cast<CpuBackend*>(sh.backend)) cpu_be->set_kv_type(t);
 #ifdef DFLASH_HAVE_CUDA

@@ -23,7 +23,8 @@ struct PlacementFlags {
   std::string device = "cpu";    // --device cpu | cuda:N
   std::string target_devices;    // --target-devices cuda:0,cuda:1,cpu (excludes --device)
   std::string target_layer_split;  // --target-layer-split w0,w1,... (default equal)
-  std::string kv_type = "f32";     // --kv-type f32 | f16 (the attention KV's element type; f16: CPU shards only)
+  std::string kv_type = "auto";    // --kv-type auto | f32 | f16 (the attention KV's element type; auto: f16
+                                   // when every shard is a GPU, else f32)
 };
 // Registers --device, --target-devices, --target-layer-split and --kv-type on `cmd`.
 void add_placement_flags(CLI::App* cmd, PlacementFlags* flags);
