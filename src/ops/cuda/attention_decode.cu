@@ -2,12 +2,14 @@
 // up to 32 queries without a window) and trees of up to 128 nodes, every query's keys walked as plain
 // decoding at its position walks them.
 //
-// Block (x, y, z) = (query i and row block of its group, KV head, key split); 4 warps. A block takes R rows:
-// the heads of query i's group that read this KV head (R = 4, 8 or 16, the group rounded up), R / 4 a warp.
-// Its split's keys [kb, ke) are streamed in tiles of 32 through a ring of kStages shared-memory stages by
-// cp.async (K and V rows as stored, fp16 or float32, rows padded by 16 bytes): while the block computes
-// tile k, tiles k + 1 .. k + kStages - 1 are in flight. Per tile, each warp for its rows, with one block
-// barrier (the stage it reads has landed, and the stage it refills is free):
+// Block (x, y, z) = (query i and row block of its group, KV head, key split); one or two groups of 4 warps.
+// A block takes R rows: the heads of query i's group that read this KV head (R = 4, 8 or 16, the group
+// rounded up), R / 4 a warp of each group. Its split's keys [kb, ke) are streamed in tiles of 32 through a
+// ring of shared-memory stages by cp.async (K and V rows as stored, fp16 or float32, rows padded by 16
+// bytes), a round of one tile per group at a time: while the groups compute round r, the next rounds are in
+// flight. Group g takes tiles g, g + 2, ... (two groups where a stage is small, so that an SM runs 16 warps
+// of fp16 decode). Per tile, each warp for its rows, with one block barrier a round (its stages have landed,
+// and the stages being refilled are free):
 //   1. scores, a lane per key: the lane dots its key's K row (fp16 converted exactly) with the row's query,
 //      staged once in shared memory as float32 (broadcast reads; the row padding keeps the lanes' reads of
 //      32 different K rows on distinct banks), in 4 / (R / 4) partial sums;
@@ -16,8 +18,8 @@
 //      the warp at the end);
 //   3. P V, a lane per head-dim slice: for each key of the tile, p (shuffled from its lane) times the
 //      lane's slice of the V row.
-// The warp then writes its rows: o / l (one split) or the partial (o, m, l) that attention.cu's merge_kernel
-// combines.
+// Group 1 then hands its rows' (m, l, acc) to group 0, which combines the two in group order and writes
+// o / l (one split) or the partial (o, m, l) that attention.cu's merge_kernel combines.
 //
 // Queries share no tiles: a verify query's blocks read the whole prefix, as its decode would. Blocks of up
 // to 32 / R queries sharing the prefix's tiles were measured (H100, 16 queries, fp16 KV, Qwen3-8B and
@@ -89,8 +91,7 @@ __device__ __forceinline__ void to_floats(const Raw<N*(F16 ? 2 : 4)>& r, float* 
   }
 }
 
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
+constexpr int kWarps = 4;  // warps of a group: a group computes one tile at a time
 
 template <int HD, int R, bool F16>
 struct Smem {
@@ -99,17 +100,27 @@ struct Smem {
   static constexpr int kPieces = kRowBytes / 16;  // 16-byte pieces of a K or V row
   static constexpr int kStride = kRowBytes + 16;  // bytes between rows of a stage (bank spread)
   static constexpr int kStageBytes = 2 * kTile * kStride;  // K rows, then V rows
-  static constexpr int kStages = kStageBytes <= 24 * 1024 ? 4 : kStageBytes <= 40 * 1024 ? 3 : 2;
+  // Groups of kWarps warps a block: group g computes the tiles k = g (mod kGroups). Two where a stage is
+  // small (fp16 rows of 128, rows of 64), so that two blocks of 8 warps fit an SM with 3 rounds in the ring;
+  // one otherwise (2-3 stages, two blocks an SM).
+  static constexpr int kGroups = kStageBytes <= 18 * 1024 ? 2 : 1;
+  static constexpr int kThreads = 32 * kWarps * kGroups;
+  static constexpr int kRoundBytes = kGroups * kStageBytes;  // a round: one tile for each group
+  static constexpr int kRounds = kRoundBytes <= 40 * 1024 ? 3 : kRoundBytes <= 72 * 1024 ? 2 : 1;  // in the ring
+  static constexpr int kStages = kGroups * kRounds;
   static constexpr size_t kQ = 0;                                           // float [R][HD]
   static constexpr size_t kStage0 = sizeof(float) * R * HD;                 // 16-byte aligned
-  static constexpr size_t kPath = kStage0 + size_t{kStages} * kStageBytes;  // int32 [1 + kMaxPathQueries]
+  static constexpr size_t kMl = kStage0 + size_t{kStages} * kStageBytes;    // float [R][2]: group 1's (m, l)
+  static constexpr size_t kAcc = kMl + sizeof(float) * R * 2;               // float [R][HD]: group 1's acc
+  static constexpr size_t kPath = kAcc + (kGroups > 1 ? sizeof(float) * R * HD : 0);  // int32 [1 + 128]
   static constexpr size_t kBytes = kPath + sizeof(int32_t) * (1 + kMaxPathQueries);
 };
 
 template <int HD, int R, bool F16>
-__global__ void __launch_bounds__(kThreads) decode_kernel(Params p) {
+__global__ void __launch_bounds__(Smem<HD, R, F16>::kThreads) decode_kernel(Params p) {
   pdl_begin();
   using S = Smem<HD, R, F16>;
+  constexpr int kGroups = S::kGroups, kThreads = S::kThreads;
   constexpr int RW = R / kWarps;             // rows a warp: row g = warp + kWarps * rr
   constexpr int P = 4 / RW;                  // partial sums a score
   constexpr int kPerPiece = 16 / S::kEs;     // elements of a 16-byte piece
@@ -120,7 +131,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(Params p) {
   char* stages = smem + S::kStage0;
   int32_t* path_s = reinterpret_cast<int32_t*>(smem + S::kPath);  // [0]: depth; [1 + d]: slot at depth d
 
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int tid = threadIdx.x, lane = tid % 32, warp = (tid / 32) % kWarps, group = tid / (32 * kWarps);
   const int kvh = blockIdx.y, split = blockIdx.z;
   const int64_t i = blockIdx.x / p.blocks_per_query;
   const int sub = static_cast<int>(blockIdx.x % p.blocks_per_query);
@@ -157,15 +168,17 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(Params p) {
   const int64_t kb = split * kps;
   const int64_t ke = std::min<int64_t>(kend, kb + kps);
   const int n_tiles = ke > kb ? static_cast<int>((ke - kb + kTile - 1) / kTile) : 0;
+  const int n_rounds = (n_tiles + kGroups - 1) / kGroups;
 
-  // Tile k's K and V rows -> stage k % kStages (keys past ke are not copied, and never read). A thread takes
-  // one row of the tile (kThreadsPerRow threads a row, interleaved 16-byte pieces), so it finds the row's
-  // chunk once a tile.
-  constexpr int kThreadsPerRow = kThreads / (2 * kTile);
+  // Round r's tiles (kGroups r + g) K and V rows -> stages (kGroups r + g) % kStages (keys past ke are not
+  // copied, and never read). A thread takes one row of one tile (kThreadsPerRow threads a row, interleaved
+  // 16-byte pieces), so it finds the row's chunk once a round.
+  constexpr int kThreadsPerRow = kThreads / (kGroups * 2 * kTile);
   const int copy_row = tid / kThreadsPerRow, copy_part = tid % kThreadsPerRow;
-  const int copy_kv = copy_row / kTile, copy_t = copy_row % kTile;
+  const int copy_g = copy_row / (2 * kTile), copy_kv = copy_row / kTile % 2, copy_t = copy_row % kTile;
   const float* const* copy_chunks = copy_kv == 0 ? p.k_chunks : p.v_chunks;
-  auto issue = [&](int k) {
+  auto issue = [&](int r) {
+    const int k = kGroups * r + copy_g;
     const int64_t j = kb + static_cast<int64_t>(k) * kTile + copy_t;
     if (j >= ke) return;
     const int64_t pj = p.tree && j >= n_prefix ? n_prefix + path_s[1 + (j - n_prefix)] : j;
@@ -177,8 +190,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(Params p) {
     for (int c = copy_part; c < S::kPieces; c += kThreadsPerRow) cp_async16(dst + 16 * c, src + 16 * c);
   };
 #pragma unroll
-  for (int k = 0; k < S::kStages - 1; ++k) {
-    if (k < n_tiles) issue(k);
+  for (int r = 0; r < S::kRounds - 1; ++r) {
+    if (r < n_rounds) issue(r);
     cp_async_commit();
   }
 
@@ -191,12 +204,21 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(Params p) {
     for (int d = 0; d < kDims; ++d) acc[rr][d] = 0.0f;
   }
   const bool busy = warp < nr;  // the warp has a row (rows past nr are never written)
-  for (int k = 0; k < n_tiles; ++k) {
-    cp_async_wait<S::kStages - 2>();  // this thread's copies of tile k have landed
-    __syncthreads();                  // everyone's have; and every warp is done with tile k - 1's stage
-    if (k + S::kStages - 1 < n_tiles) issue(k + S::kStages - 1);
-    cp_async_commit();
-    if (!busy) continue;
+  for (int rd = 0; rd < n_rounds; ++rd) {
+    if constexpr (S::kRounds == 1) {  // no look-ahead: wait for the block to be done with the stages, refill
+      __syncthreads();
+      issue(rd);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+    } else {
+      cp_async_wait<S::kRounds - 2>();  // this thread's copies of round rd have landed
+      __syncthreads();                  // everyone's have; and every warp is done with round rd - 1's stages
+      if (rd + S::kRounds - 1 < n_rounds) issue(rd + S::kRounds - 1);
+      cp_async_commit();
+    }
+    const int k = kGroups * rd + group;
+    if (!busy || k >= n_tiles) continue;
     const char* st = stages + (k % S::kStages) * S::kStageBytes;
     const int nv = static_cast<int>(std::min<int64_t>(kTile, ke - (kb + static_cast<int64_t>(k) * kTile)));
     // 1. Scores, a lane per key: P partial sums a row (dim c P + e goes to sum e), added pairwise at the end.
@@ -265,13 +287,45 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(Params p) {
   }
   cp_async_wait<0>();  // nothing outstanding at exit
 
-  // The warp's rows: o / l, or the split's partial.
+  // With two groups, group 1 hands its rows' (m, l, acc) to group 0, which combines the two in group order;
+  // then o / l, or the split's partial.
+  float* ml_s = reinterpret_cast<float*>(smem + S::kMl);
+  float* acc_s = reinterpret_cast<float*>(smem + S::kAcc);
+  static_assert(kGroups == 1 || kGroups == 2);
+#pragma unroll
+  for (int rr = 0; rr < RW; ++rr) l[rr] = warp_sum(l[rr]);
+  if (kGroups == 2 && group == 1) {
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) {
+      const int g = warp + kWarps * rr;
+      if (lane == 0) {
+        ml_s[2 * g] = m[rr];
+        ml_s[2 * g + 1] = l[rr];
+      }
+#pragma unroll
+      for (int d = 0; d < kDims; ++d) acc_s[g * HD + lane * kDims + d] = acc[rr][d];
+    }
+  }
+  if constexpr (kGroups == 2) {
+    __syncthreads();
+    if (group == 1) return;
+  }
+#pragma unroll
+  for (int rr = 0; rr < RW && kGroups == 2; ++rr) {
+    const int g = warp + kWarps * rr;
+    const float m1 = ml_s[2 * g], M = fmaxf(m[rr], m1);
+    const float f0 = m[rr] == -INFINITY ? 0.0f : expf(m[rr] - M), f1 = m1 == -INFINITY ? 0.0f : expf(m1 - M);
+    l[rr] = l[rr] * f0 + ml_s[2 * g + 1] * f1;
+    m[rr] = M;
+#pragma unroll
+    for (int d = 0; d < kDims; ++d) acc[rr][d] = acc[rr][d] * f0 + acc_s[g * HD + lane * kDims + d] * f1;
+  }
   const int64_t n_rows = p.n_q * p.n_heads;
 #pragma unroll
   for (int rr = 0; rr < RW; ++rr) {
     const int g = warp + kWarps * rr;
     if (g >= nr) continue;
-    const float L = warp_sum(l[rr]);
+    const float L = l[rr];
     const int64_t row = i * p.n_heads + h0 + g;
     if (p.n_splits == 1) {
       const float inv = L > 0.0f ? 1.0f / L : 0.0f;
@@ -302,7 +356,7 @@ cudaError_t launch_r(const Params& p, cudaStream_t stream) {
   }
   const dim3 grid(static_cast<unsigned>(p.n_q * p.blocks_per_query), static_cast<unsigned>(p.n_kv_heads),
                   static_cast<unsigned>(p.n_splits));
-  launch_pdl(decode_kernel<HD, R, F16>, grid, dim3(kThreads), S::kBytes, stream, p);
+  launch_pdl(decode_kernel<HD, R, F16>, grid, dim3(S::kThreads), S::kBytes, stream, p);
   return cudaGetLastError();
 }
 
