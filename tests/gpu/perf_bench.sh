@@ -40,9 +40,9 @@ fi
 printf '%-34s %7s %13s %9s %7s %13s %9s\n' file prompt prefill_t/s ratio ttft_ms decode_t/s ratio
 for f in "${files[@]}"; do
   for p in $prompts; do
-    gen=64
+    gen=128
     reps=3
-    [[ "$p" -ge 16384 ]] && gen=32 && reps=2
+    [[ "$p" -ge 16384 ]] && gen=64 && reps=2
     j="$out/$(basename "$f" .gguf)-$p.json"
     if ! timeout 300 "$bin" bench -m "$f" --device "$device" --prompt-len "$p" --gen-len "$gen" --reps "$reps" \
         --json >"$j" 2>"$j.err"; then
@@ -67,6 +67,13 @@ if [[ -n "$peer" && -x "$peer/llbench" ]]; then
     # The first run of a model family pays the PTX JIT (~30 s); llbench discards its first prefill rep.
     LD_LIBRARY_PATH="$peer:/usr/local/cuda/lib64:/usr/local/nvidia/lib64" timeout 400 "$peer/llbench" bench "$f" \
       --pp "$pp" --reps 3 --tgctx 512 --tgsteps 64 >"$out/$(basename "$f" .gguf)-llbench.txt" 2>&1
+    # Decode at each longer prompt's context too (one short prefill to set it up).
+    for p in $prompts; do
+      [[ "$p" -gt 512 ]] || continue
+      LD_LIBRARY_PATH="$peer:/usr/local/cuda/lib64:/usr/local/nvidia/lib64" timeout 200 "$peer/llbench" bench "$f" \
+        --pp 512 --reps 1 --tgctx "$p" --tgsteps 64 2>&1 | grep "RESULT decode ctx" | grep -v near-empty \
+        >>"$out/$(basename "$f" .gguf)-llbench.txt"
+    done
     echo "llama.cpp $(basename "$f"):"
     grep RESULT "$out/$(basename "$f" .gguf)-llbench.txt" | sed 's/^\[llb\] RESULT /  /'
   done
