@@ -16,8 +16,8 @@
 //   2. online softmax across the warp: tile max by shuffles, running max m, the correction
 //      exp(m_old - m_new) applied to the accumulators, p = exp(s - m), a running sum l per lane (summed over
 //      the warp at the end);
-//   3. P V, a lane per head-dim slice: for each key of the tile, p (shuffled from its lane) times the
-//      lane's slice of the V row.
+//   3. P V: p through the warp's shared-memory slots; half-warp h takes the tile's keys h, h + 2, ..., a
+//      lane a 16th of the head dim (16-byte V reads for fp16 rows of 128), the two halves added at the end.
 // Group 1 then hands its rows' (m, l, acc) to group 0, which combines the two in group order and writes
 // o / l (one split) or the partial (o, m, l) that attention.cu's merge_kernel combines.
 //
@@ -112,7 +112,8 @@ struct Smem {
   static constexpr size_t kStage0 = sizeof(float) * R * HD;                 // 16-byte aligned
   static constexpr size_t kMl = kStage0 + size_t{kStages} * kStageBytes;    // float [R][2]: group 1's (m, l)
   static constexpr size_t kAcc = kMl + sizeof(float) * R * 2;               // float [R][HD]: group 1's acc
-  static constexpr size_t kPath = kAcc + (kGroups > 1 ? sizeof(float) * R * HD : 0);  // int32 [1 + 128]
+  static constexpr size_t kP = kAcc + (kGroups > 1 ? sizeof(float) * R * HD : 0);  // float [groups][R][32]: p
+  static constexpr size_t kPath = kP + sizeof(float) * kGroups * R * kTile;         // int32 [1 + 128]
   static constexpr size_t kBytes = kPath + sizeof(int32_t) * (1 + kMaxPathQueries);
 };
 
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(Smem<HD, R, F16>::kThreads) decode_kernel(Para
   constexpr int RW = R / kWarps;             // rows a warp: row g = warp + kWarps * rr
   constexpr int P = 4 / RW;                  // partial sums a score
   constexpr int kPerPiece = 16 / S::kEs;     // elements of a 16-byte piece
-  constexpr int kDims = HD / 32;             // a lane's slice of a V row
+  constexpr int kDims = HD / 16;             // a lane's slice of a V row (half-warps take alternate keys)
   extern __shared__ float4 smem4[];
   char* smem = reinterpret_cast<char*>(smem4);
   float* q_s = reinterpret_cast<float*>(smem + S::kQ);
@@ -204,6 +205,7 @@ __global__ void __launch_bounds__(Smem<HD, R, F16>::kThreads) decode_kernel(Para
     for (int d = 0; d < kDims; ++d) acc[rr][d] = 0.0f;
   }
   const bool busy = warp < nr;  // the warp has a row (rows past nr are never written)
+  float* p_w = reinterpret_cast<float*>(smem + S::kP) + (group * kWarps + warp) * RW * kTile;  // [RW][32]
   for (int rd = 0; rd < n_rounds; ++rd) {
     if constexpr (S::kRounds == 1) {  // no look-ahead: wait for the block to be done with the stages, refill
       __syncthreads();
@@ -270,20 +272,25 @@ __global__ void __launch_bounds__(Smem<HD, R, F16>::kThreads) decode_kernel(Para
 #pragma unroll
       for (int d = 0; d < kDims; ++d) acc[rr][d] *= corr;
     }
-    // 3. acc += P V, a lane per head-dim slice.
-    const char* vbase = st + kTile * S::kStride + lane * kDims * S::kEs;
+    // 3. acc += P V: p through the warp's shared-memory slots; half-warp h takes keys h, h + 2, ..., a lane
+    //    a 16th of the head dim (the halves are added at the end).
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) p_w[rr * kTile + lane] = pr[rr];
+    __syncwarp();
+    const char* vbase = st + kTile * S::kStride + (lane % 16) * kDims * S::kEs;
 #pragma unroll 4
-    for (int t = 0; t < nv; ++t) {
+    for (int t = lane / 16; t < nv; t += 2) {
       const Raw<kDims * S::kEs> raw = lds_raw<kDims * S::kEs>(vbase + t * S::kStride);
       float vf[kDims];
       to_floats<F16, kDims>(raw, vf);
 #pragma unroll
       for (int rr = 0; rr < RW; ++rr) {
-        const float pt = __shfl_sync(0xffffffffu, pr[rr], t);
+        const float pt = p_w[rr * kTile + t];
 #pragma unroll
         for (int d = 0; d < kDims; ++d) acc[rr][d] = fmaf(pt, vf[d], acc[rr][d]);
       }
     }
+    __syncwarp();  // p_w is rewritten by the next tile
   }
   cp_async_wait<0>();  // nothing outstanding at exit
 
@@ -292,8 +299,13 @@ __global__ void __launch_bounds__(Smem<HD, R, F16>::kThreads) decode_kernel(Para
   float* ml_s = reinterpret_cast<float*>(smem + S::kMl);
   float* acc_s = reinterpret_cast<float*>(smem + S::kAcc);
   static_assert(kGroups == 1 || kGroups == 2);
+  const int dl = lane % 16;  // lanes 0-15 hold the rows' outputs from here: dims [dl kDims, (dl + 1) kDims)
 #pragma unroll
-  for (int rr = 0; rr < RW; ++rr) l[rr] = warp_sum(l[rr]);
+  for (int rr = 0; rr < RW; ++rr) {
+    l[rr] = warp_sum(l[rr]);
+#pragma unroll
+    for (int d = 0; d < kDims; ++d) acc[rr][d] += __shfl_xor_sync(0xffffffffu, acc[rr][d], 16);
+  }
   if (kGroups == 2 && group == 1) {
 #pragma unroll
     for (int rr = 0; rr < RW; ++rr) {
@@ -302,8 +314,10 @@ __global__ void __launch_bounds__(Smem<HD, R, F16>::kThreads) decode_kernel(Para
         ml_s[2 * g] = m[rr];
         ml_s[2 * g + 1] = l[rr];
       }
+      if (lane < 16) {
 #pragma unroll
-      for (int d = 0; d < kDims; ++d) acc_s[g * HD + lane * kDims + d] = acc[rr][d];
+        for (int d = 0; d < kDims; ++d) acc_s[g * HD + dl * kDims + d] = acc[rr][d];
+      }
     }
   }
   if constexpr (kGroups == 2) {
@@ -318,23 +332,23 @@ __global__ void __launch_bounds__(Smem<HD, R, F16>::kThreads) decode_kernel(Para
     l[rr] = l[rr] * f0 + ml_s[2 * g + 1] * f1;
     m[rr] = M;
 #pragma unroll
-    for (int d = 0; d < kDims; ++d) acc[rr][d] = acc[rr][d] * f0 + acc_s[g * HD + lane * kDims + d] * f1;
+    for (int d = 0; d < kDims; ++d) acc[rr][d] = acc[rr][d] * f0 + acc_s[g * HD + dl * kDims + d] * f1;
   }
   const int64_t n_rows = p.n_q * p.n_heads;
 #pragma unroll
   for (int rr = 0; rr < RW; ++rr) {
     const int g = warp + kWarps * rr;
-    if (g >= nr) continue;
+    if (g >= nr || lane >= 16) continue;
     const float L = l[rr];
     const int64_t row = i * p.n_heads + h0 + g;
     if (p.n_splits == 1) {
       const float inv = L > 0.0f ? 1.0f / L : 0.0f;
 #pragma unroll
-      for (int d = 0; d < kDims; ++d) p.out[row * HD + lane * kDims + d] = acc[rr][d] * inv;
+      for (int d = 0; d < kDims; ++d) p.out[row * HD + dl * kDims + d] = acc[rr][d] * inv;
     } else {
       const int64_t prow = split * n_rows + row;
 #pragma unroll
-      for (int d = 0; d < kDims; ++d) p.part_acc[prow * HD + lane * kDims + d] = acc[rr][d];
+      for (int d = 0; d < kDims; ++d) p.part_acc[prow * HD + dl * kDims + d] = acc[rr][d];
       if (lane == 0) {
         p.part_ml[2 * prow] = m[rr];
         p.part_ml[2 * prow + 1] = L;
