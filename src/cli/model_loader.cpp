@@ -44,8 +44,7 @@ void add_placement_flags(CLI::App* cmd, PlacementFlags* flags) {
 }
 
 Status check_placement_flags(const PlacementFlags& where) {
-  if (where.kv_type != "auto" && where.kv_type != "f32" && where.kv_type != "f16")
-    return invalid_argument("--kv-type {}: auto, f32 or f16", where.kv_type);
+  if (const Result<bool> kv = resolve_kv_f16(where.kv_type, {}); !kv.ok()) return kv.status();
   if (!where.target_devices.empty() && where.device != "cpu")
     return invalid_argument("--device and --target-devices exclude each other (name the devices in --target-devices)");
   if (where.target_devices.empty()) {
@@ -58,13 +57,10 @@ Status check_placement_flags(const PlacementFlags& where) {
 
 namespace {
 
-// --kv-type on every shard's backend. auto: f16 when every shard is a GPU (its attention reads half the
-// bytes, and fp16 is what GPU servers keep), f32 when any shard is the CPU (whose fp16 reads are slower).
+// --kv-type (resolve_kv_f16 of the placement, checked before) on every shard's backend.
 void set_kv_type(LoadedModel& m, const PlacementFlags& where) {
-  bool all_gpu = true;
-  for (const RunnerShard& sh : m.runner->shards()) all_gpu = all_gpu && sh.backend->device_memory();
-  const bool f16 = where.kv_type == "f16" || (where.kv_type == "auto" && all_gpu);
-  const cpu::KvType t = f16 ? cpu::KvType::kF16 : cpu::KvType::kF32;
+  const Result<bool> f16 = resolve_kv_f16(where.kv_type, m.placement);
+  const cpu::KvType t = f16.ok() && *f16 ? cpu::KvType::kF16 : cpu::KvType::kF32;
   for (const RunnerShard& sh : m.runner->shards())
     if (auto* cpu_be = dynamic_cast<CpuBackend*>(sh.backend)) cpu_be->set_kv_type(t);
 #ifdef DFLASH_HAVE_CUDA

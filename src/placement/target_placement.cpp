@@ -104,4 +104,14 @@ std::string describe(const std::vector<ShardPlan>& shards) {
   return s;
 }
 
+Result<bool> resolve_kv_f16(std::string_view kv_type, const std::vector<ShardPlan>& shards) {
+  if (kv_type == "f16") return true;
+  if (kv_type == "f32") return false;
+  if (kv_type != "auto") return invalid_argument("--kv-type {}: auto, f32 or f16", kv_type);
+  if (shards.empty()) return false;
+  for (const ShardPlan& p : shards)
+    if (p.device.rfind("cuda:", 0) != 0) return false;
+  return true;
+}
+
 }  // namespace dflash

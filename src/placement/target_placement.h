@@ -34,4 +34,10 @@ Result<std::vector<int64_t>> split_layer_ends(const std::vector<double>& weights
 // "cuda:0[0,18) cuda:1[18,36)".
 std::string describe(const std::vector<ShardPlan>& shards);
 
+// --kv-type (auto | f32 | f16): whether the attention KV of `shards` is kept in fp16. auto: fp16 when every
+// shard is a GPU ("cuda:N": its attention reads half the bytes, and fp16 is what GPU servers keep), f32 when
+// any is the CPU (whose fp16 reads run 0.7-0.8x) or there is no shard. Any other value is an error naming
+// the flag.
+Result<bool> resolve_kv_f16(std::string_view kv_type, const std::vector<ShardPlan>& shards);
+
 }  // namespace dflash

@@ -92,3 +92,29 @@ TEST(TargetPlacement, refusals_name_the_flag_and_the_entry) {
 
 }  // namespace
 }  // namespace dflash
+
+namespace dflash {
+namespace {
+
+// --kv-type: auto is fp16 only when every shard is a GPU; f32 and f16 are what they say; anything else is
+// refused, naming the flag.
+TEST(TargetPlacement, kv_type_auto_is_fp16_on_gpu_only_placements) {
+  const std::vector<ShardPlan> gpu = {{"cuda:0", 0, 18}, {"cuda:1", 18, 36}};
+  const std::vector<ShardPlan> mixed = {{"cuda:0", 0, 30}, {"cpu", 30, 36}};
+  const std::vector<ShardPlan> cpu = {{"cpu", 0, 36}};
+  EXPECT_TRUE(*resolve_kv_f16("auto", gpu));
+  EXPECT_TRUE(*resolve_kv_f16("auto", {{"cuda:3", 0, 36}}));
+  EXPECT_FALSE(*resolve_kv_f16("auto", mixed));
+  EXPECT_FALSE(*resolve_kv_f16("auto", cpu));
+  EXPECT_FALSE(*resolve_kv_f16("auto", {}));
+  EXPECT_FALSE(*resolve_kv_f16("f32", gpu));
+  EXPECT_TRUE(*resolve_kv_f16("f16", cpu));
+  for (const char* bad : {"", "F16", "f8", "bf16", "auto "}) {
+    const Result<bool> r = resolve_kv_f16(bad, gpu);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("--kv-type"), std::string::npos) << r.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace dflash
