@@ -89,10 +89,13 @@ class [[nodiscard]] Result {
   }
 
   bool ok() const { return std::holds_alternative<T>(v_); }
-  const Status& status() const {
+  const Status& status() const& {
     static const Status kOk;
     return ok() ? kOk : std::get<Status>(v_);
   }
+  // On a temporary (`f().status()`), a copy: a reference would outlive the Result it points into (as in
+  // DF_RETURN_IF_ERROR(f().status()), whose reference is bound after the temporary is gone).
+  Status status() && { return ok() ? Status() : std::get<Status>(std::move(v_)); }
   T& value() & { return std::get<T>(v_); }
   const T& value() const& { return std::get<T>(v_); }
   T&& value() && { return std::get<T>(std::move(v_)); }
