@@ -16,6 +16,7 @@
 #include "decode/runner.h"
 #include "formats/safetensors.h"
 #include "model/weights.h"
+#include "ops/cpu/ops.h"
 #include "ops/cuda/cuda_backend.h"
 #include "state/feature_ring.h"
 #include "state/sequence_state.h"
@@ -110,6 +111,9 @@ class CudaDFlash : public ::testing::Test {
     return o.ok() ? o->logits : std::vector<float>{};
   }
 
+  void speculative_greedy_equals_plain_greedy();
+  void verify_logits_equal_plain_decoding();
+
   std::unique_ptr<CudaBackend> be_;  // declared first: destroyed last
   Both target_, draft_;
   std::unique_ptr<Runner> gpu_, cpu_;
@@ -196,7 +200,17 @@ TEST_F(CudaDFlash, tree_verify_and_commit_match_the_cpu) {
   (void)V;
 }
 
+// On float32 and on fp16 KV stores (the GPU's default, --kv-type auto).
 TEST_F(CudaDFlash, speculative_greedy_equals_plain_greedy_on_the_device) {
+  for (const cpu::KvType kv : {cpu::KvType::kF32, cpu::KvType::kF16}) {
+    SCOPED_TRACE(cpu::kv_type_name(kv));
+    be_->set_kv_type(kv);
+    speculative_greedy_equals_plain_greedy();
+    if (HasFatalFailure()) return;
+  }
+}
+
+void CudaDFlash::speculative_greedy_equals_plain_greedy() {
   const int64_t n_gen = 32;
   // Plain greedy on the device (recorded decode steps).
   std::vector<int32_t> plain;
@@ -241,8 +255,17 @@ TEST_F(CudaDFlash, speculative_greedy_equals_plain_greedy_on_the_device) {
 
 // Every node of a verify step -- a chain, and trees of 23, 41 and 100 nodes -- gets the logits plain decoding
 // of its path gets (recorded decode steps), bit for bit: greedy and sampled DFlash output is plain
-// decoding's on the device too, whichever node a walk reaches.
+// decoding's on the device too, whichever node a walk reaches. On float32 and on fp16 KV stores.
 TEST_F(CudaDFlash, verify_logits_equal_plain_decoding_of_each_path_bit_for_bit) {
+  for (const cpu::KvType kv : {cpu::KvType::kF32, cpu::KvType::kF16}) {
+    SCOPED_TRACE(cpu::kv_type_name(kv));
+    be_->set_kv_type(kv);
+    verify_logits_equal_plain_decoding();
+    if (HasFatalFailure()) return;
+  }
+}
+
+void CudaDFlash::verify_logits_equal_plain_decoding() {
   const int64_t V = 512;
   std::mt19937 rng(11);
   for (int64_t n : {17, 23, 41, 100}) {
