@@ -1,5 +1,6 @@
 #include "model/random_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 
@@ -70,7 +71,9 @@ Result<ModelSpec> random_model_spec(std::string_view preset) {
   return invalid_argument("unknown model shape '{}' (known: {})", preset, names);
 }
 
-Status add_random_model(const ModelSpec& spec, FileType file_type, uint64_t seed, int threads, GgufWriter& writer) {
+Status add_random_model(const ModelSpec& spec, FileType file_type, uint64_t seed, int threads, GgufWriter& writer,
+                        int64_t distinct_rows) {
+  if (distinct_rows < 0) return invalid_argument("distinct rows {} is negative", distinct_rows);
   DF_RETURN_IF_ERROR(write_model_spec_to_gguf(spec, writer));
   writer.set("general.name", GgufValue::string("random " + std::string(model_family_name(spec.family))));
 
@@ -108,6 +111,7 @@ Status add_random_model(const ModelSpec& spec, FileType file_type, uint64_t seed
     int64_t rows = 1;
     for (size_t d = 1; d < tq.shape.size(); ++d) rows *= static_cast<int64_t>(tq.shape[d]);
     const DType to = tq.to;
+    const int64_t made = distinct_rows > 0 ? std::min(rows, distinct_rows) : rows;  // rows generated
     DF_RETURN_IF_ERROR(writer.add_tensor(tq.name, to, tq.shape, [=](std::FILE* f) -> Status {
       const bool norm = canon.find("norm") != std::string::npos;
       const bool ssm_a = canon.ends_with("ssm_a");
@@ -115,11 +119,12 @@ Status add_random_model(const ModelSpec& spec, FileType file_type, uint64_t seed
       const int64_t batch = std::max<int64_t>(1, (int64_t{16} << 20) / std::max<int64_t>(1, cols * 4));
       auto out_row = row_bytes(to, static_cast<uint64_t>(cols));
       if (!out_row.ok()) return out_row.status();
-      std::vector<float> src(static_cast<size_t>(std::min(batch, rows) * cols));
-      std::vector<uint8_t> dst(static_cast<size_t>(std::min(batch, rows)) * *out_row);
+      std::vector<float> src(static_cast<size_t>(std::min(batch, made) * cols));
+      std::vector<uint8_t> dst(static_cast<size_t>(std::min(batch, made)) * *out_row);
       const uint64_t base = seed_for_name(canon, seed);
-      for (int64_t r0 = 0; r0 < rows; r0 += batch) {
-        const int64_t n = std::min(batch, rows - r0);
+      std::vector<uint8_t> made_rows;  // made < rows: the generated rows, repeated after them
+      for (int64_t r0 = 0; r0 < made; r0 += batch) {
+        const int64_t n = std::min(batch, made - r0);
         // Each row from a generator of its own (rows in parallel: the values do not depend on the threads).
         pool->parallel_for(n, 1, [&](int64_t a, int64_t b) {
           for (int64_t r = a; r < b; ++r) {
@@ -133,6 +138,13 @@ Status add_random_model(const ModelSpec& spec, FileType file_type, uint64_t seed
         });
         DF_RETURN_IF_ERROR(convert_rows(DType::kF32, src.data(), to, dst.data(), n, cols, threads));
         DF_RETURN_IF_ERROR(write_all(f, dst.data(), static_cast<size_t>(n) * *out_row));
+        if (made < rows) made_rows.insert(made_rows.end(), dst.begin(), dst.begin() + n * *out_row);
+      }
+      // The rest: row r is generated row r % made, written in runs of whole copies.
+      for (int64_t r = made; r < rows;) {
+        const int64_t k = r % made, n = std::min(made - k, rows - r);
+        DF_RETURN_IF_ERROR(write_all(f, made_rows.data() + k * *out_row, static_cast<size_t>(n) * *out_row));
+        r += n;
       }
       return Status();
     }));

@@ -2,12 +2,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "decode/runner.h"
+#include "formats/gguf.h"
 #include "model/random_model.h"
 #include "model/weights.h"
 #include "state/sequence_state.h"
@@ -93,6 +96,51 @@ TEST(RandomModel, WritesLlamaCppsTypeMixAndRunsInTheEngine) {
   ASSERT_TRUE(logits.ok()) << logits.status().to_string();
   for (float x : *logits) ASSERT_TRUE(std::isfinite(x));
   for (auto name : random_model_presets()) EXPECT_TRUE(random_model_spec(name).ok()) << name;
+}
+
+// --distinct-rows: a tensor of more rows repeats its first N (the same bytes the full file has there), the
+// rest of the file is unchanged, and the model still runs.
+TEST(RandomModel, DistinctRowsRepeatTheFirstRowsOfTheFullFile) {
+  auto spec = model_spec_from_hf_config(test::tiny_qwen35_config(512));
+  ASSERT_TRUE(spec.ok());
+  const std::string full_path = test::scratch_dir() + "/full.gguf", few_path = test::scratch_dir() + "/few.gguf";
+  for (const auto& [path, distinct] : {std::pair{full_path, int64_t{0}}, std::pair{few_path, int64_t{3}}}) {
+    GgufWriter w;
+    w.set("tokenizer.ggml.model", GgufValue::string("none"));
+    ASSERT_TRUE(add_random_model(*spec, FileType::kQ8_0, 5, 2, w, distinct).ok());
+    ASSERT_TRUE(w.write(path).ok());
+  }
+  auto full = GgufFile::open(full_path);
+  auto few = GgufFile::open(few_path);
+  ASSERT_TRUE(full.ok() && few.ok());
+  int repeated = 0;
+  for (const GgufTensorInfo& t : full->tensors()) {
+    const GgufTensorInfo* u = few->find_tensor(t.name);
+    ASSERT_NE(u, nullptr) << t.name;
+    ASSERT_EQ(u->type, t.type);
+    ASSERT_EQ(u->nbytes, t.nbytes);
+    const auto a = full->tensor_data(t), b = few->tensor_data(*u);
+    int64_t rows = 1;
+    for (size_t d = 1; d < t.shape.size(); ++d) rows *= static_cast<int64_t>(t.shape[d]);
+    const size_t row = t.nbytes / static_cast<size_t>(rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      const size_t from = static_cast<size_t>(r % 3) * row;  // the full file's row r % 3
+      ASSERT_EQ(std::memcmp(b.data() + static_cast<size_t>(r) * row, a.data() + (rows > 3 ? from : r * row), row), 0)
+          << t.name << " row " << r;
+    }
+    repeated += rows > 3;
+  }
+  EXPECT_GT(repeated, 10);
+  auto weights = Weights::load(few_path, 2);
+  ASSERT_TRUE(weights.ok()) << weights.status().to_string();
+  Runner runner(*weights, 2);
+  SequenceState state(weights->spec(), runner.backend());
+  std::vector<int32_t> prompt = {1, 2, 3};
+  ASSERT_TRUE(runner.prefill(state, prompt).ok());
+  auto r = test::run_command(shell_quote(DFLASH_BIN) + " bench --make-random qwen3-0.6b --distinct-rows -1 -o " +
+                             shell_quote(test::scratch_dir() + "/neg.gguf"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--distinct-rows"), std::string::npos) << r.err;
 }
 
 }  // namespace
