@@ -106,7 +106,8 @@ struct Smem {
   static constexpr int kGroups = kStageBytes <= 18 * 1024 ? 2 : 1;
   static constexpr int kThreads = 32 * kWarps * kGroups;
   static constexpr int kRoundBytes = kGroups * kStageBytes;  // a round: one tile for each group
-  static constexpr int kRounds = kRoundBytes <= 40 * 1024 ? 3 : kRoundBytes <= 72 * 1024 ? 2 : 1;  // in the ring
+  static constexpr int kRounds = kRoundBytes <= 40 * 1024 ? 3 : 2;  // rounds in the ring
+  static_assert(kRoundBytes <= 72 * 1024, "two rounds of the largest stage (float32 rows of 256) fit");
   static constexpr int kStages = kGroups * kRounds;
   static constexpr size_t kQ = 0;                                           // float [R][HD]
   static constexpr size_t kStage0 = sizeof(float) * R * HD;                 // 16-byte aligned
@@ -207,18 +208,10 @@ __global__ void __launch_bounds__(Smem<HD, R, F16>::kThreads) decode_kernel(Para
   const bool busy = warp < nr;  // the warp has a row (rows past nr are never written)
   float* p_w = reinterpret_cast<float*>(smem + S::kP) + (group * kWarps + warp) * RW * kTile;  // [RW][32]
   for (int rd = 0; rd < n_rounds; ++rd) {
-    if constexpr (S::kRounds == 1) {  // no look-ahead: wait for the block to be done with the stages, refill
-      __syncthreads();
-      issue(rd);
-      cp_async_commit();
-      cp_async_wait<0>();
-      __syncthreads();
-    } else {
-      cp_async_wait<S::kRounds - 2>();  // this thread's copies of round rd have landed
-      __syncthreads();                  // everyone's have; and every warp is done with round rd - 1's stages
-      if (rd + S::kRounds - 1 < n_rounds) issue(rd + S::kRounds - 1);
-      cp_async_commit();
-    }
+    cp_async_wait<S::kRounds - 2>();  // this thread's copies of round rd have landed
+    __syncthreads();                  // everyone's have; and every warp is done with round rd - 1's stages
+    if (rd + S::kRounds - 1 < n_rounds) issue(rd + S::kRounds - 1);
+    cp_async_commit();
     const int k = kGroups * rd + group;
     if (!busy || k >= n_tiles) continue;
     const char* st = stages + (k % S::kStages) * S::kStageBytes;
