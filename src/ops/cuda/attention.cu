@@ -25,7 +25,6 @@
 
 #include <cuda_fp16.h>
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -463,12 +462,7 @@ Plan make_plan(int64_t n_q, int64_t n_heads, const DeviceKvView& kv, const Devic
 template <int HD, int R, int T>
 cudaError_t launch(const Params& p, int64_t row_blocks, int n_kv_heads, cudaStream_t stream) {
   using S = Shape<HD, R, T>;
-  if (S::kBytes > 48 * 1024) {
-    static std::atomic<uint64_t> raised{0};
-    if (const cudaError_t err = allow_dynamic_smem(reinterpret_cast<const void*>(attn_kernel<HD, R, T>), S::kBytes, raised);
-        err != cudaSuccess)
-      return err;
-  }
+  if (const cudaError_t err = allow_dynamic_smem<attn_kernel<HD, R, T>>(S::kBytes); err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(n_kv_heads),
                   static_cast<unsigned>(p.n_splits));
   launch_pdl(attn_kernel<HD, R, T>, grid, dim3(kThreads), S::kBytes, stream, p);
@@ -602,17 +596,6 @@ cudaError_t attention_with(AttnPrefillKernel kernel, const float* q, int64_t n_q
   launch_pdl(merge_kernel, dim3(static_cast<unsigned>(n_rows)), dim3(kMergeThreads), 0, stream, part_acc, part_ml,
              pl.n_splits, n_rows, static_cast<int>(kv.head_dim), out);
   return cudaGetLastError();
-}
-
-cudaError_t allow_dynamic_smem(const void* kernel, size_t bytes, std::atomic<uint64_t>& raised) {
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
-  if (bit != 0 && (raised.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (err == cudaSuccess) raised.fetch_or(bit, std::memory_order_relaxed);
-  return err;
 }
 
 cudaError_t attention(const float* q, int64_t n_q, int64_t n_heads, const DeviceKvView& kv,

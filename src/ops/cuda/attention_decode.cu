@@ -31,7 +31,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -354,13 +353,8 @@ template <int HD, int R, bool F16>
 cudaError_t launch_r(const Params& p, cudaStream_t stream) {
   using S = Smem<HD, R, F16>;
   static_assert(S::kBytes <= 227 * 1024);
-  if (S::kBytes > 48 * 1024) {
-    static std::atomic<uint64_t> raised{0};
-    if (const cudaError_t err =
-            allow_dynamic_smem(reinterpret_cast<const void*>(decode_kernel<HD, R, F16>), S::kBytes, raised);
-        err != cudaSuccess)
-      return err;
-  }
+  if (const cudaError_t err = allow_dynamic_smem<decode_kernel<HD, R, F16>>(S::kBytes); err != cudaSuccess)
+    return err;
   const dim3 grid(static_cast<unsigned>(p.n_q * p.blocks_per_query), static_cast<unsigned>(p.n_kv_heads),
                   static_cast<unsigned>(p.n_splits));
   launch_pdl(decode_kernel<HD, R, F16>, grid, dim3(S::kThreads), S::kBytes, stream, p);

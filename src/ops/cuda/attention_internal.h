@@ -6,7 +6,6 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -21,10 +20,6 @@ namespace dflash::cuda {
 //                tensor-core kernel; float32 throughout).
 // Every other call shape (decode, path mode, trees of more than 128 nodes) runs the same launch either way.
 enum class AttnPrefillKernel : int32_t { kTensorCore = 0, kSimt = 1 };
-
-// Lets `kernel` (a __global__ function) use `bytes` of dynamic shared memory on the current device, once per
-// device: `raised` (one per kernel) keeps a bit per device index below 64.
-cudaError_t allow_dynamic_smem(const void* kernel, size_t bytes, std::atomic<uint64_t>& raised);
 
 size_t attention_workspace_bytes_with(AttnPrefillKernel kernel, int64_t n_q, int64_t n_heads, const DeviceKvView& kv,
                                       const DeviceAttnMask& mask);

@@ -23,12 +23,12 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
 #include "ops/cuda/attention_internal.h"
+#include "ops/cuda/launch.cuh"
 
 namespace dflash::cuda::attn_mma {
 namespace {
@@ -369,13 +369,8 @@ template <int HD, int BN, bool F16>
 cudaError_t launch_shape(const Params& p, cudaStream_t stream) {
   using S = Shape<HD, BN>;
   static_assert(S::kBytes <= 227 * 1024);
-  if (S::kBytes > 48 * 1024) {
-    static std::atomic<uint64_t> raised{0};
-    if (const cudaError_t err =
-            allow_dynamic_smem(reinterpret_cast<const void*>(attn_mma_kernel<HD, BN, F16>), S::kBytes, raised);
-        err != cudaSuccess)
-      return err;
-  }
+  if (const cudaError_t err = allow_dynamic_smem<attn_mma_kernel<HD, BN, F16>>(S::kBytes); err != cudaSuccess)
+    return err;
   const dim3 grid(static_cast<unsigned>(p.row_blocks), static_cast<unsigned>(p.n_kv_heads),
                   static_cast<unsigned>(p.n_splits));
   attn_mma_kernel<HD, BN, F16><<<grid, kThreads, S::kBytes, stream>>>(p);

@@ -28,13 +28,13 @@
 
 #include <cuda_bf16.h>
 
-#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
 
 #include "ops/cuda/async_copy.cuh"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/quant_blocks.cuh"
 
 namespace dflash::cuda {
@@ -46,7 +46,6 @@ constexpr int kBM = 128;     // rows of W per CTA
 constexpr int kBK = 64;      // columns per k-step
 constexpr int kUnit = 256;   // columns per raw unit
 constexpr int kThreads = 256;
-constexpr int kMaxDevices = 64;
 
 // ---- PTX ----
 
@@ -483,17 +482,7 @@ template <class Q, int BN>
 cudaError_t launch(const void* w, int64_t rows, int64_t cols, const __nv_bfloat16* xb, int64_t n, float* out,
                    int units_per_split, int split, cudaStream_t stream) {
   using C = Config<Q, BN>;
-  static std::atomic<uint64_t> configured{0};  // devices whose smem limit was raised for this kernel
-  int dev = 0;
-  if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  const uint64_t bit = uint64_t{1} << (dev % kMaxDevices);
-  if ((configured.load(std::memory_order_relaxed) & bit) == 0) {
-    if (const cudaError_t e =
-            cudaFuncSetAttribute(gemm_q_kernel<Q, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
-        e != cudaSuccess)
-      return e;
-    configured.fetch_or(bit, std::memory_order_relaxed);
-  }
+  if (const cudaError_t e = allow_dynamic_smem<gemm_q_kernel<Q, BN>>(C::kSmem); e != cudaSuccess) return e;
   const int64_t rb = cols / kUnit * Q::kUnitBytes;
   const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((rows + kBM - 1) / kBM),
                   static_cast<unsigned>(split));

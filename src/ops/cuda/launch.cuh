@@ -82,6 +82,24 @@ cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t s
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
+// Lets kKernel (a __global__ function) use `bytes` of dynamic shared memory on the current device: one
+// cudaFuncSetAttribute per device (a bit per device index below 64 remembers it; a device past 63 sets it at
+// every call); nothing to do up to the default 48 KiB. `bytes` must be the same at every call of a kernel
+// (its fixed size), since a device is raised only once.
+template <auto kKernel>
+cudaError_t allow_dynamic_smem(size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  static std::atomic<uint64_t> raised{0};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit != 0 && (raised.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
+  err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (err == cudaSuccess) raised.fetch_or(bit, std::memory_order_relaxed);
+  return err;
+}
+
 // griddepcontrol.wait: blocks until the grids this one depends on programmatically have completed and their
 // memory operations are visible. A no-op for a grid launched without the attribute.
 __device__ __forceinline__ void pdl_wait() {
