@@ -223,10 +223,31 @@ Result<nlohmann::json> profile_prefill(const Weights& weights, Backend& be, cons
 // taken there, per-token DeltaNet states captured, then rolled back to one kept token, as a DFlash step with
 // no acceptance does) beside a plain one-token step, both at the sequence's current length: the cost of
 // verifying n tokens in units of one decode step. Draft features are not captured (a few KB a step).
-Result<nlohmann::json> bench_verify_cost(Runner& runner, SequenceState& state, std::span<const int64_t> counts,
-                                         int32_t token) {
+// One verify-shaped step of `tokens` through `runner`, then the rollback to one kept token.
+Status verify_shaped_step(Runner& runner, SequenceState& state, std::span<const int32_t> tokens, double* ms) {
   Backend& be = runner.backend();
-  const int64_t V = runner.spec().vocab;
+  const auto n = static_cast<int64_t>(tokens.size());
+  std::vector<int32_t> top(tokens.size());
+  std::vector<float> top_value(tokens.size());
+  Step step;
+  step.tokens = tokens;
+  step.all_logits = true;
+  step.logits_on_device = true;
+  step.capture_recurrent = true;
+  const double t0 = now_s();
+  DF_ASSIGN_OR_RETURN(StepOutput o, runner.forward(state, step));
+  DF_RETURN_IF_ERROR(be.top_k_rows(o.device_logits.data(), n, runner.spec().vocab, 1, top.data(), top_value.data(),
+                                   nullptr));
+  DF_RETURN_IF_ERROR(be.synchronize());
+  if (ms != nullptr) *ms = (now_s() - t0) * 1e3;
+  return state.rollback_captured(1);
+}
+
+// With profile_steps > 0, also profiles that many verify steps of the last count op by op ("profile" of the
+// last row).
+Result<nlohmann::json> bench_verify_cost(const Weights& weights, Runner& runner, SequenceState& state,
+                                         std::span<const int64_t> counts, int32_t token, int64_t profile_steps,
+                                         double bandwidth) {
   constexpr int kReps = 8;
   const auto plain_ms = [&]() -> Result<double> {
     std::vector<double> ms;
@@ -247,24 +268,27 @@ Result<nlohmann::json> bench_verify_cost(Runner& runner, SequenceState& state, s
     if (max_ctx > 0 && state.n_past() + n + kReps + 1 > max_ctx)
       return invalid_argument("--verify-cost {}: past the model's context of {}", n, max_ctx);
     const std::vector<int32_t> tokens(static_cast<size_t>(n), token);
-    std::vector<int32_t> top(static_cast<size_t>(n));
-    std::vector<float> top_value(static_cast<size_t>(n));
     std::vector<double> ms;
     for (int r = 0; r < kReps + 1; ++r) {
-      Step step;
-      step.tokens = tokens;
-      step.all_logits = true;
-      step.logits_on_device = true;
-      step.capture_recurrent = true;
-      const double t0 = now_s();
-      DF_ASSIGN_OR_RETURN(StepOutput o, runner.forward(state, step));
-      DF_RETURN_IF_ERROR(be.top_k_rows(o.device_logits.data(), n, V, 1, top.data(), top_value.data(), nullptr));
-      DF_RETURN_IF_ERROR(be.synchronize());
-      if (r > 0) ms.push_back((now_s() - t0) * 1e3);
-      DF_RETURN_IF_ERROR(state.rollback_captured(1));
+      double t = 0;
+      DF_RETURN_IF_ERROR(verify_shaped_step(runner, state, tokens, &t));
+      if (r > 0) ms.push_back(t);
     }
     const double v = median(ms);
     rows.push_back({{"tokens", n}, {"verify_ms", v}, {"plain_ms", ar_ms}, {"ratio", v / ar_ms}});
+  }
+  if (profile_steps > 0 && !counts.empty()) {
+    ProfilingBackend prof(runner.backend());
+    Runner prof_runner(weights, prof);
+    const std::vector<int32_t> tokens(static_cast<size_t>(counts.back()), token);
+    double wall = 0;
+    for (int64_t i = 0; i < profile_steps; ++i) {
+      const double t0 = now_s();
+      DF_RETURN_IF_ERROR(verify_shaped_step(prof_runner, state, tokens, nullptr));
+      DF_RETURN_IF_ERROR(prof.collect());
+      wall += now_s() - t0;
+    }
+    rows.back()["profile"] = profile_table(prof, profile_steps, wall, bandwidth);
   }
   return rows;
 }
@@ -492,7 +516,8 @@ Status run_bench(const BenchOptions& opt) {
                         {"device_used", mem.device_used / kMiB},
                         {"device_total", mem.device_total / kMiB}}}};
   if (!opt.verify_cost.empty()) {
-    DF_ASSIGN_OR_RETURN(j["verify_cost"], bench_verify_cost(runner, state, opt.verify_cost, tokens.back()));
+    DF_ASSIGN_OR_RETURN(j["verify_cost"], bench_verify_cost(weights, runner, state, opt.verify_cost, tokens.back(),
+                                                            opt.profile, bandwidth));
   }
   if (opt.profile_prefill) {
     DF_ASSIGN_OR_RETURN(j["prefill_profile"], profile_prefill(weights, runner.backend(), runner, prompt, bandwidth));
@@ -538,6 +563,9 @@ Status run_bench(const BenchOptions& opt) {
     std::printf("  verify step of %lld tokens: %.2f ms = %.2fx a plain step (%.2f ms)\n",
                 static_cast<long long>(v["tokens"].get<int64_t>()), v["verify_ms"].get<double>(),
                 v["ratio"].get<double>(), v["plain_ms"].get<double>());
+  for (const auto& v : j.value("verify_cost", nlohmann::json::array()))
+    if (v.contains("profile"))
+      print_profile(v["profile"], "verify step of " + std::to_string(v["tokens"].get<int64_t>()) + " tokens");
   if (j.contains("prefill_profile")) print_profile(j["prefill_profile"], "prefill (one run of the prompt)");
   if (!spec_j.is_null()) {
     const auto& sj = spec_j;
@@ -583,7 +611,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--gen-len", opt->gen_len, "Generated tokens")->capture_default_str();
   cmd->add_option("--threads,-t", opt->threads, "CPU threads (default: all cores)");
   add_placement_flags(cmd, &opt->where);
-  cmd->add_option("--profile", opt->profile, "Then profile this many decode steps per op (time, bytes, GB/s)")
+  cmd->add_option("--profile", opt->profile, "Then profile this many decode steps per op (time, bytes, GB/s); with --verify-cost also as many verify steps of its last count")
       ->capture_default_str();
   cmd->add_option("--reps", opt->reps, "Prefill runs: the first is cold (TTFT), the rate is the others' median")
       ->capture_default_str();
