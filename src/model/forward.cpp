@@ -118,33 +118,23 @@ Status deltanet_mixer(const Weights& w, int64_t L, const StepShape& st, const fl
     DF_RETURN_IF_ERROR(be.copy(conv_cap, state.conv_state(L), window));
     DF_RETURN_IF_ERROR(be.copy(conv_cap + window, mixed.data(), n * C));
   }
-  DF_ASSIGN_OR_RETURN(Buffer u, be.alloc(n * C));
-  DF_RETURN_IF_ERROR(
-      be.causal_conv1d_silu(mixed.data(), n, C, conv_w, g.conv_kernel, state.conv_state(L), u.data(), st.parents));
-
-  // Split [q | k | v], L2-normalise q and k per head (eps 1e-6), scale q by 1/sqrt(dk).
+  // Conv + SiLU, split [q | k | v], L2-normalise q and k per head (eps 1e-6), scale q by 1/sqrt(dk); the gates:
+  // a -> decay = ssm_a * softplus(a + dt_bias) (ssm_a = -exp(A_log) <= 0), b -> beta = sigmoid(b).
+  const cpu::DeltaNetShape shape{Hk, Hv, dk, dv};
   DF_ASSIGN_OR_RETURN(Buffer q, be.alloc(n * Hk * dk));
   DF_ASSIGN_OR_RETURN(Buffer k, be.alloc(n * Hk * dk));
   DF_ASSIGN_OR_RETURN(Buffer v, be.alloc(n * Hv * dv));
-  DF_RETURN_IF_ERROR(be.slice_columns(u.data(), n, C, 0, Hk * dk, q.data()));
-  DF_RETURN_IF_ERROR(be.slice_columns(u.data(), n, C, Hk * dk, Hk * dk, k.data()));
-  DF_RETURN_IF_ERROR(be.slice_columns(u.data(), n, C, 2 * Hk * dk, Hv * dv, v.data()));
-  DF_RETURN_IF_ERROR(be.l2_norm_rows(q.data(), n * Hk, dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(dk))));
-  DF_RETURN_IF_ERROR(be.l2_norm_rows(k.data(), n * Hk, dk, 1e-6f, 1.0f));
-  // a -> decay = ssm_a * softplus(a + dt_bias) (ssm_a = -exp(A_log) <= 0); b -> beta = sigmoid(b).
-  DF_RETURN_IF_ERROR(be.deltanet_gates(a.data(), b.data(), dt_bias, ssm_a, n, Hv));
+  DF_RETURN_IF_ERROR(be.deltanet_prep(mixed.data(), n, shape, conv_w, g.conv_kernel, state.conv_state(L), st.parents,
+                                      q.data(), k.data(), v.data(), a.data(), b.data(), dt_bias, ssm_a));
 
   DF_ASSIGN_OR_RETURN(Buffer o, be.alloc(n * Hv * dv));
-  const cpu::DeltaNetShape shape{Hk, Hv, dk, dv};
   const bool chunked = !capture && n >= kChunkedDeltaNetMinTokens;
   // Captured steps run the recurrent form: it yields the state after every token (tree nodes start
   // from their parent's).
   DF_RETURN_IF_ERROR(be.gated_delta_net(q.data(), k.data(), v.data(), a.data(), b.data(), n, shape, state.ssm_state(L),
                                         o.data(), capture ? state.ssm_capture(L, n) : nullptr, st.parents, chunked));
   // Gated output norm: RMSNorm over dv per (token, V-head), then * silu(z).
-  DF_RETURN_IF_ERROR(be.rms_norm(o.data(), norm_w, static_cast<float>(s.rms_eps), n * Hv, dv, o.data()));
-  DF_RETURN_IF_ERROR(be.silu_inplace(z.data(), n * Hv * dv));
-  DF_RETURN_IF_ERROR(be.mul_inplace(o.data(), z.data(), n * Hv * dv));
+  DF_RETURN_IF_ERROR(be.rms_norm_silu_gate(o.data(), norm_w, static_cast<float>(s.rms_eps), n * Hv, dv, z.data()));
   return be.matmul(*wout, o.data(), n, out);
 }
 

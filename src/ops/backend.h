@@ -180,6 +180,20 @@ class Backend {
   // DeltaNet gates over [n, Hv]: decay = ssm_a[h] * softplus(alpha + dt_bias[h]), beta = sigmoid(beta).
   virtual Status deltanet_gates(float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a,
                                 int64_t n, int64_t n_heads) = 0;
+  // The DeltaNet input prep after its projections (algorithms.md D.4): causal_conv1d_silu of mixed [n, C]
+  // (C = 2 Hk dk + Hv dv; window conv_state; the tree form with parents), its columns split into q [n, Hk, dk],
+  // k [n, Hk, dk] and v [n, Hv, dv], q and k L2-normalised per head (l2_norm_rows, eps 1e-6; q scaled by
+  // 1/sqrt(dk)), and deltanet_gates of alpha and beta [n, Hv]. A device backend fuses it into one launch.
+  virtual Status deltanet_prep(const float* mixed, int64_t n, const cpu::DeltaNetShape& s, const float* conv_w,
+                               int64_t kernel, float* conv_state, std::span<const int32_t> parents, float* q, float* k,
+                               float* v, float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a);
+  // The DeltaNet output gate: o [rows, dim] = rms_norm(o, w, eps) * silu(z), as rms_norm, silu_inplace(z) and
+  // mul_inplace (z [rows, dim] may be overwritten). A device backend fuses it into one launch.
+  virtual Status rms_norm_silu_gate(float* o, const float* w, float eps, int64_t rows, int64_t dim, float* z) {
+    DF_RETURN_IF_ERROR(rms_norm(o, w, eps, rows, dim, o));
+    DF_RETURN_IF_ERROR(silu_inplace(z, rows * dim));
+    return mul_inplace(o, z, rows * dim);
+  }
   // Rows `rows` of x [*, dim] gathered into out [rows.size(), dim].
   virtual Status gather_rows(const float* x, int64_t dim, std::span<const int64_t> rows, float* out) = 0;
 

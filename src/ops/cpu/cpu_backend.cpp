@@ -43,6 +43,20 @@ Status Backend::kv_write(const cpu::KvView& kv, int64_t first_pos, const float* 
   return Status();
 }
 
+Status Backend::deltanet_prep(const float* mixed, int64_t n, const cpu::DeltaNetShape& s, const float* conv_w,
+                              int64_t kernel, float* conv_state, std::span<const int32_t> parents, float* q, float* k,
+                              float* v, float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a) {
+  const int64_t qk = s.n_k_heads * s.d_k, C = 2 * qk + s.n_v_heads * s.d_v;
+  DF_ASSIGN_OR_RETURN(Buffer u, alloc(n * C));
+  DF_RETURN_IF_ERROR(causal_conv1d_silu(mixed, n, C, conv_w, kernel, conv_state, u.data(), parents));
+  DF_RETURN_IF_ERROR(slice_columns(u.data(), n, C, 0, qk, q));
+  DF_RETURN_IF_ERROR(slice_columns(u.data(), n, C, qk, qk, k));
+  DF_RETURN_IF_ERROR(slice_columns(u.data(), n, C, 2 * qk, s.n_v_heads * s.d_v, v));
+  DF_RETURN_IF_ERROR(l2_norm_rows(q, n * s.n_k_heads, s.d_k, 1e-6f, 1.0f / std::sqrt(static_cast<float>(s.d_k))));
+  DF_RETURN_IF_ERROR(l2_norm_rows(k, n * s.n_k_heads, s.d_k, 1e-6f, 1.0f));
+  return deltanet_gates(alpha_to_decay, beta, dt_bias, ssm_a, n, s.n_v_heads);
+}
+
 // Each allocation carries a 16-byte header in front of the data (keeping its 16-byte alignment) that
 // holds its size, for the memory accounting.
 constexpr int64_t kHeaderFloats = 4;

@@ -29,4 +29,9 @@ cudaError_t causal_conv1d_silu(const float* x, int64_t n, int64_t channels, cons
                                float* conv_state, float* out, const int32_t* parents,
                                cudaStream_t stream = nullptr);
 
+// The chain form's window update alone: conv_state [K-1, C] becomes the last K-1 rows of concat(conv_state,
+// x [n, C]) (one launch; what causal_conv1d_silu does after its outputs).
+cudaError_t conv_shift_window(const float* x, int64_t n, int64_t channels, int64_t kernel, float* conv_state,
+                              cudaStream_t stream = nullptr);
+
 }  // namespace dflash::cuda

@@ -662,6 +662,45 @@ Status CudaBackend::swiglu(const float* gate, const float* up, float* out, int64
   if (!st.ok()) forget_q8();
   return st;
 }
+Status CudaBackend::rms_norm_silu_gate(float* o, const float* w, float eps, int64_t rows, int64_t dim, float* z) {
+  activate();
+  if (dim > 1024) {
+    forget_q8();
+    return Backend::rms_norm_silu_gate(o, w, eps, rows, dim, z);
+  }
+  const cuda::Q8Out q8 = dim % cuda::kQ8Block == 0 ? q8_for(o, rows * dim) : (forget_q8(), cuda::Q8Out{});
+  Status st = check(cuda::rms_norm_silu_gate(o, w, eps, rows, dim, z, stream_, q8), "rms_norm_silu_gate");
+  if (!st.ok()) forget_q8();
+  return st;
+}
+Status CudaBackend::deltanet_prep(const float* mixed, int64_t n, const cpu::DeltaNetShape& s, const float* conv_w,
+                                  int64_t kernel, float* conv_state, std::span<const int32_t> parents, float* q,
+                                  float* k, float* v, float* alpha_to_decay, float* beta, const float* dt_bias,
+                                  const float* ssm_a) {
+  activate();
+  forget_q8();
+  constexpr int64_t kMaxDim = 32 * cuda::kDeltaNetPrepMaxPer;
+  if (s.d_k > kMaxDim || s.d_v > kMaxDim || n > 65535)
+    return Backend::deltanet_prep(mixed, n, s, conv_w, kernel, conv_state, parents, q, k, v, alpha_to_decay, beta,
+                                  dt_bias, ssm_a);
+  if (kernel < 1 || kernel > cuda::kConvMaxKernel)
+    return invalid_argument("deltanet_prep: conv kernel size {} outside [1, {}]", kernel, cuda::kConvMaxKernel);
+  if (!parents.empty() && static_cast<int64_t>(parents.size()) != n)
+    return invalid_argument("deltanet_prep: {} parents for {} tokens", parents.size(), n);
+  DF_ASSIGN_OR_RETURN(const void* par, stage(parents_, parents.data(), parents.size_bytes()));
+  cuda::DeltaNetPrepArgs a;
+  a.mixed = mixed;
+  a.n_k_heads = s.n_k_heads, a.n_v_heads = s.n_v_heads, a.d_k = s.d_k, a.d_v = s.d_v;
+  a.conv_w = conv_w;
+  a.kernel = static_cast<int>(kernel);
+  a.conv_state = conv_state;
+  a.parents = static_cast<const int32_t*>(par);
+  a.q = q, a.k = k, a.v = v, a.alpha = alpha_to_decay, a.beta = beta;
+  a.dt_bias = dt_bias;
+  a.ssm_a = ssm_a;
+  a.q_scale = 1.0f / std::sqrt(static_cast<float>(s.d_k));
+  return check(cuda::deltanet_prep(a, n, stream_), "deltanet_prep");
+}
 Status CudaBackend::slice_columns(const float* src, int64_t rows, int64_t src_width, int64_t offset, int64_t width,
                                   float* dst) {
   activate();

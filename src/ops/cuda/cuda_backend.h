@@ -92,6 +92,11 @@ class CudaBackend final : public Backend {
   Status slice_columns(const float* src, int64_t rows, int64_t src_width, int64_t offset, int64_t width,
                        float* dst) override;
   Status l2_norm_rows(float* x, int64_t rows, int64_t dim, float eps, float scale) override;
+  Status deltanet_prep(const float* mixed, int64_t n, const cpu::DeltaNetShape& s, const float* conv_w, int64_t kernel,
+                       float* conv_state, std::span<const int32_t> parents, float* q, float* k, float* v,
+                       float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a) override;
+  Status rms_norm_silu_gate(float* o, const float* w, float eps, int64_t rows, int64_t dim, float* z) override;
+
   Status deltanet_gates(float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a, int64_t n,
                         int64_t n_heads) override;
   Status gather_rows(const float* x, int64_t dim, std::span<const int64_t> rows, float* out) override;

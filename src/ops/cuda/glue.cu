@@ -4,7 +4,9 @@
 
 #include <cstdint>
 
+#include "ops/cuda/conv.cuh"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/warp_reduce.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -26,36 +28,93 @@ __global__ void slice_columns_kernel(const float* src, int64_t rows, int64_t src
   }
 }
 
-// One warp per row: the sum of squares is taken sequentially by lane 0 so it rounds like the CPU's loop;
-// the scaling is parallel. Rows are short (a head: 128 values), so this costs little.
+// 1 / sqrt(sum of squares + eps) of a row a warp holds: `ss` is this lane's partial sum (its elements
+// lane + 32 j, j ascending, each square rounded and added), then the warp's butterfly (warp_sum).
+__device__ __forceinline__ float l2_inv(float ss, float eps) {
+  ss = warp_sum(ss);
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ss, eps)));
+}
+
+// One warp per row.
 __global__ void l2_norm_rows_kernel(float* x, int64_t rows, int64_t dim, float eps, float scale) {
   pdl_begin();
   const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
   float* p = x + row * dim;
-  float inv = 0.0f;
-  if (lane == 0) {
-    float ss = 0.0f;
-    for (int64_t i = 0; i < dim; ++i) ss = __fadd_rn(ss, __fmul_rn(p[i], p[i]));
-    inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ss, eps)));
-  }
-  inv = __shfl_sync(0xffffffffu, inv, 0);
+  float ss = 0.0f;
+  for (int64_t i = lane; i < dim; i += 32) ss = __fadd_rn(ss, __fmul_rn(p[i], p[i]));
+  const float inv = l2_inv(ss, eps);
   for (int64_t i = lane; i < dim; i += 32) p[i] = __fmul_rn(__fmul_rn(p[i], inv), scale);
 }
 
 __device__ float softplus_dev(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 __device__ float sigmoid_dev(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+__device__ __forceinline__ void deltanet_gate(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t i,
+                                              int64_t h) {
+  a[i] = ssm_a[h] * softplus_dev(a[i] + dt_bias[h]);
+  b[i] = sigmoid_dev(b[i]);
+}
+
 __global__ void deltanet_gates_kernel(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t n,
                                       int64_t heads) {
   pdl_begin();
   const int64_t total = n * heads;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t h = i % heads;
-    a[i] = ssm_a[h] * softplus_dev(a[i] + dt_bias[h]);
-    b[i] = sigmoid_dev(b[i]);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x)
+    deltanet_gate(a, b, dt_bias, ssm_a, i, i % heads);
+}
+
+// deltanet_prep: block (warp group, token t); warp w < 2 Hk + Hv takes one head row of token t (a q, k or v
+// head: its channels' conv outputs, L2-normalised for q and k), warp 2 Hk + Hv the token's gates. With
+// shift (one token, chain form) each lane then moves the window of its channels: it is their only reader.
+constexpr int kPrepWarps = 4;
+__global__ void __launch_bounds__(kPrepWarps * 32) deltanet_prep_kernel(DeltaNetPrepArgs a, bool shift) {
+  pdl_begin();
+  const int warp = static_cast<int>(blockIdx.x) * kPrepWarps + static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t t = blockIdx.y;
+  const int64_t Hk = a.n_k_heads, Hv = a.n_v_heads, rows = 2 * Hk + Hv;
+  if (warp > rows) return;
+  if (warp == rows) {
+    for (int64_t h = lane; h < Hv; h += 32) deltanet_gate(a.alpha, a.beta, a.dt_bias, a.ssm_a, t * Hv + h, h);
+    return;
   }
+  const int64_t C = 2 * Hk * a.d_k + Hv * a.d_v;
+  int64_t width, c0;
+  float* dst;
+  float scale = 1.0f;
+  if (warp < 2 * Hk) {
+    const int64_t h = warp < Hk ? warp : warp - Hk;
+    width = a.d_k;
+    c0 = (warp < Hk ? 0 : Hk * a.d_k) + h * a.d_k;
+    dst = (warp < Hk ? a.q : a.k) + (t * Hk + h) * a.d_k;
+    if (warp < Hk) scale = a.q_scale;
+  } else {
+    const int64_t h = warp - 2 * Hk;
+    width = a.d_v;
+    c0 = 2 * Hk * a.d_k + h * a.d_v;
+    dst = a.v + (t * Hv + h) * a.d_v;
+  }
+  float val[kDeltaNetPrepMaxPer];
+#pragma unroll
+  for (int j = 0; j < kDeltaNetPrepMaxPer; ++j) {
+    const int64_t c = lane + 32 * j;
+    val[j] = c < width ? conv_silu_at(a.mixed, t, c0 + c, C, a.conv_w, a.kernel, a.conv_state, a.parents) : 0.0f;
+  }
+  if (warp < 2 * Hk) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kDeltaNetPrepMaxPer; ++j) ss = __fadd_rn(ss, __fmul_rn(val[j], val[j]));
+    const float inv = l2_inv(ss, kDeltaNetL2Eps);
+#pragma unroll
+    for (int j = 0; j < kDeltaNetPrepMaxPer; ++j) val[j] = __fmul_rn(__fmul_rn(val[j], inv), scale);
+  }
+#pragma unroll
+  for (int j = 0; j < kDeltaNetPrepMaxPer; ++j)
+    if (lane + 32 * j < width) dst[lane + 32 * j] = val[j];
+  if (shift)
+    for (int64_t c = lane; c < width; c += 32) conv_shift_state(a.mixed, 1, c0 + c, C, a.kernel - 1, a.conv_state);
 }
 
 __global__ void gather_rows_kernel(const float* x, int64_t dim, const int64_t* rows, int64_t m, float* out) {
@@ -159,6 +218,25 @@ cudaError_t gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_
   if (m * dim == 0) return cudaSuccess;
   launch_pdl(gather_rows_kernel, dim3(grid_for(m * dim)), dim3(kThreads), 0, stream, x, dim, rows, m, out);
   return cudaGetLastError();
+}
+
+cudaError_t deltanet_prep(const DeltaNetPrepArgs& a, int64_t n, cudaStream_t stream) {
+  if (n < 0 || n > 65535 || a.n_k_heads < 1 || a.n_v_heads < 1 || a.d_k < 1 || a.d_v < 1) return cudaErrorInvalidValue;
+  if (a.d_k > 32 * kDeltaNetPrepMaxPer || a.d_v > 32 * kDeltaNetPrepMaxPer) return cudaErrorInvalidValue;
+  if (a.kernel < 1 || a.kernel > kConvMaxKernel) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (!a.mixed || !a.conv_w || (a.kernel > 1 && !a.conv_state) || !a.q || !a.k || !a.v || !a.alpha || !a.beta ||
+      !a.dt_bias || !a.ssm_a)
+    return cudaErrorInvalidValue;
+  const int64_t warps = 2 * a.n_k_heads + a.n_v_heads + 1;
+  if (warps > 65535 * int64_t{kPrepWarps}) return cudaErrorInvalidValue;
+  const bool chain_window = a.parents == nullptr && a.kernel > 1;
+  const dim3 grid(static_cast<unsigned>((warps + kPrepWarps - 1) / kPrepWarps), static_cast<unsigned>(n));
+  launch_pdl(deltanet_prep_kernel, grid, dim3(kPrepWarps * 32), 0, stream, a, chain_window && n == 1);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || !chain_window || n == 1) return err;
+  const int64_t C = 2 * a.n_k_heads * a.d_k + a.n_v_heads * a.d_v;
+  return conv_shift_window(a.mixed, n, C, a.kernel, a.conv_state, stream);
 }
 
 }  // namespace dflash::cuda

@@ -11,11 +11,33 @@ namespace dflash::cuda {
 // dst[r, :] = src[r, offset : offset + width] for `rows` rows of `src_width`.
 cudaError_t slice_columns(const float* src, int64_t rows, int64_t src_width, int64_t offset, int64_t width, float* dst,
                           cudaStream_t stream = nullptr);
-// Each row of x [rows, dim] becomes x / sqrt(sum x^2 + eps) * scale (sum in the CPU's order: sequential).
+// Each row of x [rows, dim] becomes x / sqrt(sum x^2 + eps) * scale (a warp a row: lane partial sums, then
+// a butterfly; within a few ulps of the CPU's sequential sum).
 cudaError_t l2_norm_rows(float* x, int64_t rows, int64_t dim, float eps, float scale, cudaStream_t stream = nullptr);
 // Over [n, n_heads]: alpha <- ssm_a[h] * softplus(alpha + dt_bias[h]); beta <- sigmoid(beta).
 cudaError_t deltanet_gates(float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a, int64_t n,
                            int64_t n_heads, cudaStream_t stream = nullptr);
+// The DeltaNet input prep of n tokens in one launch (Backend::deltanet_prep; two in the chain form with
+// n > 1: the window moves after every output is made): the conv + SiLU of mixed [n, C] (C = 2 Hk dk + Hv dv;
+// conv.cuh's element, so the same bits as causal_conv1d_silu), split into q, k [n, Hk, dk] and v [n, Hv,
+// dv]; q and k L2-normalised per head as l2_norm_rows (eps kDeltaNetL2Eps; q times q_scale); the gates of
+// alpha and beta [n, Hv] in place as deltanet_gates. parents: device, n entries, null for the chain form.
+// Head dims up to 32 * kDeltaNetPrepMaxPer.
+inline constexpr int kDeltaNetPrepMaxPer = 8;
+inline constexpr float kDeltaNetL2Eps = 1e-6f;
+struct DeltaNetPrepArgs {
+  const float* mixed = nullptr;
+  int64_t n_k_heads = 0, n_v_heads = 0, d_k = 0, d_v = 0;
+  const float* conv_w = nullptr;
+  int kernel = 0;
+  float* conv_state = nullptr;
+  const int32_t* parents = nullptr;
+  float *q = nullptr, *k = nullptr, *v = nullptr, *alpha = nullptr, *beta = nullptr;
+  const float* dt_bias = nullptr;
+  const float* ssm_a = nullptr;
+  float q_scale = 1.0f;
+};
+cudaError_t deltanet_prep(const DeltaNetPrepArgs& a, int64_t n, cudaStream_t stream = nullptr);
 // out[r, :] = x[rows[r], :]; `rows` is a device array of m indices.
 cudaError_t gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t m, float* out,
                         cudaStream_t stream = nullptr);

@@ -26,8 +26,12 @@ constexpr int kThreads = 256;
 // One warp per row (dim <= 32 * kWarpPer): 8 rows per block.
 constexpr int kWarpPer = 32;
 // With `delta` (the fused residual add): x += delta first, stored back to x, and the norm is of the sum.
+// kGate (rms_norm_silu_gate): y = the norm * silu(gate) (gate [n, dim]), and with q8 on (dim a multiple of
+// 32) its int8 form: a warp's 32 values of step k are one 32-element block.
+__device__ __forceinline__ float silu_f(float v) { return __fdiv_rn(v, __fadd_rn(1.0f, expf(-v))); }
+template <bool kGate>
 __global__ void rms_norm_warp_kernel(float* x, int64_t xs, const float* delta, const float* w, float eps, int64_t n,
-                                     int64_t dim, float* y, int64_t ys) {
+                                     int64_t dim, float* y, int64_t ys, const float* gate, Q8Out q8) {
   pdl_begin();
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   if (r >= n) return;
@@ -56,10 +60,26 @@ __global__ void rms_norm_warp_kernel(float* x, int64_t xs, const float* delta, c
   sum = warp_sum(sum);
   const float mean = dim > 0 ? static_cast<float>(sum / static_cast<double>(dim)) : 0.0f;
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+  if constexpr (kGate) {
+#pragma unroll
+    for (int k = 0; k < kWarpPer; ++k) {
+      const int64_t i = lane + 32 * k;
+      dv[k] = i < dim ? gate[r * dim + i] : 0.0f;
+    }
+  }
 #pragma unroll
   for (int k = 0; k < kWarpPer; ++k) {
     const int64_t i = lane + 32 * k;
-    if (i < dim) yr[i] = w != nullptr ? __fmul_rn(__fmul_rn(v[k], scale), wv[k]) : __fmul_rn(v[k], scale);
+    if constexpr (kGate) {
+      if (32 * k >= dim) break;
+      const float o = i < dim ? __fmul_rn(w != nullptr ? __fmul_rn(__fmul_rn(v[k], scale), wv[k]) : __fmul_rn(v[k], scale),
+                                          silu_f(dv[k]))
+                              : 0.0f;
+      if (i < dim) yr[i] = o;
+      if (q8.on()) quantize_q8_block(o, lane, (r * dim + 32 * k) / 32, q8);
+    } else {
+      if (i < dim) yr[i] = w != nullptr ? __fmul_rn(__fmul_rn(v[k], scale), wv[k]) : __fmul_rn(v[k], scale);
+    }
   }
 }
 
@@ -155,8 +175,6 @@ __global__ void rope_neox_kernel(float* x, int64_t n_heads, int64_t head_dim, in
     v[i + half] = __fadd_rn(__fmul_rn(x0, sn[i]), __fmul_rn(x1, cs[i]));
   }
 }
-
-__device__ __forceinline__ float silu_f(float v) { return __fdiv_rn(v, __fadd_rn(1.0f, expf(-v))); }
 
 __global__ void silu_kernel(float* x, int64_t n) {
   pdl_begin();
@@ -309,8 +327,8 @@ cudaError_t launch_rms_norm(float* x, int64_t x_stride, const float* delta, cons
   if (dim <= 32 * kWarpPer) {
     const int64_t blocks = (n + kThreads / 32 - 1) / (kThreads / 32);
     if (blocks > kMaxGridX) return cudaErrorInvalidValue;
-    launch_pdl(rms_norm_warp_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, x, x_stride, delta,
-               w, eps, n, dim, y, y_stride);
+    launch_pdl(rms_norm_warp_kernel<false>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, x, x_stride,
+               delta, w, eps, n, dim, y, y_stride, nullptr, Q8Out{});
   } else if (dim <= int64_t{kThreads} * kBlockPer) {
     if (n > kMaxGridX) return cudaErrorInvalidValue;
     launch_pdl(rms_norm_block_kernel, dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, x, x_stride, delta, w,
@@ -341,6 +359,18 @@ cudaError_t add_rms_norm(float* x, const float* delta, const float* w, float eps
 cudaError_t rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* y,
                      cudaStream_t stream) {
   return rms_norm_strided(x, dim, w, eps, n, dim, y, dim, stream);
+}
+
+cudaError_t rms_norm_silu_gate(float* o, const float* w, float eps, int64_t rows, int64_t dim, const float* z,
+                               cudaStream_t stream, const Q8Out& q8) {
+  if (rows < 0 || dim < 0 || dim > 32 * kWarpPer) return cudaErrorInvalidValue;
+  if (rows == 0 || dim == 0) return cudaSuccess;
+  if (o == nullptr || z == nullptr || (q8.on() && dim % 32 != 0)) return cudaErrorInvalidValue;
+  const int64_t blocks = (rows + kThreads / 32 - 1) / (kThreads / 32);
+  if (blocks > kMaxGridX) return cudaErrorInvalidValue;
+  launch_pdl(rms_norm_warp_kernel<true>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, o, dim,
+             static_cast<const float*>(nullptr), w, eps, rows, dim, o, dim, z, q8);
+  return cudaGetLastError();
 }
 
 cudaError_t rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
