@@ -94,6 +94,8 @@ struct Shape {
   int64_t nh, nkv, hd;
 };
 const Shape kShapes[] = {{"qwen3-8b", 32, 8, 128}, {"qwen3.5-27b", 24, 4, 256}};
+const char* g_shape = nullptr;  // --shape: only this one
+bool skip_shape(const Shape& s) { return g_shape != nullptr && std::strcmp(g_shape, s.name) != 0; }
 
 // The --decode table (see the header).
 void decode_table(const std::vector<int64_t>& sizes, bool tuning) {
@@ -108,6 +110,7 @@ void decode_table(const std::vector<int64_t>& sizes, bool tuning) {
   for (const Shape& s : kShapes)
     for (int64_t n : sizes)
       for (bool f16 : {false, true}) {
+        if (skip_shape(s)) continue;
         const size_t kv_bytes = static_cast<size_t>(n * s.nkv * s.hd) * 2 * (f16 ? 2 : 4);
         const int copies = static_cast<int>(std::max<size_t>(1, ((size_t{256} << 20) + kv_bytes - 1) / kv_bytes));
         std::vector<std::unique_ptr<Kv>> kvs;
@@ -161,6 +164,8 @@ int main(int argc, char** argv) {
       with_old = false;
     } else if (std::strcmp(argv[i], "--decode") == 0) {
       decode = true;
+    } else if (std::strcmp(argv[i], "--shape") == 0 && i + 1 < argc) {
+      g_shape = argv[++i];
     } else if (std::strcmp(argv[i], "--tuning") == 0) {
       tuning = true;
     } else if (std::strcmp(argv[i], "--kv") == 0 && i + 1 < argc &&
@@ -181,8 +186,8 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--no-old] [--sizes 512,4096,...] [--kv f32|f16]\n"
-                   "       %s --decode [--sizes ...] [--tuning]\n",
+                   "usage: %s [--quick] [--no-old] [--sizes 512,4096,...] [--kv f32|f16] [--shape qwen3-8b|qwen3.5-27b]\n"
+                   "       %s --decode [--sizes ...] [--tuning] [--shape ...]\n",
                    argv[0], argv[0]);
       return 2;
     }
@@ -199,6 +204,7 @@ int main(int argc, char** argv) {
               "new ms", "new TF/s", "splits", "speedup", "rel diff");
   for (const Shape& s : kShapes)
     for (int64_t n : sizes) {
+      if (skip_shape(s)) continue;
       const size_t q_elems = static_cast<size_t>(n * s.nh * s.hd);
       float *q = nullptr, *out_new = nullptr, *out_old = nullptr;
       CHECK(cudaMalloc(&q, sizeof(float) * q_elems));

@@ -295,17 +295,21 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(Params p) {
 }
 
 // One block of kMergeThreads per output row (query, head). The split maxima, weights e^(m_s - M) and the sum
-// L are computed across the threads (splits in parallel, then a fixed-order reduction), so the row's
-// latency is a few loads deep rather than n_splits; then each thread sums its head-dim columns over the
-// splits in split order.
-constexpr int kMergeThreads = 128;
+// L are computed across the threads (splits in parallel, then a fixed-order reduction). Then warp w sums the
+// splits w, w + kMergeWarps, ... in that order for every column (a lane's columns lane + 32 j: up to 8 loads
+// of a split in flight at once), and the warps' sums are added in warp order: a row's latency is a few loads
+// deep, not n_splits, and the order is fixed by n_splits alone.
+constexpr int kMergeThreads = 256;
+constexpr int kMergeWarps = kMergeThreads / 32;
+constexpr int kMergeMaxHd = 256;
 constexpr int kMaxSplits = 256;
 
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const float* part_acc, const float* part_ml,
                                                               int n_splits, int64_t n_rows, int hd, float* out) {
   pdl_begin();
   __shared__ float w_s[kMaxSplits];
-  __shared__ float red[kMergeThreads / 32];
+  __shared__ float red[kMergeWarps];
+  __shared__ float sum_s[kMergeWarps][kMergeMaxHd];
   const int64_t row = blockIdx.x;
   float m = -INFINITY;
   for (int s = threadIdx.x; s < n_splits; s += kMergeThreads) m = fmaxf(m, part_ml[2 * (s * n_rows + row)]);
@@ -319,14 +323,26 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const float* part_
   }
   const float L = block_reduce<kMergeThreads, false>(l, red);  // its barriers also publish w_s
   const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-  for (int d = threadIdx.x; d < hd; d += kMergeThreads) {
-    float a = 0.0f;
-#pragma unroll 8
-    for (int s = 0; s < n_splits; ++s) {
-      const float w = w_s[s];
-      if (w != 0.0f) a += part_acc[(s * n_rows + row) * hd + d] * w;
-    }
-    out[row * hd + d] = a * inv;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  constexpr int kCols = kMergeMaxHd / 32;
+  float a[kCols] = {};
+#pragma unroll 4
+  for (int s = warp; s < n_splits; s += kMergeWarps) {
+    const float w = w_s[s];
+    if (w == 0.0f) continue;
+    const float* ps = part_acc + (s * n_rows + row) * hd;
+#pragma unroll
+    for (int j = 0; j < kCols; ++j)
+      if (lane + 32 * j < hd) a[j] += ps[lane + 32 * j] * w;
+  }
+#pragma unroll
+  for (int j = 0; j < kCols; ++j)
+    if (lane + 32 * j < hd) sum_s[warp][lane + 32 * j] = a[j];
+  __syncthreads();
+  for (int d = static_cast<int>(threadIdx.x); d < hd; d += kMergeThreads) {
+    float t = sum_s[0][d];
+    for (int w = 1; w < kMergeWarps; ++w) t += sum_s[w][d];
+    out[row * hd + d] = t * inv;
   }
 }
 

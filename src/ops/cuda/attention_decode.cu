@@ -4,15 +4,16 @@
 //
 // Block (x, y, z) = (query i and row block of its group, KV head, key split); one or two groups of 4 warps.
 // A block takes R rows: the heads of query i's group that read this KV head (R = 4, 8 or 16, the group
-// rounded up), R / 4 a warp of each group. Its split's keys [kb, ke) are streamed in tiles of 32 through a
-// ring of shared-memory stages by cp.async (K and V rows as stored, fp16 or float32, rows padded by 16
-// bytes), a round of one tile per group at a time: while the groups compute round r, the next rounds are in
-// flight. Group g takes tiles g, g + 2, ... (two groups where a stage is small, so that an SM runs 16 warps
-// of fp16 decode). Per tile, each warp for its rows, with one block barrier a round (its stages have landed,
-// and the stages being refilled are free):
-//   1. scores, a lane per key: the lane dots its key's K row (fp16 converted exactly) with the row's query,
-//      staged once in shared memory as float32 (broadcast reads; the row padding keeps the lanes' reads of
-//      32 different K rows on distinct banks), in 4 / (R / 4) partial sums;
+// rounded up), R / 4 a warp of each group. Its split's keys [kb, ke) are streamed in tiles of 32 keys (16
+// for head dims of 256) through a ring of shared-memory stages by cp.async (K and V rows as stored, fp16 or
+// float32, rows padded by 16 bytes), a round of one tile per group at a time: while the groups compute round
+// r, the next rounds are in flight. Group g takes tiles g, g + 2, ... (two groups where a stage is small, so
+// that an SM runs 16 warps of fp16 decode). Per tile, each warp for its rows, with one block barrier a round
+// (its stages have landed, and the stages being refilled are free):
+//   1. scores, a lane per key (two lanes a key for head dims of 256, each half the dims, added by a
+//      shuffle): the lane dots its key's K row (fp16 converted exactly) with the row's query, staged once in
+//      shared memory as float32 (broadcast reads; the row padding keeps the lanes' reads of different K rows
+//      on distinct banks), in 4 / (R / 4) partial sums;
 //   2. online softmax across the warp: tile max by shuffles, running max m, the correction
 //      exp(m_old - m_new) applied to the accumulators, p = exp(s - m), a running sum l per lane (summed over
 //      the warp at the end);
@@ -42,8 +43,6 @@
 
 namespace dflash::cuda::attn_decode {
 namespace {
-
-constexpr int kTile = 32;
 
 // NB bytes of shared memory, read in 16-, 8- or 4-byte pieces, as 32-bit words.
 template <int NB>
@@ -94,6 +93,10 @@ constexpr int kWarps = 4;  // warps of a group: a group computes one tile at a t
 
 template <int HD, int R, bool F16>
 struct Smem {
+  // Keys a tile: 32 (a lane per key), 16 for rows of 256 (two lanes a key, each half the head dim), so
+  // that a stage of fp16 rows of 256 is as small as one of 128 and an SM runs 16 warps of it.
+  static constexpr int kTile = HD >= 256 ? 16 : 32;
+  static constexpr int kKeyLanes = 32 / kTile;
   static constexpr int kEs = F16 ? 2 : 4;
   static constexpr int kRowBytes = HD * kEs;
   static constexpr int kPieces = kRowBytes / 16;  // 16-byte pieces of a K or V row
@@ -105,16 +108,23 @@ struct Smem {
   static constexpr int kGroups = kStageBytes <= 18 * 1024 ? 2 : 1;
   static constexpr int kThreads = 32 * kWarps * kGroups;
   static constexpr int kRoundBytes = kGroups * kStageBytes;  // a round: one tile for each group
-  static constexpr int kRounds = kRoundBytes <= 40 * 1024 ? 3 : 2;  // rounds in the ring
-  static_assert(kRoundBytes <= 72 * 1024, "two rounds of the largest stage (float32 rows of 256) fit");
+  static_assert(kRoundBytes <= 72 * 1024, "two rounds of the largest stage fit");
+  // Everything but the ring: float q [R][HD]; group 1's (m, l) [R][2] and acc [R][HD]; p [groups][R][kTile];
+  // the path, int32 [1 + 128].
+  static constexpr size_t kFixedBytes = sizeof(float) * R * HD + sizeof(float) * R * 2 +
+                                        (kGroups > 1 ? sizeof(float) * R * HD : 0) +
+                                        sizeof(float) * kGroups * R * kTile + sizeof(int32_t) * (1 + kMaxPathQueries);
+  // Rounds in the ring: 3 where a round is small and they fit beside two blocks an SM, else 2.
+  static constexpr int kRounds = kRoundBytes <= 40 * 1024 && kFixedBytes + 3 * kRoundBytes <= 113 * 1024 ? 3 : 2;
   static constexpr int kStages = kGroups * kRounds;
   static constexpr size_t kQ = 0;                                           // float [R][HD]
   static constexpr size_t kStage0 = sizeof(float) * R * HD;                 // 16-byte aligned
   static constexpr size_t kMl = kStage0 + size_t{kStages} * kStageBytes;    // float [R][2]: group 1's (m, l)
   static constexpr size_t kAcc = kMl + sizeof(float) * R * 2;               // float [R][HD]: group 1's acc
-  static constexpr size_t kP = kAcc + (kGroups > 1 ? sizeof(float) * R * HD : 0);  // float [groups][R][32]: p
+  static constexpr size_t kP = kAcc + (kGroups > 1 ? sizeof(float) * R * HD : 0);  // float [groups][R][kTile]: p
   static constexpr size_t kPath = kP + sizeof(float) * kGroups * R * kTile;         // int32 [1 + 128]
   static constexpr size_t kBytes = kPath + sizeof(int32_t) * (1 + kMaxPathQueries);
+  static_assert(kBytes == size_t{kStages} * kStageBytes + kFixedBytes);
 };
 
 template <int HD, int R, bool F16>
@@ -126,6 +136,8 @@ __global__ void __launch_bounds__(Smem<HD, R, F16>::kThreads) decode_kernel(Para
   constexpr int P = 4 / RW;                  // partial sums a score
   constexpr int kPerPiece = 16 / S::kEs;     // elements of a 16-byte piece
   constexpr int kDims = HD / 16;             // a lane's slice of a V row (half-warps take alternate keys)
+  constexpr int kTile = S::kTile;
+  constexpr int kHalfPieces = S::kPieces / S::kKeyLanes;  // 16-byte pieces of a K row a lane dots
   extern __shared__ float4 smem4[];
   char* smem = reinterpret_cast<char*>(smem4);
   float* q_s = reinterpret_cast<float*>(smem + S::kQ);
@@ -205,7 +217,8 @@ __global__ void __launch_bounds__(Smem<HD, R, F16>::kThreads) decode_kernel(Para
     for (int d = 0; d < kDims; ++d) acc[rr][d] = 0.0f;
   }
   const bool busy = warp < nr;  // the warp has a row (rows past nr are never written)
-  float* p_w = reinterpret_cast<float*>(smem + S::kP) + (group * kWarps + warp) * RW * kTile;  // [RW][32]
+  float* p_w = reinterpret_cast<float*>(smem + S::kP) + (group * kWarps + warp) * RW * kTile;  // [RW][kTile]
+  const int key = lane % kTile, half = lane / kTile;  // the lane's key of a tile, and its part of the row
   for (int rd = 0; rd < n_rounds; ++rd) {
     cp_async_wait<S::kRounds - 2>();  // this thread's copies of round rd have landed
     __syncthreads();                  // everyone's have; and every warp is done with round rd - 1's stages
@@ -215,7 +228,8 @@ __global__ void __launch_bounds__(Smem<HD, R, F16>::kThreads) decode_kernel(Para
     if (!busy || k >= n_tiles) continue;
     const char* st = stages + (k % S::kStages) * S::kStageBytes;
     const int nv = static_cast<int>(std::min<int64_t>(kTile, ke - (kb + static_cast<int64_t>(k) * kTile)));
-    // 1. Scores, a lane per key: P partial sums a row (dim c P + e goes to sum e), added pairwise at the end.
+    // 1. Scores, a lane per key (two for rows of 256: pieces [half kHalfPieces, + kHalfPieces) each, the two
+    //    halves added by a shuffle): P partial sums a row (dim c P + e goes to sum e), added pairwise at the end.
     float s[RW];
     {
       float sp[RW][P];
@@ -223,10 +237,10 @@ __global__ void __launch_bounds__(Smem<HD, R, F16>::kThreads) decode_kernel(Para
       for (int rr = 0; rr < RW; ++rr)
 #pragma unroll
         for (int e = 0; e < P; ++e) sp[rr][e] = 0.0f;
-      if (lane < nv) {
-        const char* krow = st + lane * S::kStride;
+      if (key < nv) {
+        const char* krow = st + key * S::kStride;
 #pragma unroll 4
-        for (int c = 0; c < S::kPieces; ++c) {
+        for (int c = half * kHalfPieces; c < (half + 1) * kHalfPieces; ++c) {
           const Raw<16> raw = lds_raw<16>(krow + 16 * c);
           float kf[kPerPiece];
           to_floats<F16, kPerPiece>(raw, kf);
@@ -249,17 +263,18 @@ __global__ void __launch_bounds__(Smem<HD, R, F16>::kThreads) decode_kernel(Para
         if constexpr (P == 4) s[rr] = (sp[rr][0] + sp[rr][1]) + (sp[rr][2] + sp[rr][3]);
         else if constexpr (P == 2) s[rr] = sp[rr][0] + sp[rr][1];
         else s[rr] = sp[rr][0];
+        if constexpr (S::kKeyLanes == 2) s[rr] += __shfl_xor_sync(0xffffffffu, s[rr], 16);  // both lanes: same bits
       }
     }
     // 2. Online softmax.
     float pr[RW];
 #pragma unroll
     for (int rr = 0; rr < RW; ++rr) {
-      const float sc = lane < nv ? s[rr] * p.scale : -INFINITY;
+      const float sc = key < nv ? s[rr] * p.scale : -INFINITY;
       const float m_new = fmaxf(m[rr], warp_max(sc));
       const float corr = m[rr] == -INFINITY ? 0.0f : expf(m[rr] - m_new);
-      pr[rr] = lane < nv ? expf(sc - m_new) : 0.0f;
-      l[rr] = l[rr] * corr + pr[rr];
+      pr[rr] = key < nv ? expf(sc - m_new) : 0.0f;
+      l[rr] = l[rr] * corr + (half == 0 ? pr[rr] : 0.0f);  // a key's p counted once
       m[rr] = m_new;
 #pragma unroll
       for (int d = 0; d < kDims; ++d) acc[rr][d] *= corr;
@@ -267,7 +282,8 @@ __global__ void __launch_bounds__(Smem<HD, R, F16>::kThreads) decode_kernel(Para
     // 3. acc += P V: p through the warp's shared-memory slots; half-warp h takes keys h, h + 2, ..., a lane
     //    a 16th of the head dim (the halves are added at the end).
 #pragma unroll
-    for (int rr = 0; rr < RW; ++rr) p_w[rr * kTile + lane] = pr[rr];
+    for (int rr = 0; rr < RW; ++rr)
+      if (half == 0) p_w[rr * kTile + key] = pr[rr];
     __syncwarp();
     const char* vbase = st + kTile * S::kStride + (lane % 16) * kDims * S::kEs;
 #pragma unroll 4
