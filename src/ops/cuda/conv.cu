@@ -9,6 +9,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
+template <int KC>
 __global__ void __launch_bounds__(kThreads)
     conv_out_kernel(const float* __restrict__ x, int64_t n, int64_t C, const float* __restrict__ w, int K,
                     const float* __restrict__ conv_state, float* __restrict__ out, const int32_t* __restrict__ parents) {
@@ -17,7 +18,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = idx / C, c = idx - t * C;
-    out[idx] = conv_silu_at(x, t, c, C, w, K, conv_state, parents);
+    out[idx] = conv_silu_at<KC>(x, t, c, C, w, K, conv_state, parents);
   }
 }
 
@@ -43,8 +44,8 @@ cudaError_t causal_conv1d_silu(const float* x, int64_t n, int64_t channels, cons
   if (!x || !w || !out || (kernel > 1 && !conv_state)) return cudaErrorInvalidValue;
   if (n > INT64_MAX / channels) return cudaErrorInvalidValue;
   const int K = int(kernel);
-  launch_pdl(conv_out_kernel, dim3(grid_for(n * channels)), dim3(kThreads), 0, stream, x, n, channels, w, K, conv_state,
-             out, parents);
+  launch_pdl(K == kConvCommonKernel ? conv_out_kernel<kConvCommonKernel> : conv_out_kernel<0>,
+             dim3(grid_for(n * channels)), dim3(kThreads), 0, stream, x, n, channels, w, K, conv_state, out, parents);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || parents != nullptr || K == 1) return err;
   return conv_shift_window(x, n, channels, kernel, conv_state, stream);

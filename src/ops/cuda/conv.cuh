@@ -12,24 +12,29 @@ namespace dflash::cuda {
 
 // silu(sum_j w[c, j] * in_{t-(K-1)+j}[c]) for token t, channel c of x [n, C]: the window is concat(conv_state,
 // x) (chain form, parents null) or token t's ancestors' inputs, nearest last, then conv_state rows (tree
-// form). The K products are added oldest first, each rounded, as on the CPU.
+// form). The K products are added oldest first, each rounded, as on the CPU. KC > 0: K == KC known at
+// compile time (the window's loads are issued together; one memory round trip, not K); KC == 0: any K.
+template <int KC>
 __device__ __forceinline__ float conv_silu_at(const float* __restrict__ x, int64_t t, int64_t c, int64_t C,
                                               const float* __restrict__ w, int K, const float* __restrict__ conv_state,
                                               const int32_t* __restrict__ parents) {
+  if constexpr (KC > 0) K = KC;
+  constexpr int kMax = KC > 0 ? KC : int(kConvMaxKernel);
   const int hist = K - 1;
   const float* wc = w + c * K;
-  float o = 0.0f;
+  float in[kMax], wv[kMax];
   if (parents == nullptr) {
     // Window slot j is row t + j of concat(conv_state, x).
-    for (int j = 0; j < K; ++j) {
+#pragma unroll
+    for (int j = 0; j < kMax; ++j) {
+      if (j >= K) break;
       const int64_t u = t + j;
-      const float in = u < hist ? conv_state[u * C + c] : x[(u - hist) * C + c];
-      const float p = __fmul_rn(wc[j], in);
-      o = j == 0 ? p : __fadd_rn(o, p);
+      in[j] = u < hist ? conv_state[u * C + c] : x[(u - hist) * C + c];
+      wv[j] = wc[j];
     }
   } else {
     // src[j] >= 0: a row of x; < 0: row -(src + 1) of conv_state.
-    int64_t src[kConvMaxKernel];
+    int64_t src[kMax];
     src[hist] = t;
     int64_t cur = parents[t];
     if (cur >= t || cur < -1) cur = -1;
@@ -44,12 +49,20 @@ __device__ __forceinline__ float conv_silu_at(const float* __restrict__ x, int64
         src[j] = -int64_t(srow--) - 1;
       }
     }
-    for (int j = 0; j < K; ++j) {
+#pragma unroll
+    for (int j = 0; j < kMax; ++j) {
+      if (j >= K) break;
       const int64_t s = src[j];
-      const float in = s >= 0 ? x[s * C + c] : conv_state[(-s - 1) * C + c];
-      const float p = __fmul_rn(wc[j], in);
-      o = j == 0 ? p : __fadd_rn(o, p);
+      in[j] = s >= 0 ? x[s * C + c] : conv_state[(-s - 1) * C + c];
+      wv[j] = wc[j];
     }
+  }
+  float o = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMax; ++j) {
+    if (j >= K) break;
+    const float p = __fmul_rn(wv[j], in[j]);
+    o = j == 0 ? p : __fadd_rn(o, p);
   }
   return o / (1.0f + expf(-o));
 }

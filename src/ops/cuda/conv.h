@@ -21,6 +21,7 @@
 namespace dflash::cuda {
 
 inline constexpr int64_t kConvMaxKernel = 16;
+inline constexpr int kConvCommonKernel = 4;  // the kernel size the kernels are also compiled for (Qwen3.5's)
 
 // cudaErrorInvalidValue (nothing launched) for n < 0, channels < 1, kernel outside [1, kConvMaxKernel], or
 // a null pointer that is needed (conv_state may be null only when kernel == 1). out must not overlap x or

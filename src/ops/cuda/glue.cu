@@ -69,6 +69,7 @@ __global__ void deltanet_gates_kernel(float* a, float* b, const float* dt_bias, 
 // head: its channels' conv outputs, L2-normalised for q and k), warp 2 Hk + Hv the token's gates. With
 // shift (one token, chain form) each lane then moves the window of its channels: it is their only reader.
 constexpr int kPrepWarps = 4;
+template <int KC>  // conv_silu_at's
 __global__ void __launch_bounds__(kPrepWarps * 32) deltanet_prep_kernel(DeltaNetPrepArgs a, bool shift) {
   pdl_begin();
   const int warp = static_cast<int>(blockIdx.x) * kPrepWarps + static_cast<int>(threadIdx.x) / 32;
@@ -100,7 +101,7 @@ __global__ void __launch_bounds__(kPrepWarps * 32) deltanet_prep_kernel(DeltaNet
 #pragma unroll
   for (int j = 0; j < kDeltaNetPrepMaxPer; ++j) {
     const int64_t c = lane + 32 * j;
-    val[j] = c < width ? conv_silu_at(a.mixed, t, c0 + c, C, a.conv_w, a.kernel, a.conv_state, a.parents) : 0.0f;
+    val[j] = c < width ? conv_silu_at<KC>(a.mixed, t, c0 + c, C, a.conv_w, a.kernel, a.conv_state, a.parents) : 0.0f;
   }
   if (warp < 2 * Hk) {
     float ss = 0.0f;
@@ -232,7 +233,8 @@ cudaError_t deltanet_prep(const DeltaNetPrepArgs& a, int64_t n, cudaStream_t str
   if (warps > 65535 * int64_t{kPrepWarps}) return cudaErrorInvalidValue;
   const bool chain_window = a.parents == nullptr && a.kernel > 1;
   const dim3 grid(static_cast<unsigned>((warps + kPrepWarps - 1) / kPrepWarps), static_cast<unsigned>(n));
-  launch_pdl(deltanet_prep_kernel, grid, dim3(kPrepWarps * 32), 0, stream, a, chain_window && n == 1);
+  launch_pdl(a.kernel == kConvCommonKernel ? deltanet_prep_kernel<kConvCommonKernel> : deltanet_prep_kernel<0>, grid,
+             dim3(kPrepWarps * 32), 0, stream, a, chain_window && n == 1);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || !chain_window || n == 1) return err;
   const int64_t C = 2 * a.n_k_heads * a.d_k + a.n_v_heads * a.d_v;

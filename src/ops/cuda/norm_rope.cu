@@ -44,9 +44,10 @@ __global__ void rms_norm_warp_kernel(float* x, int64_t xs, const float* delta, c
     const int64_t i = lane + 32 * k;
     v[k] = i < dim ? xr[i] : 0.0f;
     wv[k] = i < dim && w != nullptr ? __ldg(w + i) : 1.0f;
-    dv[k] = i < dim && delta != nullptr ? delta[r * dim + i] : 0.0f;
+    // dv: the residual delta, or with kGate the gate (loaded with the row: one memory round trip)
+    dv[k] = i < dim && (kGate || delta != nullptr) ? (kGate ? gate : delta)[r * dim + i] : 0.0f;
   }
-  if (delta != nullptr) {
+  if (!kGate && delta != nullptr) {
 #pragma unroll
     for (int k = 0; k < kWarpPer; ++k) {
       const int64_t i = lane + 32 * k;
@@ -60,13 +61,6 @@ __global__ void rms_norm_warp_kernel(float* x, int64_t xs, const float* delta, c
   sum = warp_sum(sum);
   const float mean = dim > 0 ? static_cast<float>(sum / static_cast<double>(dim)) : 0.0f;
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-  if constexpr (kGate) {
-#pragma unroll
-    for (int k = 0; k < kWarpPer; ++k) {
-      const int64_t i = lane + 32 * k;
-      dv[k] = i < dim ? gate[r * dim + i] : 0.0f;
-    }
-  }
 #pragma unroll
   for (int k = 0; k < kWarpPer; ++k) {
     const int64_t i = lane + 32 * k;
