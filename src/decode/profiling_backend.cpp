@@ -189,6 +189,11 @@ Status ProfilingBackend::rms_norm_silu_gate(float* o, const float* w, float eps,
   return timed("rms_norm_silu_gate", kF * (3.0 * rows * dim + dim),
                [&] { return inner_.rms_norm_silu_gate(o, w, eps, rows, dim, z); });
 }
+Status ProfilingBackend::sigmoid_gate_mul(float* o, const float* gate, int64_t rows, int64_t dim,
+                                          int64_t gate_stride) {
+  return timed("sigmoid_gate_mul", 3 * kF * rows * dim,
+               [&] { return inner_.sigmoid_gate_mul(o, gate, rows, dim, gate_stride); });
+}
 Status ProfilingBackend::gather_rows(const float* x, int64_t dim, std::span<const int64_t> rows, float* out) {
   return timed("gather_rows", 2 * kF * static_cast<double>(rows.size()) * dim,
                [&] { return inner_.gather_rows(x, dim, rows, out); });

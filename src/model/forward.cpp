@@ -61,12 +61,8 @@ Status attention_mixer(const Weights& w, int64_t L, const StepShape& st, const f
   // Plain attention uses the projection as q; gated rows of attn.q are per head [q_h (hd) | gate_h (hd)]:
   // viewed as [n * nh, 2 hd], split the columns.
   DF_ASSIGN_OR_RETURN(Buffer q_split, be.alloc(gated ? n * nh * hd : 0));
-  DF_ASSIGN_OR_RETURN(Buffer gate, be.alloc(gated ? n * nh * hd : 0));
   float* q = gated ? q_split.data() : qg.data();
-  if (gated) {
-    DF_RETURN_IF_ERROR(be.slice_columns(qg.data(), n * nh, 2 * hd, 0, hd, q));
-    DF_RETURN_IF_ERROR(be.slice_columns(qg.data(), n * nh, 2 * hd, hd, hd, gate.data()));
-  }
+  if (gated) DF_RETURN_IF_ERROR(be.slice_columns(qg.data(), n * nh, 2 * hd, 0, hd, q));
   // q/k norms and RoPE; new tokens take KV slots n_past .. n_past + n - 1 (tree nodes too: slot = node index).
   const int64_t rot = s.rope_dims > 0 ? s.rope_dims : hd;
   DF_RETURN_IF_ERROR(state.reserve_kv(L, st.n_past + n));
@@ -77,10 +73,7 @@ Status attention_mixer(const Weights& w, int64_t L, const StepShape& st, const f
   DF_ASSIGN_OR_RETURN(Buffer o, be.alloc(n * nh * hd));
   cpu::AttentionMask mask{st.mask, st.n_past, st.parents};
   DF_RETURN_IF_ERROR(be.attention(q, n, nh, kv, mask, 1.0f / std::sqrt(static_cast<float>(hd)), o.data()));
-  if (gated) {
-    DF_RETURN_IF_ERROR(be.sigmoid_inplace(gate.data(), n * nh * hd));
-    DF_RETURN_IF_ERROR(be.mul_inplace(o.data(), gate.data(), n * nh * hd));
-  }
+  if (gated) DF_RETURN_IF_ERROR(be.sigmoid_gate_mul(o.data(), qg.data() + hd, n * nh, hd, 2 * hd));
   return be.matmul(*wo, o.data(), n, out);
 }
 

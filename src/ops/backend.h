@@ -194,6 +194,10 @@ class Backend {
     DF_RETURN_IF_ERROR(silu_inplace(z, rows * dim));
     return mul_inplace(o, z, rows * dim);
   }
+  // The gated attention's output gate: o [rows, dim] *= sigmoid(gate row r), gate row r at gate + r *
+  // gate_stride (the gate halves of attn.q's rows, read in place). The default slices the gates out, then
+  // sigmoid_inplace and mul_inplace; a device backend fuses it into one launch.
+  virtual Status sigmoid_gate_mul(float* o, const float* gate, int64_t rows, int64_t dim, int64_t gate_stride);
   // Rows `rows` of x [*, dim] gathered into out [rows.size(), dim].
   virtual Status gather_rows(const float* x, int64_t dim, std::span<const int64_t> rows, float* out) = 0;
 

@@ -57,6 +57,13 @@ Status Backend::deltanet_prep(const float* mixed, int64_t n, const cpu::DeltaNet
   return deltanet_gates(alpha_to_decay, beta, dt_bias, ssm_a, n, s.n_v_heads);
 }
 
+Status Backend::sigmoid_gate_mul(float* o, const float* gate, int64_t rows, int64_t dim, int64_t gate_stride) {
+  DF_ASSIGN_OR_RETURN(Buffer g, alloc(rows * dim));
+  DF_RETURN_IF_ERROR(slice_columns(gate, rows, gate_stride, 0, dim, g.data()));
+  DF_RETURN_IF_ERROR(sigmoid_inplace(g.data(), rows * dim));
+  return mul_inplace(o, g.data(), rows * dim);
+}
+
 // Each allocation carries a 16-byte header in front of the data (keeping its 16-byte alignment) that
 // holds its size, for the memory accounting.
 constexpr int64_t kHeaderFloats = 4;

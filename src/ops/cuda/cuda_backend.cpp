@@ -662,6 +662,13 @@ Status CudaBackend::swiglu(const float* gate, const float* up, float* out, int64
   if (!st.ok()) forget_q8();
   return st;
 }
+Status CudaBackend::sigmoid_gate_mul(float* o, const float* gate, int64_t rows, int64_t dim, int64_t gate_stride) {
+  activate();
+  const cuda::Q8Out q8 = dim % cuda::kQ8Block == 0 ? q8_for(o, rows * dim) : (forget_q8(), cuda::Q8Out{});
+  Status st = check(cuda::sigmoid_gate_mul(o, gate, rows, dim, gate_stride, stream_, q8), "sigmoid_gate_mul");
+  if (!st.ok()) forget_q8();
+  return st;
+}
 Status CudaBackend::rms_norm_silu_gate(float* o, const float* w, float eps, int64_t rows, int64_t dim, float* z) {
   activate();
   if (dim > 1024) {

@@ -96,6 +96,7 @@ class CudaBackend final : public Backend {
                        float* conv_state, std::span<const int32_t> parents, float* q, float* k, float* v,
                        float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a) override;
   Status rms_norm_silu_gate(float* o, const float* w, float eps, int64_t rows, int64_t dim, float* z) override;
+  Status sigmoid_gate_mul(float* o, const float* gate, int64_t rows, int64_t dim, int64_t gate_stride) override;
 
   Status deltanet_gates(float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a, int64_t n,
                         int64_t n_heads) override;

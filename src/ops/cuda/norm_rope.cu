@@ -189,6 +189,20 @@ __global__ void swiglu_kernel(const float* gate, const float* up, float* out, in
     if (q8.on()) quantize_q8_block(o, threadIdx.x % 32, i / 32, q8);
   }
 }
+// o[r, d] *= sigmoid(gate[r gate_stride + d]) (the sigmoid and mul kernels' roundings). With q8 on (dim a
+// multiple of 32) each warp holds one 32-element block of a row, quantized as it is stored.
+__global__ void sigmoid_gate_mul_kernel(float* o, const float* gate, int64_t rows, int64_t dim, int64_t gate_stride,
+                                        Q8Out q8) {
+  pdl_begin();
+  const int64_t n = rows * dim;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / dim, d = i - r * dim;
+    const float g = gate[r * gate_stride + d];
+    const float v = __fmul_rn(o[i], __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g))));
+    o[i] = v;
+    if (q8.on()) quantize_q8_block(v, threadIdx.x % 32, i / 32, q8);
+  }
+}
 __global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) {
   pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -422,6 +436,17 @@ cudaError_t swiglu(const float* gate, const float* up, float* out, int64_t n, cu
   if (q8.on() && (n % 32 != 0 || q8.xd == nullptr || q8.xs == nullptr)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   launch_pdl(swiglu_kernel, dim3(grid_for(n)), dim3(kThreads), 0, stream, gate, up, out, n, q8);
+  return cudaGetLastError();
+}
+
+cudaError_t sigmoid_gate_mul(float* o, const float* gate, int64_t rows, int64_t dim, int64_t gate_stride,
+                             cudaStream_t stream, const Q8Out& q8) {
+  if (rows < 0 || dim < 0 || gate_stride < dim) return cudaErrorInvalidValue;
+  if (rows == 0 || dim == 0) return cudaSuccess;
+  if (o == nullptr || gate == nullptr) return cudaErrorInvalidValue;
+  if (q8.on() && (dim % 32 != 0 || q8.xd == nullptr || q8.xs == nullptr)) return cudaErrorInvalidValue;
+  launch_pdl(sigmoid_gate_mul_kernel, dim3(grid_for(rows * dim)), dim3(kThreads), 0, stream, o, gate, rows, dim,
+             gate_stride, q8);
   return cudaGetLastError();
 }
 

@@ -92,6 +92,10 @@ cudaError_t sigmoid_inplace(float* x, int64_t n, cudaStream_t stream = nullptr);
 // (cudaErrorInvalidValue otherwise).
 cudaError_t swiglu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream = nullptr,
                    const Q8Out& q8 = Q8Out{});
+// The gated attention's output gate in one launch: o [rows, dim] *= sigmoid(gate[r * gate_stride + d]),
+// rounded as sigmoid_inplace then mul. With q8 on (dim a multiple of 32), o's int8 form too, as swiglu's.
+cudaError_t sigmoid_gate_mul(float* o, const float* gate, int64_t rows, int64_t dim, int64_t gate_stride,
+                             cudaStream_t stream = nullptr, const Q8Out& q8 = Q8Out{});
 // Softmax over each of n rows of `dim`, in place.
 cudaError_t softmax_rows(float* x, int64_t n, int64_t dim, cudaStream_t stream = nullptr);
 // out[i] = a[i] + b[i] (the residual add: add(x, delta, x, n)); out may alias a or b.

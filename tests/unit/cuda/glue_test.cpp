@@ -267,6 +267,36 @@ TEST_F(CudaGlue, rms_norm_silu_gate_matches_cpu_and_quantizes_its_output) {
   }
 }
 
+// sigmoid_gate_mul (gates read in place from rows of twice the width) against the CPU's slice, sigmoid and
+// mul; with q8 its int8 form equals quantize_q8_rows of its output bit for bit.
+TEST_F(CudaGlue, sigmoid_gate_mul_matches_cpu_and_quantizes_its_output) {
+  for (int64_t dim : {256, 100}) {
+    const int64_t rows = 29;
+    SCOPED_TRACE("dim " + std::to_string(dim));
+    const auto o = normal(rows * dim, 2.0f), qg = normal(rows * 2 * dim, 3.0f);
+    Dev<float> d_o(o.size()), d_qg(qg.size());
+    d_o.put(o), d_qg.put(qg);
+    const bool q8 = dim % 32 == 0;
+    const int64_t elems = rows * dim;
+    Dev<int8_t> xq(elems), xq_ref(elems);
+    Dev<float> xd(elems / 32 + 1), xd_ref(elems / 32 + 1);
+    Dev<int> xs(elems / 16 + 1), xs_ref(elems / 16 + 1);
+    const cuda::Q8Out out = q8 ? cuda::Q8Out{xq.p, xd.p, xs.p} : cuda::Q8Out{};
+    ASSERT_EQ(cuda::sigmoid_gate_mul(d_o.p, d_qg.p + dim, rows, dim, 2 * dim, nullptr, out), cudaSuccess);
+    auto want = o;
+    ASSERT_TRUE(cpu_.sigmoid_gate_mul(want.data(), qg.data() + dim, rows, dim, 2 * dim).ok());
+    const auto got = d_o.get();
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 2e-6f * (std::abs(want[i]) + 1e-3f)) << i << " seed " << seed_;
+    if (!q8) continue;
+    ASSERT_EQ(cuda::quantize_q8_rows(d_o.p, rows, dim, xq_ref.p, xd_ref.p, xs_ref.p), cudaSuccess);
+    EXPECT_EQ(xq.get(), xq_ref.get());
+    EXPECT_EQ(xd.get(), xd_ref.get());
+    EXPECT_EQ(xs.get(), xs_ref.get());
+  }
+  EXPECT_EQ(cuda::sigmoid_gate_mul(nullptr, nullptr, 2, 32, 16), cudaErrorInvalidValue);  // stride < dim
+}
+
 // KV rows land at their positions across chunk boundaries, from a host or a device position.
 TEST_F(CudaGlue, kv_write_places_rows_at_their_positions) {
   const int64_t chunk = 64, row = 96, chunks = 3, n = 7;
