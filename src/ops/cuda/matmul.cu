@@ -23,6 +23,7 @@
 
 #include "ops/cuda/matmul.h"
 #include "ops/cuda/gemv_common.cuh"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/quant_blocks.cuh"
 
 namespace dflash::cuda {
@@ -190,6 +191,7 @@ __device__ __forceinline__ void dot_chunk16(const Args& a, int64_t col, const ui
 
 template <uint32_t kType, int NT, int R, int U>
 __global__ void __launch_bounds__(kThreads) gemv16_kernel(const Args a) {
+  pdl_begin();
   __shared__ float partial[kWarps][R * NT];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int64_t row0 = (int64_t{blockIdx.x} * (kWarps / a.split) + warp / a.split) * R;
@@ -247,8 +249,7 @@ cudaError_t launch16_tile(const Args& a, cudaStream_t stream) {
   const int64_t per_cta = int64_t{kWarps / a.split} * R;
   const int64_t g = (a.rows + per_cta - 1) / per_cta;
   if (g > INT_MAX) return cudaErrorInvalidValue;
-  gemv16_kernel<kType, NT, R, U><<<static_cast<unsigned>(g), kThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch_pdl(gemv16_kernel<kType, NT, R, U>, dim3(static_cast<unsigned>(g)), dim3(kThreads), 0, stream, a);
 }
 
 template <uint32_t kType>
@@ -378,6 +379,7 @@ struct Generic : GroupLanes<C> {
 
 template <typename Policy, int NT>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
+  pdl_begin();
   __shared__ typename Policy::Smem stage[kWarps];
   __shared__ float partial[kWarps][NT];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
@@ -395,7 +397,7 @@ cudaError_t launch(const Args& a, cudaStream_t stream) {
   unsigned g = 0;
   if (!gemv_common::grid_for_rows(a.rows, a.split, &g)) return cudaErrorInvalidValue;
   return gemv_common::for_token_count(a.n, [&](auto nt) {
-    gemv_kernel<Policy, decltype(nt)::value><<<g, kThreads, 0, stream>>>(a);
+    launch_pdl(gemv_kernel<Policy, decltype(nt)::value>, dim3(g), dim3(kThreads), 0, stream, a);
   });
 }
 
