@@ -1,8 +1,9 @@
 // Int8 tensor-core products of q4_K / q6_K weights with 1..32 tokens (mmq.h).
 //
-// Work split: a CTA of 8 warps; a warp owns a tile of 16 consecutive rows and all the launch's tokens
-// (NT8 = ceil(n / 8) mma n-tiles of 8 tokens), and takes every split-th block of the rows (split warps a
-// tile, split = mmq_split(rows, cols), 8 / split tiles a CTA). Per block a lane (g = lane / 4, tid =
+// Work split: a CTA of 8 warps; a warp owns T tiles of 16 consecutive rows (T = tiles_a_warp: 1, or 2 for
+// many tokens, which then share each activation fragment) and all the launch's tokens (NT8 = ceil(n / 8)
+// mma n-tiles of 8 tokens), and takes every split-th block of the rows (split warps a warp tile, split =
+// mmq_split(rows, cols), 8 / split warp tiles a CTA). Per block a lane (g = lane / 4, tid =
 // lane % 4) loads its share of rows g and g + 8 straight from global memory (kD blocks at once, issued
 // before any is used), builds the mma A fragments from the packed codes with shifts and masks, and
 // dots them with the tokens' codes (B fragments, read through L1):
@@ -25,6 +26,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cuda/mmq.h"
 #include "ops/cuda/quant_blocks.cuh"
@@ -112,34 +114,42 @@ struct Q4K {
     }
     return r;
   }
-  template <int NT8>
-  __device__ static void block(const Args& a, const Raw& r, int64_t b, int g, int tid, float (&acc)[NT8][4]) {
+  template <int NT8, int T>
+  __device__ static void block(const Args& a, const Raw (&r)[T], int64_t b, int g, int tid,
+                               float (&acc)[T][NT8][4]) {
     const int64_t cols = a.cols;
-    float d[2], dmin[2];
+    float d[T][2], dmin[T][2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) d[i] = half_bits(r.hdr[i].x & 0xffffu), dmin[i] = half_bits(r.hdr[i].x >> 16);
+    for (int u = 0; u < T; ++u)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        d[u][i] = half_bits(r[u].hdr[i].x & 0xffffu), dmin[u][i] = half_bits(r[u].hdr[i].x >> 16);
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      // Sub-blocks 2c (h = 0) and 2c + 1 (h = 1): scales of both rows, A fragments.
-      float ds[2][2], ms[2][2];
+      // Sub-blocks 2c (h = 0) and 2c + 1 (h = 1): scales of both rows of each tile, A fragments.
+      float ds[T][2][2], ms[T][2][2];
+      uint32_t fa[T][2][4];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        int sc[2], m[2];
-        k4_scales_mins(c, r.hdr[i].y, r.hdr[i].z, r.hdr[i].w, sc, m);
+      for (int u = 0; u < T; ++u) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          int sc[2], m[2];
+          k4_scales_mins(c, r[u].hdr[i].y, r[u].hdr[i].z, r[u].hdr[i].w, sc, m);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            ds[u][i][h] = __fmul_rn(d[u][i], static_cast<float>(sc[h]));
+            ms[u][i][h] = __fmul_rn(dmin[u][i], static_cast<float>(m[h]));
+          }
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          ds[i][h] = __fmul_rn(d[i], static_cast<float>(sc[h]));
-          ms[i][h] = __fmul_rn(dmin[i], static_cast<float>(m[h]));
+          fa[u][h][0] = (r[u].qs[0][c].x >> (4 * h)) & kLowNibbles, fa[u][h][1] = (r[u].qs[1][c].x >> (4 * h)) & kLowNibbles;
+          fa[u][h][2] = (r[u].qs[0][c].y >> (4 * h)) & kLowNibbles, fa[u][h][3] = (r[u].qs[1][c].y >> (4 * h)) & kLowNibbles;
         }
-      }
-      uint32_t fa[2][4];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        fa[h][0] = (r.qs[0][c].x >> (4 * h)) & kLowNibbles, fa[h][1] = (r.qs[1][c].x >> (4 * h)) & kLowNibbles;
-        fa[h][2] = (r.qs[0][c].y >> (4 * h)) & kLowNibbles, fa[h][3] = (r.qs[1][c].y >> (4 * h)) & kLowNibbles;
       }
 #pragma unroll
       for (int nt = 0; nt < NT8; ++nt) {
+        // The tokens' fragments, loaded once for the T tiles.
         const int tb = clamp_token(nt * 8 + g, a.n);
         const int t0 = clamp_token(nt * 8 + 2 * tid, a.n), t1 = clamp_token(nt * 8 + 2 * tid + 1, a.n);
         const int8_t* xb = a.xq + tb * cols + b * 256 + 64 * c + 8 * tid;
@@ -150,16 +160,19 @@ struct Q4K {
         const int4 s1 = __ldg(reinterpret_cast<const int4*>(a.xs + t1 * (cols / 16) + b * 16 + 4 * c));
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          int isum[4];
-          mma_k32(fa[h], h ? xh.x : xl.x, h ? xh.y : xl.y, isum);
           const float xsum[2] = {static_cast<float>(h ? s0.z + s0.w : s0.x + s0.y),
                                  static_cast<float>(h ? s1.z + s1.w : s1.x + s1.y)};
           const float xd[2] = {h ? d0.y : d0.x, h ? d1.y : d1.x};
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = e >> 1, k = e & 1;
-            const float t = __fmaf_rn(ds[i][h], static_cast<float>(isum[e]), -__fmul_rn(ms[i][h], xsum[k]));
-            acc[nt][e] = __fmaf_rn(xd[k], t, acc[nt][e]);
+          for (int u = 0; u < T; ++u) {
+            int isum[4];
+            mma_k32(fa[u][h], h ? xh.x : xl.x, h ? xh.y : xl.y, isum);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int i = e >> 1, k = e & 1;
+              const float t = __fmaf_rn(ds[u][i][h], static_cast<float>(isum[e]), -__fmul_rn(ms[u][i][h], xsum[k]));
+              acc[u][nt][e] = __fmaf_rn(xd[k], t, acc[u][nt][e]);
+            }
           }
         }
       }
@@ -198,137 +211,177 @@ struct Q6K {
     }
     return r;
   }
-  template <int NT8>
-  __device__ static void block(const Args& a, const Raw& r, int64_t b, int g, int tid, float (&acc)[NT8][4]) {
+  template <int NT8, int T>
+  __device__ static void block(const Args& a, const Raw (&r)[T], int64_t b, int g, int tid,
+                               float (&acc)[T][NT8][4]) {
     const int64_t cols = a.cols;
-    float inner[NT8][4];
+    float inner[T][NT8][4];
 #pragma unroll
-    for (int nt = 0; nt < NT8; ++nt)
+    for (int u = 0; u < T; ++u)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) inner[nt][e] = 0.0f;
+      for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) inner[u][nt][e] = 0.0f;
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
       const int h = q >> 2, k = q & 3;
-      // A fragments of groups (q, 0) and (q, 1), and their scales, for both rows.
-      uint32_t fa[2][2];
-      int sc[2][2];
+      // A fragments of groups (q, 0) and (q, 1), and their scales, for both rows of each tile.
+      uint32_t fa[T][2][2];
+      int sc[T][2][2];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+      for (int u = 0; u < T; ++u)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const uint32_t lo = (r.ql[i][4 * h + 2 * (k & 1) + j] >> (4 * (k >> 1))) & kLowNibbles;
-          const uint32_t hi = ((r.qh[i][2 * h + j] >> (2 * k)) & 0x03030303u) << 4;
-          // code - 32 in each byte: bit 7 set first so that no byte borrows from the next.
-          fa[j][i] = (((lo | hi) | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const uint32_t lo = (r[u].ql[i][4 * h + 2 * (k & 1) + j] >> (4 * (k >> 1))) & kLowNibbles;
+            const uint32_t hi = ((r[u].qh[i][2 * h + j] >> (2 * k)) & 0x03030303u) << 4;
+            // code - 32 in each byte: bit 7 set first so that no byte borrows from the next.
+            fa[u][j][i] = (((lo | hi) | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
+          }
+          const uint32_t w = r[u].sc[i][q >> 1] >> (16 * (q & 1));
+          sc[u][i][0] = static_cast<int8_t>(w & 0xffu), sc[u][i][1] = static_cast<int8_t>((w >> 8) & 0xffu);
         }
-        const uint32_t w = r.sc[i][q >> 1] >> (16 * (q & 1));
-        sc[i][0] = static_cast<int8_t>(w & 0xffu), sc[i][1] = static_cast<int8_t>((w >> 8) & 0xffu);
-      }
 #pragma unroll
       for (int nt = 0; nt < NT8; ++nt) {
         const int tb = clamp_token(nt * 8 + g, a.n);
         const int t0 = clamp_token(nt * 8 + 2 * tid, a.n), t1 = clamp_token(nt * 8 + 2 * tid + 1, a.n);
         const int8_t* xb = a.xq + tb * cols + b * 256 + 32 * q + 4 * tid;
         const float xd[2] = {__ldg(a.xd + t0 * (cols / 32) + b * 8 + q), __ldg(a.xd + t1 * (cols / 32) + b * 8 + q)};
-        int isum[2][4];
+        const uint32_t xf[2] = {ldg_u32(xb), ldg_u32(xb + 16)};
 #pragma unroll
-        for (int j = 0; j < 2; ++j) mma_k16(fa[j], ldg_u32(xb + 16 * j), isum[j]);
+        for (int u = 0; u < T; ++u) {
+          int isum[2][4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = e >> 1;
-          const int j32 = isum[0][e] * sc[i][0] + isum[1][e] * sc[i][1];
-          inner[nt][e] = __fmaf_rn(xd[e & 1], static_cast<float>(j32), inner[nt][e]);
+          for (int j = 0; j < 2; ++j) mma_k16(fa[u][j], xf[j], isum[j]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = e >> 1;
+            const int j32 = isum[0][e] * sc[u][i][0] + isum[1][e] * sc[u][i][1];
+            inner[u][nt][e] = __fmaf_rn(xd[e & 1], static_cast<float>(j32), inner[u][nt][e]);
+          }
         }
       }
     }
 #pragma unroll
-    for (int nt = 0; nt < NT8; ++nt)
+    for (int u = 0; u < T; ++u)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float dd = half_bits(r.d[e >> 1]);
-        acc[nt][e] = __fmaf_rn(dd, inner[nt][e], acc[nt][e]);
-      }
+      for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float dd = half_bits(r[u].d[e >> 1]);
+          acc[u][nt][e] = __fmaf_rn(dd, inner[u][nt][e], acc[u][nt][e]);
+        }
   }
 };
 
 // kMinCtas CTAs a SM (__launch_bounds__): 2 (128 registers, two blocks in flight a warp for n <= 8) or 3
 // (80 registers, one block in flight). n <= 8 runs at 3 (H100: 10-25% faster at n = 1 than 2: more
 // warps a SM, and the 6144-row product fits one wave); more tokens need the registers of 2.
-template <typename B, int NT8, int kMinCtas>
+// T row tiles a warp (T 16 rows): each token's activation fragments are loaded once for the T tiles (at 16-32
+// tokens the fragments, not the weights, fill L1: ncu at 23 tokens showed L1/TEX 81% busy, DRAM 9%).
+template <typename B, int NT8, int kMinCtas, int T>
 __global__ void __launch_bounds__(kThreads, kMinCtas) mmq_kernel(const Args a) {
-  __shared__ float partial[kWarps][NT8 * 4][32];
+  __shared__ float partial[kWarps][T * NT8 * 4][32];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, tid = lane & 3;
-  const int64_t tile = int64_t{blockIdx.x} * (kWarps / a.split) + warp / a.split;
+  const int64_t wtile = int64_t{blockIdx.x} * (kWarps / a.split) + warp / a.split;
   const int part = warp % a.split;
-  const int64_t row0 = tile * kTileRows;
+  const int64_t row0 = wtile * (T * kTileRows);
   const bool active = row0 < a.rows;
-  float acc[NT8][4];
+  float acc[T][NT8][4];
 #pragma unroll
-  for (int nt = 0; nt < NT8; ++nt)
+  for (int u = 0; u < T; ++u)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+    for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[u][nt][e] = 0.0f;
   if (active) {
-    const int64_t ra = row0 + g < a.rows ? row0 + g : a.rows - 1;
-    const int64_t rb = row0 + g + 8 < a.rows ? row0 + g + 8 : a.rows - 1;
-    const uint8_t* const rowp[2] = {a.w + ra * a.rb, a.w + rb * a.rb};
+    const uint8_t* rowp[T][2];
+#pragma unroll
+    for (int u = 0; u < T; ++u)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int64_t r = row0 + u * kTileRows + g + 8 * i;
+        rowp[u][i] = a.w + (r < a.rows ? r : a.rows - 1) * a.rb;
+      }
     const int64_t nb = a.cols / 256;
     const int64_t step = a.split;
-    // Blocks a warp loads before using them: 2 for one n-tile; more n-tiles need the registers.
-    constexpr int kD = NT8 == 1 && kMinCtas == 2 ? 2 : 1;
+    // Blocks a warp loads before using them: 2 for one n-tile and tile; more need the registers.
+    constexpr int kD = NT8 == 1 && T == 1 && kMinCtas == 2 ? 2 : 1;
     for (int64_t b0 = part; b0 < nb; b0 += kD * step) {
-      typename B::Raw raw[kD];
+      typename B::Raw raw[kD][T];
 #pragma unroll
       for (int k = 0; k < kD; ++k)
-        if (b0 + k * step < nb) raw[k] = B::load(rowp, b0 + k * step, tid);
+        if (b0 + k * step < nb)
+#pragma unroll
+          for (int u = 0; u < T; ++u) raw[k][u] = B::load(rowp[u], b0 + k * step, tid);
 #pragma unroll
       for (int k = 0; k < kD; ++k) {
         if (b0 + k * step >= nb) break;
-        B::template block<NT8>(a, raw[k], b0 + k * step, g, tid, acc);
+        B::template block<NT8, T>(a, raw[k], b0 + k * step, g, tid, acc);
       }
     }
   }
   if (a.split > 1) {
 #pragma unroll
-    for (int nt = 0; nt < NT8; ++nt)
+    for (int u = 0; u < T; ++u)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) partial[warp][nt * 4 + e][lane] = acc[nt][e];
+      for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) partial[warp][(u * NT8 + nt) * 4 + e][lane] = acc[u][nt][e];
     __syncthreads();
     if (part != 0 || !active) return;
 #pragma unroll
-    for (int nt = 0; nt < NT8; ++nt)
+    for (int u = 0; u < T; ++u)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float s = partial[warp][nt * 4 + e][lane];
-        for (int q = 1; q < a.split; ++q) s = __fadd_rn(s, partial[warp + q][nt * 4 + e][lane]);
-        acc[nt][e] = s;
-      }
+      for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float s = partial[warp][(u * NT8 + nt) * 4 + e][lane];
+          for (int q = 1; q < a.split; ++q) s = __fadd_rn(s, partial[warp + q][(u * NT8 + nt) * 4 + e][lane]);
+          acc[u][nt][e] = s;
+        }
   } else if (!active) {
     return;
   }
 #pragma unroll
-  for (int nt = 0; nt < NT8; ++nt)
+  for (int u = 0; u < T; ++u)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t row = row0 + g + 8 * (e >> 1);
-      const int t = nt * 8 + 2 * tid + (e & 1);
-      if (row < a.rows && t < a.n) a.y[t * a.rows + row] = acc[nt][e];
-    }
+    for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t row = row0 + u * kTileRows + g + 8 * (e >> 1);
+        const int t = nt * 8 + 2 * tid + (e & 1);
+        if (row < a.rows && t < a.n) a.y[t * a.rows + row] = acc[u][nt][e];
+      }
 }
 
 int g_variant = 3;  // mmq_set_variant (3: the measured best on an H100)
 
+// Row tiles a warp: one up to 8 tokens (the weights dominate), two above for q4_K and above 16 for q6_K (the
+// activation fragments do), at one CTA an SM (two tiles of accumulators need its 255 registers; at two CTAs
+// they spilled and ran slower than one tile). H100, us at 16/23/32 tokens, one tile -> two: q4_K
+// 24576x4096 71.9/99.2/130.6 -> 51.1/68.0/85.7, 6144x4096 -/39.0/50.3 -> 23.7/31.1/39.2; q6_K 4096x12288
+// 40.2/50.8/64.1 -> 41.7/48.4/58.6. Only the launch's shape depends on it: each (row, token) sum is formed
+// the same way either way.
+template <typename B>
+constexpr int tiles_a_warp(int64_t n) {
+  return n <= 8 ? 1 : std::is_same_v<B, Q6K> && n <= 16 ? 1 : 2;
+}
+
 template <typename B>
 cudaError_t launch(const Args& a, unsigned grid, cudaStream_t stream) {
   if (a.n <= 8) {
-    if (g_variant & 1) mmq_kernel<B, 1, 3><<<grid, kThreads, 0, stream>>>(a);
-    else mmq_kernel<B, 1, 2><<<grid, kThreads, 0, stream>>>(a);
+    if (g_variant & 1) mmq_kernel<B, 1, 3, 1><<<grid, kThreads, 0, stream>>>(a);
+    else mmq_kernel<B, 1, 2, 1><<<grid, kThreads, 0, stream>>>(a);
   } else if (a.n <= 16) {
-    mmq_kernel<B, 2, 2><<<grid, kThreads, 0, stream>>>(a);
+    if (tiles_a_warp<B>(a.n) == 2) mmq_kernel<B, 2, 1, 2><<<grid, kThreads, 0, stream>>>(a);
+    else mmq_kernel<B, 2, 2, 1><<<grid, kThreads, 0, stream>>>(a);
   } else if (a.n <= 24) {
-    mmq_kernel<B, 3, 2><<<grid, kThreads, 0, stream>>>(a);
+    mmq_kernel<B, 3, 1, 2><<<grid, kThreads, 0, stream>>>(a);
   } else {
-    mmq_kernel<B, 4, 2><<<grid, kThreads, 0, stream>>>(a);
+    mmq_kernel<B, 4, 1, 2><<<grid, kThreads, 0, stream>>>(a);
   }
   return cudaGetLastError();
 }
@@ -377,8 +430,9 @@ cudaError_t mmq(DType type, const void* w, int64_t rows, int64_t cols, const int
   a.xd = xd;
   a.xs = xs;
   a.n = static_cast<int>(n);
-  a.split = mmq_split(rows, cols);
-  const int64_t tiles = (rows + kTileRows - 1) / kTileRows, per_cta = kWarps / a.split;
+  a.split = mmq_split(rows, cols);  // of rows and cols alone (not of n, nor of the tiles a warp)
+  const int64_t tile_rows = kTileRows * (id == qblocks::kQ6_K ? tiles_a_warp<Q6K>(n) : tiles_a_warp<Q4K<true>>(n));
+  const int64_t tiles = (rows + tile_rows - 1) / tile_rows, per_cta = kWarps / a.split;
   const int64_t grid = (tiles + per_cta - 1) / per_cta;
   if (grid > INT_MAX) return cudaErrorInvalidValue;
   if (id == qblocks::kQ6_K) return launch<Q6K>(a, static_cast<unsigned>(grid), stream);
