@@ -238,6 +238,23 @@ TEST_F(CudaDeltaNetPrep, refuses_bad_arguments) {
   EXPECT_EQ(cuda::deltanet_prep(a, 1, nullptr), cudaErrorInvalidValue);  // head dim past 256
 }
 
+// The int8 form a fused op writes beside its output (Q8Out), and the check that it equals quantize_q8_rows of
+// that output bit for bit.
+struct Q8Capture {
+  explicit Q8Capture(int64_t elems)
+      : xq(elems), xq_ref(elems), xd(elems / 32 + 1), xd_ref(elems / 32 + 1), xs(elems / 16 + 1), xs_ref(elems / 16 + 1) {}
+  cuda::Q8Out out(bool on) const { return on ? cuda::Q8Out{xq.p, xd.p, xs.p} : cuda::Q8Out{}; }
+  void expect_quantized(const float* y, int64_t rows, int64_t dim) {
+    ASSERT_EQ(cuda::quantize_q8_rows(y, rows, dim, xq_ref.p, xd_ref.p, xs_ref.p), cudaSuccess);
+    EXPECT_EQ(xq.get(), xq_ref.get());
+    EXPECT_EQ(xd.get(), xd_ref.get());
+    EXPECT_EQ(xs.get(), xs_ref.get());
+  }
+  Dev<int8_t> xq, xq_ref;
+  Dev<float> xd, xd_ref;
+  Dev<int> xs, xs_ref;
+};
+
 // rms_norm_silu_gate against the CPU's rms_norm, silu and mul; with q8 its int8 form equals
 // quantize_q8_rows of its output bit for bit.
 TEST_F(CudaGlue, rms_norm_silu_gate_matches_cpu_and_quantizes_its_output) {
@@ -248,22 +265,15 @@ TEST_F(CudaGlue, rms_norm_silu_gate_matches_cpu_and_quantizes_its_output) {
     Dev<float> d_o(o.size()), d_z(z.size()), d_w(w.size());
     d_o.put(o), d_z.put(z), d_w.put(w);
     const bool q8 = dim % 32 == 0;
-    const int64_t elems = rows * dim;
-    Dev<int8_t> xq(elems), xq_ref(elems);
-    Dev<float> xd(elems / 32 + 1), xd_ref(elems / 32 + 1);
-    Dev<int> xs(elems / 16 + 1), xs_ref(elems / 16 + 1);
-    const cuda::Q8Out out = q8 ? cuda::Q8Out{xq.p, xd.p, xs.p} : cuda::Q8Out{};
+    Q8Capture cap(rows * dim);
+    const cuda::Q8Out out = cap.out(q8);
     ASSERT_EQ(cuda::rms_norm_silu_gate(d_o.p, d_w.p, 1e-6f, rows, dim, d_z.p, nullptr, out), cudaSuccess);
     auto want_o = o, want_z = z;
     ASSERT_TRUE(cpu_.rms_norm_silu_gate(want_o.data(), w.data(), 1e-6f, rows, dim, want_z.data()).ok());
     const auto got = d_o.get();
     for (size_t i = 0; i < got.size(); ++i)
       ASSERT_NEAR(got[i], want_o[i], 2e-6f * (std::abs(want_o[i]) + 1e-3f)) << i << " seed " << seed_;
-    if (!q8) continue;
-    ASSERT_EQ(cuda::quantize_q8_rows(d_o.p, rows, dim, xq_ref.p, xd_ref.p, xs_ref.p), cudaSuccess);
-    EXPECT_EQ(xq.get(), xq_ref.get());
-    EXPECT_EQ(xd.get(), xd_ref.get());
-    EXPECT_EQ(xs.get(), xs_ref.get());
+    if (q8) cap.expect_quantized(d_o.p, rows, dim);
   }
 }
 
@@ -277,22 +287,15 @@ TEST_F(CudaGlue, sigmoid_gate_mul_matches_cpu_and_quantizes_its_output) {
     Dev<float> d_o(o.size()), d_qg(qg.size());
     d_o.put(o), d_qg.put(qg);
     const bool q8 = dim % 32 == 0;
-    const int64_t elems = rows * dim;
-    Dev<int8_t> xq(elems), xq_ref(elems);
-    Dev<float> xd(elems / 32 + 1), xd_ref(elems / 32 + 1);
-    Dev<int> xs(elems / 16 + 1), xs_ref(elems / 16 + 1);
-    const cuda::Q8Out out = q8 ? cuda::Q8Out{xq.p, xd.p, xs.p} : cuda::Q8Out{};
+    Q8Capture cap(rows * dim);
+    const cuda::Q8Out out = cap.out(q8);
     ASSERT_EQ(cuda::sigmoid_gate_mul(d_o.p, d_qg.p + dim, rows, dim, 2 * dim, nullptr, out), cudaSuccess);
     auto want = o;
     ASSERT_TRUE(cpu_.sigmoid_gate_mul(want.data(), qg.data() + dim, rows, dim, 2 * dim).ok());
     const auto got = d_o.get();
     for (size_t i = 0; i < got.size(); ++i)
       ASSERT_NEAR(got[i], want[i], 2e-6f * (std::abs(want[i]) + 1e-3f)) << i << " seed " << seed_;
-    if (!q8) continue;
-    ASSERT_EQ(cuda::quantize_q8_rows(d_o.p, rows, dim, xq_ref.p, xd_ref.p, xs_ref.p), cudaSuccess);
-    EXPECT_EQ(xq.get(), xq_ref.get());
-    EXPECT_EQ(xd.get(), xd_ref.get());
-    EXPECT_EQ(xs.get(), xs_ref.get());
+    if (q8) cap.expect_quantized(d_o.p, rows, dim);
   }
   EXPECT_EQ(cuda::sigmoid_gate_mul(nullptr, nullptr, 2, 32, 16), cudaErrorInvalidValue);  // stride < dim
 }
