@@ -485,6 +485,14 @@ cuda::Q8Out CudaBackend::q8_for(const float* y, int64_t elems) {
   return q8_buf_;
 }
 
+cuda::Q8Out CudaBackend::q8_for_rows(const float* y, int64_t rows, int64_t dim) {
+  if (dim % cuda::kQ8Block != 0) {  // the fused producers quantize 32-element blocks within a row
+    forget_q8();
+    return cuda::Q8Out{};
+  }
+  return q8_for(y, rows * dim);
+}
+
 Status CudaBackend::rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* y) {
   activate();
   forget_q8();
@@ -664,18 +672,18 @@ Status CudaBackend::swiglu(const float* gate, const float* up, float* out, int64
 }
 Status CudaBackend::sigmoid_gate_mul(float* o, const float* gate, int64_t rows, int64_t dim, int64_t gate_stride) {
   activate();
-  const cuda::Q8Out q8 = dim % cuda::kQ8Block == 0 ? q8_for(o, rows * dim) : (forget_q8(), cuda::Q8Out{});
+  const cuda::Q8Out q8 = q8_for_rows(o, rows, dim);
   Status st = check(cuda::sigmoid_gate_mul(o, gate, rows, dim, gate_stride, stream_, q8), "sigmoid_gate_mul");
   if (!st.ok()) forget_q8();
   return st;
 }
 Status CudaBackend::rms_norm_silu_gate(float* o, const float* w, float eps, int64_t rows, int64_t dim, float* z) {
   activate();
-  if (dim > 1024) {
+  if (dim > cuda::kRmsNormSiluGateMaxDim) {
     forget_q8();
     return Backend::rms_norm_silu_gate(o, w, eps, rows, dim, z);
   }
-  const cuda::Q8Out q8 = dim % cuda::kQ8Block == 0 ? q8_for(o, rows * dim) : (forget_q8(), cuda::Q8Out{});
+  const cuda::Q8Out q8 = q8_for_rows(o, rows, dim);
   Status st = check(cuda::rms_norm_silu_gate(o, w, eps, rows, dim, z, stream_, q8), "rms_norm_silu_gate");
   if (!st.ok()) forget_q8();
   return st;

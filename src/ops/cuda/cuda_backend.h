@@ -143,6 +143,8 @@ class CudaBackend final : public Backend {
   // Where a producer of `elems` floats at y writes y's int8 form, recorded as the side; none (and no
   // side) when it does not qualify.
   cuda::Q8Out q8_for(const float* y, int64_t elems);
+  // q8_for for a producer of rows of `dim` whose 32-element blocks must each lie within a row.
+  cuda::Q8Out q8_for_rows(const float* y, int64_t rows, int64_t dim);
   void forget_q8() { q8_side_ = Q8Side{}; }
  public:
   // GEMV calls that read a producer's int8 side output (for tests).

@@ -371,7 +371,8 @@ cudaError_t rms_norm(const float* x, const float* w, float eps, int64_t n, int64
 
 cudaError_t rms_norm_silu_gate(float* o, const float* w, float eps, int64_t rows, int64_t dim, const float* z,
                                cudaStream_t stream, const Q8Out& q8) {
-  if (rows < 0 || dim < 0 || dim > 32 * kWarpPer) return cudaErrorInvalidValue;
+  static_assert(kRmsNormSiluGateMaxDim == 32 * kWarpPer, "a warp a row");
+  if (rows < 0 || dim < 0 || dim > kRmsNormSiluGateMaxDim) return cudaErrorInvalidValue;
   if (rows == 0 || dim == 0) return cudaSuccess;
   if (o == nullptr || z == nullptr || (q8.on() && dim % 32 != 0)) return cudaErrorInvalidValue;
   const int64_t blocks = (rows + kThreads / 32 - 1) / (kThreads / 32);
