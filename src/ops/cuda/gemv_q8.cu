@@ -16,7 +16,10 @@
 // A token's outputs are bit for bit the same whatever the kernel (R, the token count): a lane's blocks
 // and their order depend only on split and the lane, each block adds the same pinned float expression to
 // the (row, token) sum, the lanes are summed in the xor-butterfly order and the split partials in order
-// (gemv_common::store_rows).
+// (gemv_common::store_rows). q4_K and q5_K form mmq.h's canonical order instead: a lane group's 8 lanes
+// complete each block's term together (exact 32-element sums by a shuffle, the four chunk terms added in
+// order), so the group's running sum is one part of 4 x split, and the parts are folded in order
+// (store_rows_parts): mmq with gemv_q8_parts(rows) parts reproduces each row bit for bit.
 #include <cuda_fp16.h>
 
 #include <climits>
@@ -99,7 +102,7 @@ using qblocks::k4_scales_mins;
 // the _rn intrinsics (no contraction left to the compiler), so a token's sum is bit for bit the same
 // whichever kernel (rows a warp, tokens a launch) made it; the integer parts are exact in any order.
 // The launch shape, measured on an H100 (docs/benchmarks.md): rows_a_warp(NT) (R), kInFlight (blocks of
-// a row a lane loads before using them, divided by R), min_ctas(NT) (__launch_bounds__), and
+// a row a lane loads before using them, divided by R), min_ctas(NT, split) (__launch_bounds__), and
 // kHoistTokens: the token loop runs all NT tokens, those past n reloading token n - 1 (never stored), so
 // that every token's loads can be issued ahead of the arithmetic; worth it where Act is a few registers
 // (q6_K, the legacy types), not for K4's 12 (the hoisted loads take the registers of the accumulators).
@@ -112,8 +115,12 @@ struct K4 {
   static constexpr int kBytes = kHigh ? 176 : 144, kElems = 256, kLanes = 8;
   static constexpr int kInFlight = 2;  // blocks a lane loads before it uses them (H100: 2 beats 4)
   static constexpr bool kHoistTokens = false;
+  static constexpr bool kGroupParts = true;  // each lane group's sum is a part of the canonical order
   static constexpr int rows_a_warp(int nt) { return nt == 8 ? 4 : 2; }
-  static constexpr int min_ctas(int nt) { return nt == 1 ? 8 : 1; }
+  // One token: 7 CTAs (72 registers) where a warp owns its rows (split 1), 8 (64) where warps share them.
+  // H100, us, canonical order, 8 -> 7: 12288x4096 16.6 -> 15.0, 5120x17408 26.7 -> 23.4 (split 1);
+  // 4096x4096 7.7 -> 8.4, 4096x12288 14.9 -> 16.9 (split 2).
+  static constexpr int min_ctas(int nt, int split) { return nt == 1 ? (split == 1 ? 7 : 8) : 1; }
   struct Raw {
     uint4 hdr, qs, qh;
   };
@@ -125,7 +132,7 @@ struct K4 {
   struct Act {
     uint4 lo, hi;   // codes of the two sub-blocks' 16 elements
     float2 d;       // their scales
-    float s0, s1;   // sums of those codes (exact: |s| <= 16 * 127)
+    float s0, s1;   // sums of the two whole sub-blocks' 32 codes (exact: |s| <= 32 * 127)
   };
   __device__ static Raw load(const uint8_t* rowp, int64_t b, int lane) {
     const int u = lane & 7;
@@ -144,13 +151,14 @@ struct K4 {
     const int u = lane & 7, c = u >> 1;
     const int64_t col = b * 256 + 64 * c + 16 * (u & 1);
     const int8_t* xr = a.xq + t * a.cols + col;
-    const int* sr = a.xs + t * (a.cols / 16) + col / 16;
+    // The four 16-code sums of sub-blocks 2c and 2c + 1 (16-byte aligned: cols / 16 is a multiple of 16).
+    const int4 sr = __ldg(reinterpret_cast<const int4*>(a.xs + t * (a.cols / 16) + b * 16 + 4 * c));
     Act x;
     x.lo = __ldg(reinterpret_cast<const uint4*>(xr));
     x.hi = __ldg(reinterpret_cast<const uint4*>(xr + 32));
     x.d = __ldg(reinterpret_cast<const float2*>(a.xd + t * (a.cols / 32) + b * 8 + 2 * c));
-    x.s0 = static_cast<float>(__ldg(sr));
-    x.s1 = static_cast<float>(__ldg(sr + 2));
+    x.s0 = static_cast<float>(sr.x + sr.y);
+    x.s1 = static_cast<float>(sr.z + sr.w);
     return x;
   }
   __device__ static Codes decode(const Raw& w, int lane) {
@@ -174,12 +182,21 @@ struct K4 {
     }
     return k;
   }
-  // acc + xd0 (ds0 sum(q xq) - ms0 s0) + xd1 (ds1 sum(q xq) - ms1 s1) over the two sub-blocks.
-  __device__ static void add(float& acc, const Codes& k, const Act& x) {
-    const float sl = static_cast<float>(dot4(k.lo, x.lo, 0)), sh = static_cast<float>(dot4(k.hi, x.hi, 0));
-    const float t0 = __fmaf_rn(k.ds0, sl, -__fmul_rn(k.ms0, x.s0));
-    const float t1 = __fmaf_rn(k.ds1, sh, -__fmul_rn(k.ms1, x.s1));
-    acc = __fadd_rn(acc, __fmaf_rn(x.d.x, t0, __fmul_rn(x.d.y, t1)));
+  // The block's term in mmq's order (mmq.h, "the canonical order"): the exact 32-element sums of sub-blocks
+  // s = 2c, 2c + 1 (this lane's half plus its partner's, lane ^ 1), t_s = fma(ds_s, isum_s, -(ms_s xsum_s)),
+  // v_c = fma(xd_2c+1, t_2c+1, xd_2c t_2c), T = (v_0 + v_1) + (v_2 + v_3) by two butterfly steps within the
+  // 8-lane group (float addition is commutative, so every lane forms the same T), acc = acc + T: every lane
+  // of the group ends with the same acc (its part's running sum).
+  __device__ static void add(float& acc, const Codes& k, const Act& x, int lane) {
+    const unsigned group = 0xffu << (lane & 24);
+    int sl = dot4(k.lo, x.lo, 0), sh = dot4(k.hi, x.hi, 0);
+    sl += __shfl_xor_sync(group, sl, 1);
+    sh += __shfl_xor_sync(group, sh, 1);
+    const float t0 = __fmaf_rn(k.ds0, static_cast<float>(sl), -__fmul_rn(k.ms0, x.s0));
+    const float t1 = __fmaf_rn(k.ds1, static_cast<float>(sh), -__fmul_rn(k.ms1, x.s1));
+    const float v = __fmaf_rn(x.d.y, t1, __fmul_rn(x.d.x, t0));
+    const float w = __fadd_rn(v, __shfl_xor_sync(group, v, 2));
+    acc = __fadd_rn(acc, __fadd_rn(w, __shfl_xor_sync(group, w, 4)));
   }
 };
 
@@ -190,9 +207,10 @@ struct Q6K {
   static constexpr int kBytes = 210, kElems = 256, kLanes = 16;
   static constexpr int kInFlight = 2;
   static constexpr bool kHoistTokens = true;
+  static constexpr bool kGroupParts = false;
   static constexpr int rows_a_warp(int nt) { return nt == 8 ? 4 : 2; }
   // 16 tokens: 128 registers hold R = 2's 32 accumulators and the hoisted loads without spilling.
-  static constexpr int min_ctas(int nt) { return nt == 1 ? 8 : nt == 16 ? 4 : 1; }
+  static constexpr int min_ctas(int nt, int /*split*/) { return nt == 1 ? 8 : nt == 16 ? 4 : 1; }
   struct Raw {
     int ql[4], qh[4];
     uint32_t sc, d;  // scales[g] in byte g % 2 of sc; d fp16
@@ -238,7 +256,7 @@ struct Q6K {
                                 (((static_cast<uint32_t>(w.qh[i]) >> (2 * k)) & 0x03030303u) << 4));
     return c;
   }
-  __device__ static void add(float& acc, const Codes& c, const Act& x) {
+  __device__ static void add(float& acc, const Codes& c, const Act& x, int /*lane*/) {
     acc = __fmaf_rn(x.d, __fmul_rn(c.dsc, static_cast<float>(dot4(c.q, x.q, 0) - x.s32)), acc);
   }
 };
@@ -250,8 +268,9 @@ struct Legacy {
   static constexpr int kBytes = kQ8 ? 34 : 18, kElems = 32, kLanes = 4;
   static constexpr int kInFlight = 4;
   static constexpr bool kHoistTokens = true;
+  static constexpr bool kGroupParts = false;
   static constexpr int rows_a_warp(int nt) { return nt == 1 ? 2 : 4; }
-  static constexpr int min_ctas(int nt) { return nt == 1 ? 8 : 1; }
+  static constexpr int min_ctas(int nt, int /*split*/) { return nt == 1 ? 8 : 1; }
   struct Raw {
     int q0, q1;  // q8_0: two words of codes; q4_0: q0 the word of nibbles
     uint32_t d;  // fp16
@@ -304,7 +323,7 @@ struct Legacy {
     }
     return c;
   }
-  __device__ static void add(float& acc, const Codes& c, const Act& x) {
+  __device__ static void add(float& acc, const Codes& c, const Act& x, int /*lane*/) {
     int s = __dp4a(c.q1, x.x1, __dp4a(c.q0, x.x0, 0));
     if constexpr (!kQ8) s -= x.m8;
     acc = __fmaf_rn(x.d, __fmul_rn(c.d, static_cast<float>(s)), acc);
@@ -366,7 +385,7 @@ __device__ __forceinline__ void group_dot(const Args& a, const uint8_t* const (&
 #pragma unroll
       for (int j = 0; j < R; ++j) {
         c[j] = B::decode(w[k][j], lane);
-        B::add(acc[j][0], c[j], x0[k]);
+        B::add(acc[j][0], c[j], x0[k], lane);
       }
 #pragma unroll
       for (int t = 1; t < NT; ++t) {
@@ -375,19 +394,51 @@ __device__ __forceinline__ void group_dot(const Args& a, const uint8_t* const (&
         else if (t >= a.n) break;
         const typename B::Act x = B::act(a, tl, b, lane);
 #pragma unroll
-        for (int j = 0; j < R; ++j) B::add(acc[j][t], c[j], x);
+        for (int j = 0; j < R; ++j) B::add(acc[j][t], c[j], x, lane);
       }
     }
   }
 }
 
+// The row epilogue of the kGroupParts types (K4): lane group g of the warp taking part `part` of a row group
+// holds the running sum of canonical part 4 part + g (every lane of the group the same value), and a row's
+// output is the left fold of its 4 split parts in order (mmq.h). Every thread of the CTA must call it.
+template <int R, int NT>
+__device__ __forceinline__ void store_rows_parts(float (&acc)[R][NT], float (&parts)[kWarps][4][R * NT], int warp,
+                                                 int lane, int part, int split, int n, float* const (&y)[R],
+                                                 const int64_t (&rows)[R], const int64_t (&r)[R]) {
+  constexpr int V = R * NT;
+  static_assert(V <= 32, "a lane a (row, token) value");
+  if ((lane & 7) == 0)
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) parts[warp][lane >> 3][j * NT + t] = acc[j][t];
+  if (split == 1) __syncwarp();
+  else __syncthreads();
+  if (part != 0 || lane >= V) return;
+  const int t = lane % NT;
+  if (t >= n) return;
+  float* p = nullptr;  // selects over all R (indexing y by lane / NT would move it to local memory)
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    float* const q = y[j] != nullptr ? y[j] + t * rows[j] + r[j] : nullptr;
+    p = lane / NT == j ? q : p;
+  }
+  if (p == nullptr) return;
+  float sum = parts[warp][0][lane];
+  for (int q = 1; q < 4 * split; ++q) sum = __fadd_rn(sum, parts[warp + q / 4][q % 4][lane]);
+  *p = sum;
+}
+
 // NT tokens, R consecutive rows of the launch a row group, each group owned by `split` warps. A group may
 // straddle two parts of the launch; its rows past the last read the last row and are not stored.
-// At least B::min_ctas(NT) CTAs a SM. One token: 8 (32 warps), which caps registers at 64 (from 72: 7
+// At least kCtas = B::min_ctas(NT, split) CTAs a SM (split: 1, or more for any split > 1; only the launch
+// bounds depend on it). One token: 8 (32 warps), which caps registers at 64 (from 72: 7
 // CTAs), measured 3-8% faster for q4_K/q6_K on an H100. More tokens mostly keep the unbounded allocation:
 // their accumulators spill under a cap (n = 16 ran 1.5x slower under 64). docs/benchmarks.md.
-template <typename B, int R, int NT>
-__global__ void __launch_bounds__(kThreads, B::min_ctas(NT)) gemv_q8_kernel(const Args a) {
+template <typename B, int R, int NT, int kCtas>
+__global__ void __launch_bounds__(kThreads, kCtas) gemv_q8_kernel(const Args a) {
   __shared__ float partial[kWarps][R * NT];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int64_t group = int64_t{blockIdx.x} * (kWarps / a.split) + warp / a.split;
@@ -415,14 +466,22 @@ __global__ void __launch_bounds__(kThreads, B::min_ctas(NT)) gemv_q8_kernel(cons
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[j][t] = 0.0f;
   if (y[0] != nullptr) group_dot<B, R, NT>(a, rowp, part, lane, acc);
-  gemv_common::store_rows<R, NT>(acc, partial, warp, lane, part, a.split, a.n, y, rows, r);
+  if constexpr (B::kGroupParts) {
+    __shared__ float parts[kWarps][4][R * NT];
+    store_rows_parts<R, NT>(acc, parts, warp, lane, part, a.split, a.n, y, rows, r);
+  } else {
+    gemv_common::store_rows<R, NT>(acc, partial, warp, lane, part, a.split, a.n, y, rows, r);
+  }
 }
 
 template <typename B, int R, int NT>
 cudaError_t launch_rows(const Args& a, cudaStream_t stream) {
   unsigned g = 0;
   if (!gemv_common::grid_for_rows((a.total_rows + R - 1) / R, a.split, &g)) return cudaErrorInvalidValue;
-  return launch_pdl(gemv_q8_kernel<B, R, NT>, dim3(g), dim3(kThreads), 0, stream, a);
+  constexpr int kOwn = B::min_ctas(NT, 1), kShared = B::min_ctas(NT, 2);
+  if constexpr (kOwn != kShared)
+    if (a.split == 1) return launch_pdl(gemv_q8_kernel<B, R, NT, kOwn>, dim3(g), dim3(kThreads), 0, stream, a);
+  return launch_pdl(gemv_q8_kernel<B, R, NT, kShared>, dim3(g), dim3(kThreads), 0, stream, a);
 }
 
 template <typename B>
@@ -448,6 +507,8 @@ bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p)
 
 }  // namespace
 
+int gemv_q8_parts(int64_t total_rows) { return 4 * gemv_auto_split(total_rows); }
+
 bool gemv_q8_supported(DType type) {
   switch (static_cast<uint32_t>(type)) {
     case qblocks::kQ4_0:
@@ -472,7 +533,7 @@ cudaError_t quantize_q8_rows(const float* x, int64_t n, int64_t cols, int8_t* xq
 }
 
 cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, const int8_t* xq, const float* xd,
-                    const int* xs, int64_t n, cudaStream_t stream) {
+                    const int* xs, int64_t n, cudaStream_t stream, int split) {
   const uint32_t id = static_cast<uint32_t>(type);
   int64_t elems = 0, bytes = 0;
   uintptr_t walign = 2;
@@ -486,10 +547,12 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
   }
   if (n_parts < 0 || n_parts > kQ8MaxParts || (n_parts > 0 && parts == nullptr)) return cudaErrorInvalidValue;
   if (cols <= 0 || cols % elems != 0 || n < 1 || n > kQ8MaxTokens) return cudaErrorInvalidValue;
+  if (split != 0 && split != 1 && split != 2 && split != 4) return cudaErrorInvalidValue;
   if (xq == nullptr || xd == nullptr || xs == nullptr || !aligned(xq, 16) || !aligned(xd, 4) || !aligned(xs, 4))
     return cudaErrorInvalidValue;
   const int64_t rb = cols / elems * bytes;
   if (walign == 16 && rb % 16 != 0) return cudaErrorInvalidValue;  // never: 144 and 176 are multiples of 16
+  if (walign == 16 && !aligned(xs, 16)) return cudaErrorInvalidValue;  // K4 loads a chunk's 4 sums at once
   Args a{};
   a.cols = cols;
   a.rb = rb;
@@ -508,7 +571,7 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
     a.total_rows += q.rows;
   }
   if (a.total_rows == 0) return cudaSuccess;
-  a.split = gemv_auto_split(a.total_rows);
+  a.split = split != 0 ? split : gemv_auto_split(a.total_rows);
   a.prefetch = pdl_mode() == 2 && pdl_enabled() ? 1 : 0;
   switch (id) {
     case qblocks::kQ4_0: return launch<Legacy<false>>(a, stream);

@@ -15,8 +15,10 @@
 //         4 of qh, 2-byte aligned: two 16-bit loads where the block is not 4-byte aligned), made signed
 //         (code - 32) by byte arithmetic, so no activation sums are needed.
 // The mma sums are exact int32. Float epilogue per (row, token) element, in this order:
-//   q4_K  per sub-block s of each block: acc = fma(xd_s, fma(d sc_s, isum_s, -(dmin m_s * xsum_s)), acc),
-//         xsum_s = xs[2s] + xs[2s + 1] (exact), d sc_s and dmin m_s rounded products of the block's fields.
+//   q4_K  the canonical order (mmq.h), which gemv_q8 forms at one token too: per chunk c of each block
+//         (sub-blocks 2c, 2c + 1), t_s = fma(d sc_s, isum_s, -(dmin m_s * xsum_s)), v_c = fma(xd_2c+1, t_2c+1,
+//         xd_2c t_2c); per block acc = acc + ((v_0 + v_1) + (v_2 + v_3)); xsum_s = xs[2s] + xs[2s + 1]
+//         (exact), d sc_s and dmin m_s rounded products of the block's fields.
 //   q6_K  per 32-element group q: J = sc_2q isum_2q + sc_2q+1 isum_2q+1 (exact in int32, |J| < 2^24 so
 //         exact in f32), inner = fma(xd_q, J, inner) from inner = 0, then per block acc = fma(d, inner, acc).
 // A warp's blocks are taken in increasing order; with split > 1 the warps' partials of a tile are added
@@ -124,6 +126,9 @@ struct Q4K {
 #pragma unroll
       for (int i = 0; i < 2; ++i)
         d[u][i] = half_bits(r[u].hdr[i].x & 0xffffu), dmin[u][i] = half_bits(r[u].hdr[i].x >> 16);
+    // The chunk terms' pair sums of the canonical order: v_0 (then v_2) held until v_1 (v_3) comes, and
+    // v_0 + v_1 until the block's T = (v_0 + v_1) + (v_2 + v_3) is added to acc.
+    float first[T][NT8][4], pair01[T][NT8][4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       // Sub-blocks 2c (h = 0) and 2c + 1 (h = 1): scales of both rows of each tile, A fragments.
@@ -158,20 +163,29 @@ struct Q4K {
         const float2 d1 = __ldg(reinterpret_cast<const float2*>(a.xd + t1 * (cols / 32) + b * 8 + 2 * c));
         const int4 s0 = __ldg(reinterpret_cast<const int4*>(a.xs + t0 * (cols / 16) + b * 16 + 4 * c));
         const int4 s1 = __ldg(reinterpret_cast<const int4*>(a.xs + t1 * (cols / 16) + b * 16 + 4 * c));
+        // Sub-block sums (h: sub-block 2c + h) of the lane's two token columns.
+        const float xsum[2][2] = {{static_cast<float>(s0.x + s0.y), static_cast<float>(s1.x + s1.y)},
+                                  {static_cast<float>(s0.z + s0.w), static_cast<float>(s1.z + s1.w)}};
+        const float xd[2][2] = {{d0.x, d1.x}, {d0.y, d1.y}};
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float xsum[2] = {static_cast<float>(h ? s0.z + s0.w : s0.x + s0.y),
-                                 static_cast<float>(h ? s1.z + s1.w : s1.x + s1.y)};
-          const float xd[2] = {h ? d0.y : d0.x, h ? d1.y : d1.x};
+        for (int u = 0; u < T; ++u) {
+          int isum[2][4];
+          mma_k32(fa[u][0], xl.x, xl.y, isum[0]);
+          mma_k32(fa[u][1], xh.x, xh.y, isum[1]);
 #pragma unroll
-          for (int u = 0; u < T; ++u) {
-            int isum[4];
-            mma_k32(fa[u][h], h ? xh.x : xl.x, h ? xh.y : xl.y, isum);
+          for (int e = 0; e < 4; ++e) {
+            const int i = e >> 1, k = e & 1;
+            float t[2];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int i = e >> 1, k = e & 1;
-              const float t = __fmaf_rn(ds[u][i][h], static_cast<float>(isum[e]), -__fmul_rn(ms[u][i][h], xsum[k]));
-              acc[u][nt][e] = __fmaf_rn(xd[k], t, acc[u][nt][e]);
+            for (int h = 0; h < 2; ++h)
+              t[h] = __fmaf_rn(ds[u][i][h], static_cast<float>(isum[h][e]), -__fmul_rn(ms[u][i][h], xsum[h][k]));
+            const float v = __fmaf_rn(xd[1][k], t[1], __fmul_rn(xd[0][k], t[0]));
+            if (c % 2 == 0) {
+              first[u][nt][e] = v;
+            } else if (c == 1) {
+              pair01[u][nt][e] = __fadd_rn(first[u][nt][e], v);
+            } else {
+              acc[u][nt][e] = __fadd_rn(acc[u][nt][e], __fadd_rn(pair01[u][nt][e], __fadd_rn(first[u][nt][e], v)));
             }
           }
         }
@@ -405,7 +419,7 @@ int mmq_split(int64_t rows, int64_t cols) {
 }
 
 cudaError_t mmq(DType type, const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float* xd,
-                const int* xs, int64_t n, float* y, cudaStream_t stream) {
+                const int* xs, int64_t n, float* y, cudaStream_t stream, int split) {
   const auto id = static_cast<uint32_t>(type);
   int64_t bytes = 0;
   uintptr_t walign = 2;
@@ -413,6 +427,7 @@ cudaError_t mmq(DType type, const void* w, int64_t rows, int64_t cols, const int
   else if (id == qblocks::kQ6_K) bytes = 210;
   else return cudaErrorInvalidValue;
   if (rows < 0 || cols <= 0 || cols % 256 != 0 || n < 1 || n > kMmqMaxTokens) return cudaErrorInvalidValue;
+  if (split != 0 && split != 1 && split != 2 && split != 4 && split != 8) return cudaErrorInvalidValue;
   if (w == nullptr || xq == nullptr || xd == nullptr || xs == nullptr || y == nullptr) return cudaErrorInvalidValue;
   if (!aligned(w, walign) || !aligned(xq, 16) || !aligned(xd, 16) || !aligned(xs, 16) || !aligned(y, 4))
     return cudaErrorInvalidValue;
@@ -430,7 +445,7 @@ cudaError_t mmq(DType type, const void* w, int64_t rows, int64_t cols, const int
   a.xd = xd;
   a.xs = xs;
   a.n = static_cast<int>(n);
-  a.split = mmq_split(rows, cols);  // of rows and cols alone (not of n, nor of the tiles a warp)
+  a.split = split != 0 ? split : mmq_split(rows, cols);  // never of n, nor of the tiles a warp
   const int64_t tile_rows = kTileRows * (id == qblocks::kQ6_K ? tiles_a_warp<Q6K>(n) : tiles_a_warp<Q4K<true>>(n));
   const int64_t tiles = (rows + tile_rows - 1) / tile_rows, per_cta = kWarps / a.split;
   const int64_t grid = (tiles + per_cta - 1) / per_cta;

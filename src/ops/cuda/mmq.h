@@ -12,8 +12,12 @@
 // element the same whatever the tile it lands in). So one kernel can serve decode (n = 1) and
 // speculative verify (n = 16..32) with identical logits.
 //
-// The result equals x' W^T to float rounding (see mmq.cu for the order), not bit-equal to gemv_q8's
-// (another summation order).
+// The result equals x' W^T to float rounding (see mmq.cu for the order). For q4_K the order is the
+// canonical one that gemv_q8 forms too (per block T = (v_0 + v_1) + (v_2 + v_3) of the four 64-element
+// chunk terms, parts of blocks p, p + S, ... folded in part order): with S = gemv_q8_parts(rows of the
+// one-token launch) every output equals gemv_q8's bit for bit, which lets speculative verify steps
+// (MatmulPath::kTokenExact) run here and still compute each token as a decode step does. q6_K has its own
+// order (not gemv_q8's).
 //
 // Included by nvcc-compiled code: no base/status.h.
 #pragma once
@@ -37,8 +41,12 @@ bool mmq_supported(DType type);
 // xs) [n, cols] from quantize_q8_rows. n in [1, kMmqMaxTokens], cols a positive multiple of 256, rows
 // >= 0 (0: nothing to do). cudaErrorInvalidValue (nothing enqueued) for another type, a bad shape, a null
 // or misaligned pointer (w: 16 bytes for q4_K, 2 bytes for q6_K; xq, xd, xs: 16 bytes; y: 4 bytes).
+// split: the parts a row's blocks are taken in (1, 2, 4 or 8; 0 picks mmq_split(rows, cols)). Part p takes
+// blocks p, p + split, ... and sums them in increasing order; the row's output is the left fold of its parts
+// in part order. For q4_K that is the canonical order: gemv_q8 forms every sum in the same order with
+// gemv_q8_parts(total rows of its launch) parts, so mmq(..., split = that) equals it bit for bit.
 cudaError_t mmq(DType type, const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float* xd,
-                const int* xs, int64_t n, float* y, cudaStream_t stream = nullptr);
+                const int* xs, int64_t n, float* y, cudaStream_t stream = nullptr, int split = 0);
 
 // The number of warps that split a row's blocks (1, 2, 4 or 8): a function of rows and cols alone, so
 // a row's float summation order is the same for every n (exposed for tests and benchmarks).
