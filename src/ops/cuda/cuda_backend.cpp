@@ -407,8 +407,9 @@ Status CudaBackend::copy(float* dst, const float* src, int64_t n) {
 // Decode and verify steps (n <= 16) run the GEMV kernels: the integer-dot path for the common block
 // types, f32 for the rest (bf16/f16 weights: one token only). Longer steps (prefill) run the bf16 tensor-core GEMM (both inputs rounded to
 // bf16, f32 accumulation: the precision HF transformers runs bf16 checkpoints at), or, with
-// set_tensor_core_prefill(false) or while set_token_exact(true) (speculative verify steps), the GEMV kernels in
-// slices of 16 tokens: each token's row then equals what a one-token step computes.
+// set_tensor_core_prefill(false), the GEMV kernels in slices of 16 tokens; while set_token_exact(true)
+// (speculative verify steps) the token-exact path (MatmulPath::kTokenExact: GEMV kernels, and mmq for the
+// large q4_K weights) in slices of 32: each token's row then equals what a one-token step computes.
 Status CudaBackend::matmul(const cpu::WeightView& w, const float* x, int64_t n, float* y) {
   activate();
   const cpu::WeightView* ws[] = {&w};
@@ -427,25 +428,26 @@ Status CudaBackend::matmul_group(std::span<const cpu::WeightView* const> ws, con
     if (w->cols != cols) return invalid_argument("matmul_group: weights of {} and {} columns", cols, w->cols);
     targets.push_back({w->type, w->data, w->rows, nullptr});
   }
-  constexpr int64_t kSlice = cuda::kGemvMaxTokens;
+  const int64_t slice = token_exact_ ? cuda::kMmqMaxTokens : cuda::kGemvMaxTokens;
+  const cuda::MatmulPath path = token_exact_ ? cuda::MatmulPath::kTokenExact : cuda::MatmulPath::kAuto;
   const bool side = q8_side_.src == x && q8_side_.elems == n * cols;  // x's producer quantized it already
   // bf16/f16 weights (a DFlash draft's, a bf16 model's) take the tensor cores from two tokens on: their GEMV
   // reads the weights once but runs the f32 path, compute-bound at 16 rows.
   const bool float_weights = std::all_of(ws.begin(), ws.end(), [](const cpu::WeightView* w) {
     return w->type == DType::kBF16 || w->type == DType::kF16;
   });
-  const int64_t gemm_from = float_weights ? 2 : kSlice + 1;
+  const int64_t gemm_from = float_weights ? 2 : cuda::kGemvMaxTokens + 1;
   if (n >= gemm_from && tensor_core_prefill_ && !token_exact_) {  // x rounded to bf16 once for every weight
     for (size_t i = 0; i < ws.size(); ++i) targets[i].y = ys[i];
     return cuda::matmul_group(targets, cols, x, n, stream_, cuda::MatmulPath::kGemmBf16, nullptr);
   }
-  for (int64_t t0 = 0; t0 < n; t0 += kSlice) {
-    const int64_t m = std::min(kSlice, n - t0);
+  for (int64_t t0 = 0; t0 < n; t0 += slice) {
+    const int64_t m = std::min(slice, n - t0);
     for (size_t i = 0; i < ws.size(); ++i) targets[i].y = ys[i] + t0 * ws[i]->rows;
     const int64_t e = t0 * cols;
     const cuda::Q8Out pre{q8_buf_.xq + e, q8_buf_.xd + e / 32, q8_buf_.xs + e / 16};
     DF_RETURN_IF_ERROR(
-        cuda::matmul_group(targets, cols, x + t0 * cols, m, stream_, cuda::MatmulPath::kAuto, side ? &pre : nullptr));
+        cuda::matmul_group(targets, cols, x + t0 * cols, m, stream_, path, side ? &pre : nullptr));
     q8_side_uses_ += side;
   }
   return Status();

@@ -12,6 +12,7 @@
 
 #include "base/checked_math.h"
 #include "ops/cuda/dequantize.h"
+#include "ops/cuda/mmq.h"
 #include "ops/cuda/gemm_q.h"
 #include "ops/cuda/gemv_q8.h"
 #include "ops/cuda/matmul.h"
@@ -206,6 +207,9 @@ Status check_args(DType wtype, const void* w, int64_t rows, int64_t cols, const 
                             info->block_elems);
   if ((path == MatmulPath::kGemv || path == MatmulPath::kGemvQ8) && n > kGemvMaxTokens)
     return invalid_argument("matmul {}: the GEMV path takes at most {} tokens, not {}", name, kGemvMaxTokens, n);
+  if (path == MatmulPath::kTokenExact && n > kMmqMaxTokens)
+    return invalid_argument("matmul {}: the token-exact path takes at most {} tokens, not {}", name, kMmqMaxTokens,
+                            n);
   if (path == MatmulPath::kGemvQ8 && !gemv_q8_supported(wtype))
     return unsupported("matmul {}: no integer-dot GEMV for this type", name);
   DF_ASSIGN_OR_RETURN(const uint64_t rb, row_bytes(wtype, static_cast<uint64_t>(cols)));
@@ -228,16 +232,57 @@ Status check_args(DType wtype, const void* w, int64_t rows, int64_t cols, const 
 }
 
 bool q8_applies(DType wtype, const void* w, int64_t cols, int64_t n, MatmulPath path) {
-  if (path != MatmulPath::kAuto && path != MatmulPath::kGemvQ8) return false;
-  if (n > kGemvMaxTokens || cols == 0 || !gemv_q8_supported(wtype)) return false;
+  if (path != MatmulPath::kAuto && path != MatmulPath::kGemvQ8 && path != MatmulPath::kTokenExact) return false;
+  if (n > (path == MatmulPath::kTokenExact ? kMmqMaxTokens : kGemvMaxTokens) || cols == 0 ||
+      !gemv_q8_supported(wtype))
+    return false;
   const bool k4 = wtype == DType::kQ4_K || wtype == DType::kQ5_K;
   return reinterpret_cast<uintptr_t>(w) % (k4 ? 16 : 2) == 0;
+}
+
+// One group's gemv_q8 launches, in slices of at most kQ8MaxTokens tokens (split 0: the launch's own).
+Status gemv_q8_slices(DType type, const Q8Part* parts, int np, int64_t cols, const int8_t* xq, const float* xd,
+                      const int* xs, int64_t n, cudaStream_t stream, int split) {
+  Status st;
+  for (int64_t t0 = 0; st.ok() && t0 < n; t0 += kQ8MaxTokens) {
+    const int64_t m = std::min<int64_t>(kQ8MaxTokens, n - t0);
+    Q8Part sliced[kQ8MaxParts];
+    for (int p = 0; p < np; ++p) sliced[p] = Q8Part{parts[p].w, parts[p].rows, parts[p].y + t0 * parts[p].rows};
+    st = cuda_status(gemv_q8(type, sliced, np, cols, xq + t0 * cols, xd + t0 * cols / 32, xs + t0 * cols / 16, m,
+                             stream, split),
+                     "integer-dot gemv launch", dtype_name(type), parts[0].rows, cols, n);
+  }
+  return st;
+}
+
+// One group of the token-exact path (kTokenExact): every token as the group's one-token gemv_q8 launch sums it.
+Status run_q8_exact(DType type, const Q8Part* parts, int np, int64_t cols, const int8_t* xq, const float* xd,
+                    const int* xs, int64_t n, cudaStream_t stream) {
+  int64_t total = 0;
+  for (int p = 0; p < np; ++p) total += parts[p].rows;
+  const int split = gemv_auto_split(total), order = gemv_q8_parts(total);
+  Q8Part rest[kQ8MaxParts];
+  int nr = 0;
+  Status st;
+  for (int p = 0; p < np; ++p) {
+    const bool on_mmq = type == DType::kQ4_K && n >= kExactMmqFromTokens && order <= 8 &&
+                        parts[p].rows >= kExactMmqMinRows;
+    if (!on_mmq) {
+      rest[nr++] = parts[p];
+      continue;
+    }
+    if (st.ok())
+      st = cuda_status(mmq(type, parts[p].w, parts[p].rows, cols, xq, xd, xs, n, parts[p].y, stream, order),
+                       "mmq launch", dtype_name(type), parts[p].rows, cols, n);
+  }
+  if (st.ok() && nr > 0) st = gemv_q8_slices(type, rest, nr, cols, xq, xd, xs, n, stream, split);
+  return st;
 }
 
 // The integer-dot path for targets that all qualify: x quantized once (unless its producer did: xq8),
 // launches of up to 4 weights.
 Status run_q8(std::span<const MatmulTarget> targets, int64_t cols, const float* x, int64_t n, cudaStream_t stream,
-              const Q8Out* xq8) {
+              const Q8Out* xq8, bool exact) {
   const std::string_view name = dtype_name(targets[0].type);
   const int64_t rows0 = targets[0].rows;
   uint8_t* scratch = nullptr;
@@ -266,8 +311,8 @@ Status run_q8(std::span<const MatmulTarget> targets, int64_t cols, const float* 
     const DType type = targets[i].type;
     for (; i < targets.size() && np < kQ8MaxParts && targets[i].type == type; ++i)
       parts[np++] = Q8Part{targets[i].w, targets[i].rows, targets[i].y};
-    st = cuda_status(gemv_q8(type, parts, np, cols, xq, xd, xs, n, stream), "integer-dot gemv launch",
-                     dtype_name(type), parts[0].rows, cols, n);
+    st = exact ? run_q8_exact(type, parts, np, cols, xq, xd, xs, n, stream)
+               : gemv_q8_slices(type, parts, np, cols, xq, xd, xs, n, stream, 0);
   }
   if (scratch != nullptr) cudaFreeAsync(scratch, stream);
   return st;
@@ -281,11 +326,20 @@ Status run_one(DType wtype, const void* w, int64_t rows, int64_t cols, const flo
                        rows, cols, n);
   if (q8_applies(wtype, w, cols, n, path)) {
     const MatmulTarget t{wtype, w, rows, y};
-    return run_q8(std::span<const MatmulTarget>(&t, 1), cols, x, n, stream, nullptr);
+    return run_q8(std::span<const MatmulTarget>(&t, 1), cols, x, n, stream, nullptr, path == MatmulPath::kTokenExact);
   }
   if (path == MatmulPath::kGemvQ8)
     return invalid_argument("matmul {}: the integer-dot GEMV needs {}-byte aligned weights", name,
                             wtype == DType::kQ4_K || wtype == DType::kQ5_K ? 16 : 2);
+  if (path == MatmulPath::kTokenExact) {  // the f32 GEMV computes every token as a one-token call does
+    Status st;
+    for (int64_t t0 = 0; st.ok() && t0 < n; t0 += kGemvMaxTokens) {
+      const int64_t m = std::min(kGemvMaxTokens, n - t0);
+      st = cuda_status(gemv(wtype, w, rows, cols, x + t0 * cols, m, y + t0 * rows, stream), "gemv launch", name, rows,
+                       cols, n);
+    }
+    return st;
+  }
   const bool use_gemv = path == MatmulPath::kGemv || (path == MatmulPath::kAuto && n <= kGemvMaxTokens);
   if (use_gemv) return cuda_status(gemv(wtype, w, rows, cols, x, n, y, stream), "gemv launch", name, rows, cols, n);
   const MatmulTarget t{wtype, w, rows, y};
@@ -339,7 +393,7 @@ Status matmul_group(std::span<const MatmulTarget> targets, int64_t cols, const f
   if (!q8.empty()) {
     std::stable_sort(q8.begin(), q8.end(),
                      [](const MatmulTarget& a, const MatmulTarget& b) { return a.type < b.type; });
-    DF_RETURN_IF_ERROR(run_q8(q8, cols, x, n, stream, xq8));
+    DF_RETURN_IF_ERROR(run_q8(q8, cols, x, n, stream, xq8, path == MatmulPath::kTokenExact));
   }
   if (!gemm.empty()) DF_RETURN_IF_ERROR(run_gemm(gemm, cols, x, n, stream, path));
   for (const MatmulTarget& t : other) DF_RETURN_IF_ERROR(run_one(t.type, t.w, t.rows, cols, x, n, t.y, stream, path));

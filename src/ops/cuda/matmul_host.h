@@ -29,6 +29,7 @@
 
 #include "base/status.h"
 #include "ops/cuda/gemv_q8.h"
+#include "ops/cuda/mmq.h"
 #include "tensor/dtype.h"
 
 namespace dflash::cuda {
@@ -40,7 +41,16 @@ enum class MatmulPath {
   kGemmBf16,     // any n >= 1: the fused kernel where gemm_fused_preferred, else dequantize + cuBLAS
   kGemmDequant,  // any n >= 1: cuBLAS on W itself (bf16) or on slabs of W dequantized to bf16
   kGemmFused,    // any n >= 1: the fused kernel; unsupported for weights it does not take (gemm_q_applies)
+  // n <= kMmqMaxTokens (32): each token's row of y equals, bit for bit, what a one-token kAuto product of the
+  // same targets computes (speculative verify steps). The integer-dot types run gemv_q8 in slices of at most
+  // 16 tokens, in the split of the one-token launch; q4_K weights of at least kExactMmqMinRows rows take mmq
+  // from kExactMmqFromTokens tokens on, in gemv_q8_parts of that launch (mmq.h: the same summation order),
+  // where those are at most 8. The other types run the f32 GEMV in slices of at most 16 tokens.
+  kTokenExact,
 };
+
+constexpr int64_t kExactMmqFromTokens = 5;  // below, gemv_q8 (one to four tokens a launch) is faster
+constexpr int64_t kExactMmqMinRows = 512;   // smaller weights stay in their group's gemv_q8 launch
 
 // Whether kGemmBf16 takes the fused kernel for this product (the weight qualifies and the token count is
 // one where it measured faster than dequantize + cuBLAS on an H100).

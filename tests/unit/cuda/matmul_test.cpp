@@ -554,21 +554,111 @@ TEST_F(CudaMatmul, gemv_q8_grouped_parts_split_inside_row_groups) {
               ASSERT_EQ(std::bit_cast<uint32_t>(alone[i][r]), std::bit_cast<uint32_t>(group[i][k * rows[i] + r]))
                   << "target " << i << " token " << k << " row " << r;
         }
+        const std::vector<float> xq8 = q8_dequantized(x);
         for (size_t i = 0; i < rows.size(); ++i) {
           const auto one = run_gpu({t, rows[i], cols, n, cuda::MatmulPath::kGemvQ8}, ws[i], x);
           ASSERT_EQ(one.size(), group[i].size());
           const bool same_split = cuda::gemv_auto_split(rows[i]) == cuda::gemv_auto_split(total);
-          for (size_t k = 0; k < one.size(); ++k) {
-            if (same_split)
-              ASSERT_EQ(std::bit_cast<uint32_t>(one[k]), std::bit_cast<uint32_t>(group[i][k]))
-                  << "target " << i << " at " << k;
-            else
-              ASSERT_NEAR(group[i][k], one[k], 1e-4 * (1.0 + std::fabs(one[k]))) << "target " << i << " at " << k;
+          std::vector<float> wf(static_cast<size_t>(cols));
+          for (int64_t r = 0; r < rows[i]; ++r) {
+            if (!same_split) ASSERT_TRUE(dequantize_row(t, ws[i].data() + r * bytes_for(t, cols), wf.data(), cols).ok());
+            for (int64_t k = 0; k < n; ++k) {
+              const size_t at = static_cast<size_t>(k * rows[i] + r);
+              if (same_split) {
+                ASSERT_EQ(std::bit_cast<uint32_t>(one[at]), std::bit_cast<uint32_t>(group[i][at]))
+                    << "target " << i << " token " << k << " row " << r;
+                continue;
+              }
+              // Two summation orders of the same terms: each within kGemvTol of sum |x' w| of the exact sum.
+              double scale = 0;
+              for (int64_t c = 0; c < cols; ++c) scale += std::fabs(double{xq8[k * cols + c]} * wf[c]);
+              ASSERT_NEAR(group[i][at], one[at], 2 * kGemvTol * scale + 1e-30)
+                  << "target " << i << " token " << k << " row " << r;
+            }
           }
         }
       }
     }
   }
+}
+
+// The token-exact path (speculative verify): for 9..32 tokens every token's row equals, bit for bit, what the
+// one-token kAuto product of the same targets gives it. The groups are laid out so that the large q4_K
+// weights take mmq at each of the one-token launch's splits that mmq serves (1 and 2: 4 and 8 parts) and at
+// split 4 (16 parts: gemv_q8), beside small q4_K weights that stay in the group's gemv_q8 launch, and other
+// types (gemv_q8 in 16-token slices, the f32 GEMV for bf16).
+TEST_F(CudaMatmul, token_exact_path_equals_one_token_products_bit_for_bit) {
+  SCOPED_TRACE(seed_note());
+  const int64_t sms = sm_count();
+  ASSERT_GT(sms, 0);
+  const int64_t cols = 1024;
+  struct Layout {
+    std::vector<DType> types;
+    std::vector<int64_t> rows;
+  };
+  const std::vector<Layout> layouts = {
+      {{DType::kQ4_K, DType::kQ4_K, DType::kQ4_K, DType::kQ6_K}, {32 * sms + 3, 48, 600, 70}},  // split 1
+      {{DType::kQ4_K, DType::kQ4_K}, {16 * sms + 5, 48}},                                        // split 2
+      {{DType::kQ4_K, DType::kBF16, DType::kQ8_0, DType::kQ5_K}, {700, 33, 65, 129}},           // split 4
+  };
+  for (const Layout& l : layouts) {
+    int64_t q4k_rows = 0;
+    for (size_t i = 0; i < l.types.size(); ++i) q4k_rows += l.types[i] == DType::kQ4_K ? l.rows[i] : 0;
+    SCOPED_TRACE("q4_K rows " + std::to_string(q4k_rows) + ", split " + std::to_string(cuda::gemv_auto_split(q4k_rows)));
+    std::vector<std::unique_ptr<test::DeviceBuffer>> dw;
+    for (size_t i = 0; i < l.types.size(); ++i) {
+      const auto w = random_weights(l.types[i], l.rows[i], cols, rng_);
+      dw.push_back(std::make_unique<test::DeviceBuffer>(w.size()));
+      DF_ASSERT_CUDA(cudaMemcpy(dw[i]->get(), w.data(), w.size(), cudaMemcpyHostToDevice));
+    }
+    // y of every target for the tokens x (n of them) on `path`; a guard after each must stay poisoned.
+    auto run = [&](const std::vector<float>& x, int64_t n, cuda::MatmulPath path) {
+      test::DeviceBuffer dx(x.size() * 4);
+      EXPECT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      std::vector<std::unique_ptr<test::DeviceBuffer>> dy;
+      std::vector<cuda::MatmulTarget> targets;
+      for (size_t i = 0; i < l.types.size(); ++i) {
+        const int64_t words = n * l.rows[i] + kGuard;
+        dy.push_back(std::make_unique<test::DeviceBuffer>(static_cast<size_t>(words) * 4));
+        EXPECT_EQ(cuda::fill_u32(reinterpret_cast<uint32_t*>(dy[i]->get()), words, kPoison), cudaSuccess);
+        targets.push_back({l.types[i], dw[i]->get(), l.rows[i], reinterpret_cast<float*>(dy[i]->get())});
+      }
+      const Status st = cuda::matmul_group(targets, cols, reinterpret_cast<const float*>(dx.get()), n, nullptr, path);
+      EXPECT_TRUE(st.ok()) << st.to_string();
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<std::vector<float>> ys;
+      for (size_t i = 0; i < l.types.size(); ++i) {
+        std::vector<float> y(static_cast<size_t>(n * l.rows[i] + kGuard));
+        EXPECT_EQ(cudaMemcpy(y.data(), dy[i]->get(), y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        for (size_t k = static_cast<size_t>(n * l.rows[i]); k < y.size(); ++k)
+          EXPECT_EQ(std::bit_cast<uint32_t>(y[k]), kPoison) << "target " << i << ": guard overwritten";
+        y.resize(static_cast<size_t>(n * l.rows[i]));
+        ys.push_back(std::move(y));
+      }
+      return ys;
+    };
+    const int64_t most = cuda::kMmqMaxTokens;
+    const auto x = random_x(most, cols, rng_);
+    std::vector<std::vector<std::vector<float>>> alone;  // [token][target][row]
+    for (int64_t k = 0; k < most; ++k)
+      alone.push_back(run(std::vector<float>(x.begin() + k * cols, x.begin() + (k + 1) * cols), 1,
+                          cuda::MatmulPath::kAuto));
+    ASSERT_FALSE(HasFailure());
+    for (int64_t n : {1, 2, 8, 9, 16, 17, 23, 32}) {
+      const auto all = run(std::vector<float>(x.begin(), x.begin() + n * cols), n, cuda::MatmulPath::kTokenExact);
+      ASSERT_FALSE(HasFailure()) << "n " << n;
+      for (size_t i = 0; i < l.types.size(); ++i)
+        for (int64_t k = 0; k < n; ++k)
+          for (int64_t r = 0; r < l.rows[i]; ++r)
+            ASSERT_EQ(std::bit_cast<uint32_t>(alone[k][i][r]), std::bit_cast<uint32_t>(all[i][k * l.rows[i] + r]))
+                << dtype_name(l.types[i]) << " target " << i << ", n " << n << ", token " << k << ", row " << r;
+    }
+  }
+  // Past kMmqMaxTokens the path refuses (nothing written).
+  test::DeviceBuffer w(4096), x(4 * 1024 * 33), y(4 * 64 * 33);
+  EXPECT_FALSE(cuda::matmul(DType::kQ4_K, w.get(), 64, 256, reinterpret_cast<const float*>(x.get()), 33,
+                            reinterpret_cast<float*>(y.get()), nullptr, cuda::MatmulPath::kTokenExact)
+                   .ok());
 }
 
 TEST_F(CudaMatmul, quantize_q8_matches_the_reference_bit_for_bit) {
