@@ -16,10 +16,11 @@
 // A token's outputs are bit for bit the same whatever the kernel (R, the token count): a lane's blocks
 // and their order depend only on split and the lane, each block adds the same pinned float expression to
 // the (row, token) sum, the lanes are summed in the xor-butterfly order and the split partials in order
-// (gemv_common::store_rows). q4_K and q5_K form mmq.h's canonical order instead: a lane group's 8 lanes
-// complete each block's term together (exact 32-element sums by a shuffle, the four chunk terms added in
-// order), so the group's running sum is one part of 4 x split, and the parts are folded in order
-// (store_rows_parts): mmq with gemv_q8_parts(rows) parts reproduces each row bit for bit.
+// (gemv_common::store_rows). q4_K, q5_K and q6_K form mmq.h's canonical order instead: a lane group (8
+// lanes a q4_K/q5_K block, 16 a q6_K block) completes each block's term together (exact 32-element integer
+// sums by a shuffle, then the block's float terms added in a fixed tree by butterfly steps), so the group's
+// running sum is one part of (groups a warp) x split, and the parts are folded in order (store_rows_parts):
+// mmq with gemv_q8_parts(type, rows) parts reproduces each row bit for bit.
 #include <cuda_fp16.h>
 
 #include <climits>
@@ -207,17 +208,20 @@ struct Q6K {
   static constexpr int kBytes = 210, kElems = 256, kLanes = 16;
   static constexpr int kInFlight = 2;
   static constexpr bool kHoistTokens = true;
-  static constexpr bool kGroupParts = false;
+  static constexpr bool kGroupParts = true;  // each half warp's sum is a part of the canonical order
   static constexpr int rows_a_warp(int nt) { return nt == 8 ? 4 : 2; }
   // 16 tokens: 128 registers hold R = 2's 32 accumulators and the hoisted loads without spilling.
-  static constexpr int min_ctas(int nt, int /*split*/) { return nt == 1 ? 8 : nt == 16 ? 4 : 1; }
+  // One token: 7 CTAs where a warp owns its rows (split 1), as K4 (the canonical order's shuffles need the
+  // registers), else 8.
+  static constexpr int min_ctas(int nt, int split) { return nt == 1 ? (split == 1 ? 7 : 8) : nt == 16 ? 4 : 1; }
   struct Raw {
     int ql[4], qh[4];
     uint32_t sc, d;  // scales[g] in byte g % 2 of sc; d fp16
   };
   struct Codes {
     int q[4];
-    float dsc;
+    int sc;   // the group's int8 scale
+    float d;  // the block's scale
   };
   struct Act {
     uint4 q;
@@ -248,16 +252,27 @@ struct Q6K {
   __device__ static Codes decode(const Raw& w, int lane) {
     const int g = lane & 15, k = (g >> 1) & 3;
     Codes c;
-    const int sc = static_cast<int8_t>(w.sc >> (8 * (g & 1)));
-    c.dsc = __fmul_rn(qblocks::fp16_to_f32(w.d), static_cast<float>(sc));
+    c.sc = static_cast<int8_t>(w.sc >> (8 * (g & 1)));
+    c.d = qblocks::fp16_to_f32(w.d);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       c.q[i] = static_cast<int>(((static_cast<uint32_t>(w.ql[i]) >> (4 * (k >> 1))) & 0x0f0f0f0fu) |
                                 (((static_cast<uint32_t>(w.qh[i]) >> (2 * k)) & 0x03030303u) << 4));
     return c;
   }
-  __device__ static void add(float& acc, const Codes& c, const Act& x, int /*lane*/) {
-    acc = __fmaf_rn(x.d, __fmul_rn(c.dsc, static_cast<float>(dot4(c.q, x.q, 0) - x.s32)), acc);
+  // The block's term in mmq's order (mmq.h, "the canonical order"): J_q = sc_2q isum_2q + sc_2q+1 isum_2q+1
+  // exact in int (this lane's group plus its partner's, lane ^ 1; |J| < 2^24, so exact in float too),
+  // p_q = xd_q J_q, inner = ((p_0 + p_1) + (p_2 + p_3)) + ((p_4 + p_5) + (p_6 + p_7)) by three butterfly
+  // steps within the half warp (every lane forms the same inner), acc = fma(d, inner, acc).
+  __device__ static void add(float& acc, const Codes& c, const Act& x, int lane) {
+    const unsigned half = 0xffffu << (lane & 16);
+    int j = c.sc * (dot4(c.q, x.q, 0) - x.s32);
+    j += __shfl_xor_sync(half, j, 1);
+    float p = __fmul_rn(x.d, static_cast<float>(j));
+    p = __fadd_rn(p, __shfl_xor_sync(half, p, 2));
+    p = __fadd_rn(p, __shfl_xor_sync(half, p, 4));
+    p = __fadd_rn(p, __shfl_xor_sync(half, p, 8));
+    acc = __fmaf_rn(c.d, p, acc);
   }
 };
 
@@ -400,20 +415,21 @@ __device__ __forceinline__ void group_dot(const Args& a, const uint8_t* const (&
   }
 }
 
-// The row epilogue of the kGroupParts types (K4): lane group g of the warp taking part `part` of a row group
-// holds the running sum of canonical part 4 part + g (every lane of the group the same value), and a row's
-// output is the left fold of its 4 split parts in order (mmq.h). Every thread of the CTA must call it.
-template <int R, int NT>
-__device__ __forceinline__ void store_rows_parts(float (&acc)[R][NT], float (&parts)[kWarps][4][R * NT], int warp,
+// The row epilogue of the kGroupParts types: lane group g (G groups of 32 / G lanes a warp) of the warp taking
+// part `part` of a row group holds the running sum of canonical part G part + g (every lane of the group the
+// same value), and a row's output is the left fold of its G x split parts in order (mmq.h). Every thread of
+// the CTA must call it.
+template <int G, int R, int NT>
+__device__ __forceinline__ void store_rows_parts(float (&acc)[R][NT], float (&parts)[kWarps][G][R * NT], int warp,
                                                  int lane, int part, int split, int n, float* const (&y)[R],
                                                  const int64_t (&rows)[R], const int64_t (&r)[R]) {
-  constexpr int V = R * NT;
+  constexpr int V = R * NT, kGroupLanes = 32 / G;
   static_assert(V <= 32, "a lane a (row, token) value");
-  if ((lane & 7) == 0)
+  if (lane % kGroupLanes == 0)
 #pragma unroll
     for (int j = 0; j < R; ++j)
 #pragma unroll
-      for (int t = 0; t < NT; ++t) parts[warp][lane >> 3][j * NT + t] = acc[j][t];
+      for (int t = 0; t < NT; ++t) parts[warp][lane / kGroupLanes][j * NT + t] = acc[j][t];
   if (split == 1) __syncwarp();
   else __syncthreads();
   if (part != 0 || lane >= V) return;
@@ -427,7 +443,7 @@ __device__ __forceinline__ void store_rows_parts(float (&acc)[R][NT], float (&pa
   }
   if (p == nullptr) return;
   float sum = parts[warp][0][lane];
-  for (int q = 1; q < 4 * split; ++q) sum = __fadd_rn(sum, parts[warp + q / 4][q % 4][lane]);
+  for (int q = 1; q < G * split; ++q) sum = __fadd_rn(sum, parts[warp + q / G][q % G][lane]);
   *p = sum;
 }
 
@@ -467,8 +483,9 @@ __global__ void __launch_bounds__(kThreads, kCtas) gemv_q8_kernel(const Args a) 
     for (int t = 0; t < NT; ++t) acc[j][t] = 0.0f;
   if (y[0] != nullptr) group_dot<B, R, NT>(a, rowp, part, lane, acc);
   if constexpr (B::kGroupParts) {
-    __shared__ float parts[kWarps][4][R * NT];
-    store_rows_parts<R, NT>(acc, parts, warp, lane, part, a.split, a.n, y, rows, r);
+    constexpr int G = 32 / B::kLanes;
+    __shared__ float parts[kWarps][G][R * NT];
+    store_rows_parts<G, R, NT>(acc, parts, warp, lane, part, a.split, a.n, y, rows, r);
   } else {
     gemv_common::store_rows<R, NT>(acc, partial, warp, lane, part, a.split, a.n, y, rows, r);
   }
@@ -507,7 +524,11 @@ bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p)
 
 }  // namespace
 
-int gemv_q8_parts(int64_t total_rows) { return 4 * gemv_auto_split(total_rows); }
+int gemv_q8_parts(DType type, int64_t total_rows) {
+  const auto id = static_cast<uint32_t>(type);
+  const int groups = id == qblocks::kQ4_K || id == qblocks::kQ5_K ? 4 : id == qblocks::kQ6_K ? 2 : 0;
+  return groups * gemv_auto_split(total_rows);
+}
 
 bool gemv_q8_supported(DType type) {
   switch (static_cast<uint32_t>(type)) {

@@ -260,12 +260,12 @@ Status run_q8_exact(DType type, const Q8Part* parts, int np, int64_t cols, const
                     const int* xs, int64_t n, cudaStream_t stream) {
   int64_t total = 0;
   for (int p = 0; p < np; ++p) total += parts[p].rows;
-  const int split = gemv_auto_split(total), order = gemv_q8_parts(total);
+  const int split = gemv_auto_split(total), order = gemv_q8_parts(type, total);
   Q8Part rest[kQ8MaxParts];
   int nr = 0;
   Status st;
   for (int p = 0; p < np; ++p) {
-    const bool on_mmq = type == DType::kQ4_K && n >= kExactMmqFromTokens && order <= 8 &&
+    const bool on_mmq = mmq_supported(type) && n >= kExactMmqFromTokens && order <= 8 &&
                         parts[p].rows >= kExactMmqMinRows;
     if (!on_mmq) {
       rest[nr++] = parts[p];

@@ -43,9 +43,9 @@ enum class MatmulPath {
   kGemmFused,    // any n >= 1: the fused kernel; unsupported for weights it does not take (gemm_q_applies)
   // n <= kMmqMaxTokens (32): each token's row of y equals, bit for bit, what a one-token kAuto product of the
   // same targets computes (speculative verify steps). The integer-dot types run gemv_q8 in slices of at most
-  // 16 tokens, in the split of the one-token launch; q4_K weights of at least kExactMmqMinRows rows take mmq
-  // from kExactMmqFromTokens tokens on, in gemv_q8_parts of that launch (mmq.h: the same summation order),
-  // where those are at most 8. The other types run the f32 GEMV in slices of at most 16 tokens.
+  // 16 tokens, in the split of the one-token launch; q4_K and q6_K weights of at least kExactMmqMinRows rows
+  // take mmq from kExactMmqFromTokens tokens on, in gemv_q8_parts of that launch (mmq.h: the same summation
+  // order), where those are at most 8. The other types run the f32 GEMV in slices of at most 16 tokens.
   kTokenExact,
 };
 

@@ -19,8 +19,9 @@
 //         (sub-blocks 2c, 2c + 1), t_s = fma(d sc_s, isum_s, -(dmin m_s * xsum_s)), v_c = fma(xd_2c+1, t_2c+1,
 //         xd_2c t_2c); per block acc = acc + ((v_0 + v_1) + (v_2 + v_3)); xsum_s = xs[2s] + xs[2s + 1]
 //         (exact), d sc_s and dmin m_s rounded products of the block's fields.
-//   q6_K  per 32-element group q: J = sc_2q isum_2q + sc_2q+1 isum_2q+1 (exact in int32, |J| < 2^24 so
-//         exact in f32), inner = fma(xd_q, J, inner) from inner = 0, then per block acc = fma(d, inner, acc).
+//   q6_K  the canonical order too: per 32-element group q, J_q = sc_2q isum_2q + sc_2q+1 isum_2q+1 (exact in
+//         int32, |J| < 2^24 so exact in f32) and p_q = xd_q J_q; per block inner = ((p_0 + p_1) + (p_2 + p_3))
+//         + ((p_4 + p_5) + (p_6 + p_7)) and acc = fma(d, inner, acc).
 // A warp's blocks are taken in increasing order; with split > 1 the warps' partials of a tile are added
 // in warp order (s = p0; s += p1; ...). None of this depends on n or on the token's column: a token's
 // outputs are the same bit for bit in every batch.
@@ -229,13 +230,9 @@ struct Q6K {
   __device__ static void block(const Args& a, const Raw (&r)[T], int64_t b, int g, int tid,
                                float (&acc)[T][NT8][4]) {
     const int64_t cols = a.cols;
-    float inner[T][NT8][4];
-#pragma unroll
-    for (int u = 0; u < T; ++u)
-#pragma unroll
-      for (int nt = 0; nt < NT8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) inner[u][nt][e] = 0.0f;
+    // The tree of the canonical order: p of the last even group until its odd partner comes, the pair sum of
+    // groups 0-1 (then 4-5) until 2-3 (6-7) is done, and the sum of groups 0-3 until 4-7 is.
+    float even[T][NT8][4], pair[T][NT8][4], quad[T][NT8][4], inner[T][NT8][4];
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
       const int h = q >> 2, k = q & 3;
@@ -272,7 +269,15 @@ struct Q6K {
           for (int e = 0; e < 4; ++e) {
             const int i = e >> 1;
             const int j32 = isum[0][e] * sc[u][i][0] + isum[1][e] * sc[u][i][1];
-            inner[u][nt][e] = __fmaf_rn(xd[e & 1], static_cast<float>(j32), inner[u][nt][e]);
+            const float pq = __fmul_rn(xd[e & 1], static_cast<float>(j32));
+            if (q % 2 == 0) {
+              even[u][nt][e] = pq;
+            } else {
+              const float two = __fadd_rn(even[u][nt][e], pq);
+              if (q == 1 || q == 5) pair[u][nt][e] = two;
+              else if (q == 3) quad[u][nt][e] = __fadd_rn(pair[u][nt][e], two);
+              else inner[u][nt][e] = __fadd_rn(quad[u][nt][e], __fadd_rn(pair[u][nt][e], two));
+            }
           }
         }
       }

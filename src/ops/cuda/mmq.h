@@ -12,12 +12,12 @@
 // element the same whatever the tile it lands in). So one kernel can serve decode (n = 1) and
 // speculative verify (n = 16..32) with identical logits.
 //
-// The result equals x' W^T to float rounding (see mmq.cu for the order). For q4_K the order is the
-// canonical one that gemv_q8 forms too (per block T = (v_0 + v_1) + (v_2 + v_3) of the four 64-element
-// chunk terms, parts of blocks p, p + S, ... folded in part order): with S = gemv_q8_parts(rows of the
-// one-token launch) every output equals gemv_q8's bit for bit, which lets speculative verify steps
-// (MatmulPath::kTokenExact) run here and still compute each token as a decode step does. q6_K has its own
-// order (not gemv_q8's).
+// The result equals x' W^T to float rounding (see mmq.cu for the order). That order is the canonical one
+// that gemv_q8 forms too (q4_K: per block T = (v_0 + v_1) + (v_2 + v_3) of the four 64-element chunk terms;
+// q6_K: per block a pairwise tree of its eight 32-element group terms; parts of blocks p, p + S, ... folded in
+// part order): with S = gemv_q8_parts(type, rows of the gemv_q8 launch) every output equals gemv_q8's bit for
+// bit, which lets speculative verify steps (MatmulPath::kTokenExact) run here and still compute each token as
+// a decode step does.
 //
 // Included by nvcc-compiled code: no base/status.h.
 #pragma once
@@ -43,8 +43,8 @@ bool mmq_supported(DType type);
 // or misaligned pointer (w: 16 bytes for q4_K, 2 bytes for q6_K; xq, xd, xs: 16 bytes; y: 4 bytes).
 // split: the parts a row's blocks are taken in (1, 2, 4 or 8; 0 picks mmq_split(rows, cols)). Part p takes
 // blocks p, p + split, ... and sums them in increasing order; the row's output is the left fold of its parts
-// in part order. For q4_K that is the canonical order: gemv_q8 forms every sum in the same order with
-// gemv_q8_parts(total rows of its launch) parts, so mmq(..., split = that) equals it bit for bit.
+// in part order: the canonical order, which gemv_q8 forms with gemv_q8_parts(type, total rows of its
+// launch) parts, so mmq(..., split = that) equals it bit for bit.
 cudaError_t mmq(DType type, const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float* xd,
                 const int* xs, int64_t n, float* y, cudaStream_t stream = nullptr, int split = 0);
 

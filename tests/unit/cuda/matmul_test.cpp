@@ -582,11 +582,11 @@ TEST_F(CudaMatmul, gemv_q8_grouped_parts_split_inside_row_groups) {
   }
 }
 
-// The token-exact path (speculative verify): for 9..32 tokens every token's row equals, bit for bit, what the
-// one-token kAuto product of the same targets gives it. The groups are laid out so that the large q4_K
-// weights take mmq at each of the one-token launch's splits that mmq serves (1 and 2: 4 and 8 parts) and at
-// split 4 (16 parts: gemv_q8), beside small q4_K weights that stay in the group's gemv_q8 launch, and other
-// types (gemv_q8 in 16-token slices, the f32 GEMV for bf16).
+// The token-exact path (speculative verify): for 1..32 tokens every token's row equals, bit for bit, what the
+// one-token kAuto product of the same targets gives it. The groups are laid out so that the large q4_K and
+// q6_K weights take mmq at each of the one-token launch's splits (q4_K at splits 1 and 2: 4 and 8 parts, not
+// at 4: 16 parts, gemv_q8; q6_K at 1, 2 and 4: 2, 4, 8 parts), beside small weights that stay in the group's
+// gemv_q8 launch, and other types (gemv_q8 in 16-token slices, the f32 GEMV for bf16).
 TEST_F(CudaMatmul, token_exact_path_equals_one_token_products_bit_for_bit) {
   SCOPED_TRACE(seed_note());
   const int64_t sms = sm_count();
@@ -600,11 +600,14 @@ TEST_F(CudaMatmul, token_exact_path_equals_one_token_products_bit_for_bit) {
       {{DType::kQ4_K, DType::kQ4_K, DType::kQ4_K, DType::kQ6_K}, {32 * sms + 3, 48, 600, 70}},  // split 1
       {{DType::kQ4_K, DType::kQ4_K}, {16 * sms + 5, 48}},                                        // split 2
       {{DType::kQ4_K, DType::kBF16, DType::kQ8_0, DType::kQ5_K}, {700, 33, 65, 129}},           // split 4
+      {{DType::kQ6_K, DType::kQ6_K, DType::kQ4_K}, {32 * sms + 7, 40, 520}},                     // q6_K split 1
+      {{DType::kQ6_K}, {16 * sms + 9}},                                                          // q6_K split 2
+      {{DType::kQ6_K, DType::kQ6_K}, {900, 600}},                                                // q6_K split 4
   };
   for (const Layout& l : layouts) {
-    int64_t q4k_rows = 0;
-    for (size_t i = 0; i < l.types.size(); ++i) q4k_rows += l.types[i] == DType::kQ4_K ? l.rows[i] : 0;
-    SCOPED_TRACE("q4_K rows " + std::to_string(q4k_rows) + ", split " + std::to_string(cuda::gemv_auto_split(q4k_rows)));
+    std::string what = "layout:";
+    for (size_t i = 0; i < l.types.size(); ++i) what += " " + std::string(dtype_name(l.types[i])) + " x" + std::to_string(l.rows[i]);
+    SCOPED_TRACE(what);
     std::vector<std::unique_ptr<test::DeviceBuffer>> dw;
     for (size_t i = 0; i < l.types.size(); ++i) {
       const auto w = random_weights(l.types[i], l.rows[i], cols, rng_);

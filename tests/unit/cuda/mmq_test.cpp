@@ -311,41 +311,40 @@ TEST_F(Mmq, token_outputs_do_not_depend_on_the_batch) {
   cuda::mmq_set_variant(3);
 }
 
-// The canonical order (mmq.h): gemv_q8 at one token and mmq with gemv_q8_parts(rows) parts form every q4_K
-// sum in the same order, so a verify step's products on the tensor cores can equal plain decoding's bit for
-// bit. Row counts give 4 and 8 parts (split 1 and 2 warps a row group at one token on this GPU, and the
-// smallest on any: 16 rows); the launch of several weights takes the parts of their total rows.
-TEST_F(Mmq, q4_K_one_token_gemv_q8_equals_mmq_in_its_parts) {
+// The canonical order (mmq.h): gemv_q8 at one token and mmq with gemv_q8_parts(type, rows) parts form every
+// q4_K and q6_K sum in the same order, so a verify step's products on the tensor cores can equal plain
+// decoding's bit for bit. Row counts give each split of the one-token launch on this GPU (1, 2, 4 warps a
+// row group: 4, 8, 16 parts for q4_K, 2, 4, 8 for q6_K); past 8 parts mmq does not take the product.
+TEST_F(Mmq, one_token_gemv_q8_equals_mmq_in_its_parts) {
   SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  const int64_t many = 64 * int64_t{sms} + 16;  // >= 32 warps a SM of one row each: split 1, 4 parts
-  for (int64_t rows : {many, int64_t{16 * sms + 16}, int64_t{20 * sms}})
-    for (int64_t cols : {int64_t{4096}, int64_t{2560}}) {
-      const int parts = cuda::gemv_q8_parts(rows);
-      if (parts > 8) continue;  // past mmq's split (the product falls back to gemv_q8 there)
-      const std::string what = "rows " + std::to_string(rows) + " cols " + std::to_string(cols) + " parts " +
-                               std::to_string(parts);
-      const uint8_t* w = upload(test::random_blocks(DType::kQ4_K, rows * cols / 256, rng_));
-      Tokens x;
-      quantize(random_x(5, cols, rng_), 5, cols, x);
-      DevArray<float> ym(static_cast<size_t>(5 * rows));
-      ASSERT_EQ(cuda::mmq(DType::kQ4_K, w, rows, cols, x.xq, x.xd, x.xs, 5, ym.get(), nullptr, parts), cudaSuccess)
-          << what;
-      const std::vector<float> m = ym.host();
-      for (int64_t tok = 0; tok < 5; ++tok) {
-        DevArray<float> yg(static_cast<size_t>(rows));
-        const cuda::Q8Part part{w, rows, yg.get()};
-        ASSERT_EQ(cuda::gemv_q8(DType::kQ4_K, &part, 1, cols, x.xq + tok * cols, x.xd + tok * cols / 32,
-                                x.xs + tok * cols / 16, 1),
-                  cudaSuccess)
-            << what;
-        const std::vector<float> g = yg.host();
-        for (int64_t r = 0; r < rows; ++r)
-          ASSERT_EQ(std::memcmp(&g[r], &m[tok * rows + r], sizeof(float)), 0)
-              << what << ": token " << tok << " row " << r << ": gemv_q8 " << g[r] << ", mmq " << m[tok * rows + r];
+  for (DType type : {DType::kQ4_K, DType::kQ6_K})
+    for (int64_t rows : {int64_t{64 * sms + 16}, int64_t{16 * sms + 16}, int64_t{20 * sms}, int64_t{8 * sms + 3}})
+      for (int64_t cols : {int64_t{4096}, int64_t{2560}}) {
+        const int parts = cuda::gemv_q8_parts(type, rows);
+        if (parts > 8) continue;  // past mmq's split (the product falls back to gemv_q8 there)
+        const std::string what = std::string(dtype_name(type)) + " rows " + std::to_string(rows) + " cols " +
+                                 std::to_string(cols) + " parts " + std::to_string(parts);
+        const uint8_t* w = upload(test::random_blocks(type, rows * cols / 256, rng_));
+        Tokens x;
+        quantize(random_x(5, cols, rng_), 5, cols, x);
+        DevArray<float> ym(static_cast<size_t>(5 * rows));
+        ASSERT_EQ(cuda::mmq(type, w, rows, cols, x.xq, x.xd, x.xs, 5, ym.get(), nullptr, parts), cudaSuccess) << what;
+        const std::vector<float> m = ym.host();
+        for (int64_t tok = 0; tok < 5; ++tok) {
+          DevArray<float> yg(static_cast<size_t>(rows));
+          const cuda::Q8Part part{w, rows, yg.get()};
+          ASSERT_EQ(cuda::gemv_q8(type, &part, 1, cols, x.xq + tok * cols, x.xd + tok * cols / 32,
+                                  x.xs + tok * cols / 16, 1),
+                    cudaSuccess)
+              << what;
+          const std::vector<float> g = yg.host();
+          for (int64_t r = 0; r < rows; ++r)
+            ASSERT_EQ(std::memcmp(&g[r], &m[tok * rows + r], sizeof(float)), 0)
+                << what << ": token " << tok << " row " << r << ": gemv_q8 " << g[r] << ", mmq " << m[tok * rows + r];
+        }
       }
-    }
 }
 
 TEST_F(Mmq, rejects_bad_arguments) {
