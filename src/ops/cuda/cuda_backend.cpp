@@ -409,7 +409,7 @@ Status CudaBackend::copy(float* dst, const float* src, int64_t n) {
 // bf16, f32 accumulation: the precision HF transformers runs bf16 checkpoints at), or, with
 // set_tensor_core_prefill(false), the GEMV kernels in slices of 16 tokens; while set_token_exact(true)
 // (speculative verify steps) the token-exact path (MatmulPath::kTokenExact: GEMV kernels, and mmq for the
-// large q4_K weights) in slices of 32: each token's row then equals what a one-token step computes.
+// large q4_K and q6_K weights) in slices of 32: each token's row then equals what a one-token step computes.
 Status CudaBackend::matmul(const cpu::WeightView& w, const float* x, int64_t n, float* y) {
   activate();
   const cpu::WeightView* ws[] = {&w};

@@ -451,7 +451,8 @@ __device__ __forceinline__ void store_rows_parts(float (&acc)[R][NT], float (&pa
 // straddle two parts of the launch; its rows past the last read the last row and are not stored.
 // At least kCtas = B::min_ctas(NT, split) CTAs a SM (split: 1, or more for any split > 1; only the launch
 // bounds depend on it). One token: 8 (32 warps), which caps registers at 64 (from 72: 7
-// CTAs), measured 3-8% faster for q4_K/q6_K on an H100. More tokens mostly keep the unbounded allocation:
+// CTAs), measured 3-8% faster for q4_K/q6_K on an H100 in their old order; the canonical order's shuffles
+// want the 72 where a warp owns its rows (K4::min_ctas). More tokens mostly keep the unbounded allocation:
 // their accumulators spill under a cap (n = 16 ran 1.5x slower under 64). docs/benchmarks.md.
 template <typename B, int R, int NT, int kCtas>
 __global__ void __launch_bounds__(kThreads, kCtas) gemv_q8_kernel(const Args a) {
@@ -526,7 +527,11 @@ bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p)
 
 int gemv_q8_parts(DType type, int64_t total_rows) {
   const auto id = static_cast<uint32_t>(type);
-  const int groups = id == qblocks::kQ4_K || id == qblocks::kQ5_K ? 4 : id == qblocks::kQ6_K ? 2 : 0;
+  // Lane groups a warp: a group (kLanes lanes) a block, as the kernel's store_rows_parts folds them.
+  const int groups = id == qblocks::kQ4_K ? 32 / K4<false>::kLanes
+                     : id == qblocks::kQ5_K ? 32 / K4<true>::kLanes
+                     : id == qblocks::kQ6_K ? 32 / Q6K::kLanes
+                                            : 0;
   return groups * gemv_auto_split(total_rows);
 }
 

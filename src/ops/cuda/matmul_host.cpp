@@ -12,10 +12,10 @@
 
 #include "base/checked_math.h"
 #include "ops/cuda/dequantize.h"
-#include "ops/cuda/mmq.h"
 #include "ops/cuda/gemm_q.h"
 #include "ops/cuda/gemv_q8.h"
 #include "ops/cuda/matmul.h"
+#include "ops/cuda/mmq.h"
 
 namespace dflash::cuda {
 namespace {
@@ -261,13 +261,12 @@ Status run_q8_exact(DType type, const Q8Part* parts, int np, int64_t cols, const
   int64_t total = 0;
   for (int p = 0; p < np; ++p) total += parts[p].rows;
   const int split = gemv_auto_split(total), order = gemv_q8_parts(type, total);
+  const bool group_on_mmq = mmq_supported(type) && n >= kExactMmqFromTokens && order <= 8;
   Q8Part rest[kQ8MaxParts];
   int nr = 0;
   Status st;
   for (int p = 0; p < np; ++p) {
-    const bool on_mmq = mmq_supported(type) && n >= kExactMmqFromTokens && order <= 8 &&
-                        parts[p].rows >= kExactMmqMinRows;
-    if (!on_mmq) {
+    if (!group_on_mmq || parts[p].rows < kExactMmqMinRows) {
       rest[nr++] = parts[p];
       continue;
     }

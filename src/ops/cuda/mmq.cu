@@ -15,7 +15,7 @@
 //         4 of qh, 2-byte aligned: two 16-bit loads where the block is not 4-byte aligned), made signed
 //         (code - 32) by byte arithmetic, so no activation sums are needed.
 // The mma sums are exact int32. Float epilogue per (row, token) element, in this order:
-//   q4_K  the canonical order (mmq.h), which gemv_q8 forms at one token too: per chunk c of each block
+//   q4_K  the canonical order (mmq.h), which gemv_q8 forms too: per chunk c of each block
 //         (sub-blocks 2c, 2c + 1), t_s = fma(d sc_s, isum_s, -(dmin m_s * xsum_s)), v_c = fma(xd_2c+1, t_2c+1,
 //         xd_2c t_2c); per block acc = acc + ((v_0 + v_1) + (v_2 + v_3)); xsum_s = xs[2s] + xs[2s + 1]
 //         (exact), d sc_s and dmin m_s rounded products of the block's fields.
