@@ -1,10 +1,12 @@
 // bench_cuda_mmq: the int8 tensor-core product (ops/cuda/mmq.h) beside the dp4a integer-dot GEMV
 // (ops/cuda/gemv_q8.h) on the Qwen3-8B Q4_K_M shapes, per token count.
 //
-//   bench_cuda_mmq [--tokens 1,2,4,8,16,23,32] [--variant V]
+//   bench_cuda_mmq [--tokens 1,2,4,8,16,23,32] [--variant V] [--shape ROWSxCOLS:TYPE]...
 //
+// --shape: a product to time instead of the default Qwen3-8B list (repeatable; TYPE q4_K or q6_K),
+// e.g. --shape 5120x17408:q4_K for the Qwen3.5-27B FFN down projection.
 // --variant: mmq_set_variant(V) (mmq.h: launch variants for tuning; 3 the default).
-// Both kernels read the same int8 activations (quantize_q8_rows of random x, not timed). Each figure is
+// Both kernels read the same int8 activations (quantize_q8_rows of random x, and mmq_pack_x for mmq; not timed). Each figure is
 // the device time of one product: 16 calls recorded in a CUDA graph, every call on its own copy of the
 // weights (no L2 reuse), median of 15 replays / 16. gemv_q8 takes at most 16 tokens a launch: above that
 // it runs as launches of 16 and the rest (what a verify step would do). "W GB/s" is weight bytes / time;
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,6 +37,11 @@ constexpr int kReps = 16;
 int main(int argc, char** argv) {
   using dflash::DType;
   std::vector<int64_t> tokens = {1, 2, 4, 8, 16, 23, 32};
+  struct Shape {
+    int64_t rows, cols;
+    DType type;
+  };
+  std::vector<Shape> shapes;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) {
       tokens.clear();
@@ -51,22 +59,31 @@ int main(int argc, char** argv) {
       const int v = std::atoi(argv[++i]);
       dflash::cuda::mmq_set_variant(v);
       std::printf("mmq variant %d\n", v);
+    } else if (std::strcmp(argv[i], "--shape") == 0 && i + 1 < argc) {
+      const char* arg = argv[++i];
+      long long rows = 0, cols = 0;
+      char type[16] = {};
+      const auto dt = std::sscanf(arg, "%lldx%lld:%15s", &rows, &cols, type) == 3
+                          ? dflash::dtype_from_name(type)
+                          : std::nullopt;
+      if (!dt || !dflash::cuda::mmq_supported(*dt) || rows < 1 || cols < 256 || cols % 256 != 0) {
+        std::fprintf(stderr, "--shape: ROWSxCOLS:TYPE, TYPE q4_K or q6_K, COLS a multiple of 256 (got %s)\n", arg);
+        return 2;
+      }
+      shapes.push_back({rows, cols, *dt});
     } else {
-      std::fprintf(stderr, "usage: bench_cuda_mmq [--tokens 1,2,4,...] [--variant V]\n");
+      std::fprintf(stderr, "usage: bench_cuda_mmq [--tokens 1,2,4,...] [--variant V] [--shape ROWSxCOLS:TYPE]...\n");
       return 2;
     }
   }
   const double copy_gbs = bench::device_copy_rate() / 1e9;
 
-  struct Shape {
-    int64_t rows, cols;
-    DType type;
-  };
-  const std::vector<Shape> shapes = {{6144, 4096, DType::kQ4_K},
-                                     {4096, 4096, DType::kQ4_K},
-                                     {24576, 4096, DType::kQ4_K},
-                                     {4096, 12288, DType::kQ6_K},
-                                     {151936, 4096, DType::kQ6_K}};
+  if (shapes.empty())
+    shapes = {{6144, 4096, DType::kQ4_K},
+              {4096, 4096, DType::kQ4_K},
+              {24576, 4096, DType::kQ4_K},
+              {4096, 12288, DType::kQ6_K},
+              {151936, 4096, DType::kQ6_K}};
   size_t max_bytes = 0;
   int64_t max_rows = 0, max_cols = 0;
   for (const Shape& s : shapes) {
@@ -93,6 +110,8 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&xd, sizeof(float) * nmax * max_cols / 32));
   CHECK(cudaMalloc(&xs, sizeof(int) * nmax * max_cols / 16));
   CHECK(cudaMalloc(&y, sizeof(float) * nmax * max_rows));
+  void* xp = nullptr;  // mmq's layout of the tokens (mmq_pack_x, not timed)
+  CHECK(cudaMalloc(&xp, dflash::cuda::mmq_x_bytes(nmax, max_cols)));
   CHECK(cudaMemcpy(x, xh.data(), sizeof(float) * xh.size(), cudaMemcpyHostToDevice));
 
   std::printf("%-6s %-13s %3s | %9s %8s %6s %6s | %9s %8s %6s | %7s\n", "type", "rows x cols", "n", "mmq us",
@@ -104,8 +123,9 @@ int main(int argc, char** argv) {
     auto wr = [&](int r) { return w + (static_cast<size_t>(r) * stride) % (pool_bytes - stride + 1) / 256 * 256; };
     float mmq_n1 = 0, q8_n1 = 0;
     for (int64_t n : tokens) {
+      CHECK(dflash::cuda::mmq_pack_x(s.type, xq, xd, xs, n, s.cols, xp, stream));
       const float ms = bench::graph_ms(stream, kReps, [&](cudaStream_t st, int r) {
-        CHECK(dflash::cuda::mmq(s.type, wr(r), s.rows, s.cols, xq, xd, xs, n, y, st));
+        CHECK(dflash::cuda::mmq(s.type, wr(r), s.rows, s.cols, xp, n, y, st));
       });
       const float ms_q8 = bench::graph_ms(stream, kReps, [&](cudaStream_t st, int r) {
         for (int64_t t0 = 0; t0 < n; t0 += dflash::cuda::kQ8MaxTokens) {

@@ -262,17 +262,25 @@ Status run_q8_exact(DType type, const Q8Part* parts, int np, int64_t cols, const
   for (int p = 0; p < np; ++p) total += parts[p].rows;
   const int split = gemv_auto_split(total), order = gemv_q8_parts(type, total);
   const bool group_on_mmq = mmq_supported(type) && n >= kExactMmqFromTokens && order <= 8;
-  Q8Part rest[kQ8MaxParts];
-  int nr = 0;
-  Status st;
+  Q8Part rest[kQ8MaxParts], on_mmq[kQ8MaxParts];
+  int nr = 0, nm = 0;
   for (int p = 0; p < np; ++p) {
-    if (!group_on_mmq || parts[p].rows < kExactMmqMinRows) {
-      rest[nr++] = parts[p];
-      continue;
-    }
-    if (st.ok())
-      st = cuda_status(mmq(type, parts[p].w, parts[p].rows, cols, xq, xd, xs, n, parts[p].y, stream, order),
-                       "mmq launch", dtype_name(type), parts[p].rows, cols, n);
+    if (group_on_mmq && parts[p].rows >= kExactMmqMinRows) on_mmq[nm++] = parts[p];
+    else rest[nr++] = parts[p];
+  }
+  Status st;
+  if (nm > 0) {  // x in mmq's layout for this type, once for the group's mmq launches
+    const std::string_view name = dtype_name(type);
+    void* xp = nullptr;
+    keep_pool_memory();
+    DF_RETURN_IF_ERROR(cuda_status(cudaMallocAsync(&xp, static_cast<size_t>(mmq_x_bytes(n, cols)), stream),
+                                   "scratch for mmq's x", name, on_mmq[0].rows, cols, n));
+    st = cuda_status(mmq_pack_x(type, xq, xd, xs, n, cols, xp, stream), "x to mmq's layout", name, on_mmq[0].rows,
+                     cols, n);
+    for (int p = 0; st.ok() && p < nm; ++p)
+      st = cuda_status(mmq(type, on_mmq[p].w, on_mmq[p].rows, cols, xp, n, on_mmq[p].y, stream, order), "mmq launch",
+                       name, on_mmq[p].rows, cols, n);
+    cudaFreeAsync(xp, stream);
   }
   if (st.ok() && nr > 0) st = gemv_q8_slices(type, rest, nr, cols, xq, xd, xs, n, stream, split);
   return st;

@@ -6,11 +6,13 @@
 // mmq_split(rows, cols), 8 / split warp tiles a CTA). Per block a lane (g = lane / 4, tid =
 // lane % 4) loads its share of rows g and g + 8 straight from global memory (kD blocks at once, issued
 // before any is used), builds the mma A fragments from the packed codes with shifts and masks, and
-// dots them with the tokens' codes (B fragments, read through L1):
+// dots them with the tokens' codes (B fragments: mmq_pack_x's layout, one 16-byte load a lane and chunk for
+// q4_K, 8 bytes a 32-element group for q6_K, a warp's load 8 tokens' contiguous pieces; the scales of the
+// lane's two epilogue columns from the records beside them):
 //   q4_K  one m16n8k32 per 32-element sub-block s = 2c + h (c: 32-byte chunk of qs, h: nibble). Lane tid
 //         takes qs bytes [8 tid, 8 tid + 8) of each chunk (an 8-byte load a row and chunk): k-slots
 //         4 tid + [0, 4) <- elements 64c + 32h + 8tid + [0, 4), 16 + 4 tid + [0, 4) <- + 4; the B
-//         fragment reads the token's codes in the same permutation (one 8-byte load).
+//         fragment takes the token's codes in the same permutation.
 //   q6_K  one m16n8k16 per 16-element group (its own int8 scale): lane tid takes 4 codes (4 bytes of ql,
 //         4 of qh, 2-byte aligned: two 16-bit loads where the block is not 4-byte aligned), made signed
 //         (code - 32) by byte arithmetic, so no activation sums are needed.
@@ -44,11 +46,15 @@ struct Args {
   const uint8_t* w;
   float* y;
   int64_t rows, cols, rb;
-  const int8_t* xq;
-  const float* xd;
-  const int* xs;
-  int n, split;
+  const uint8_t* xc;   // mmq_pack_x: codes, 64 bytes a (block, chunk, token)
+  const float4* xsc;   // its scales: one record a (block, chunk, token)
+  int n, n8, split;    // tokens, and tokens padded to whole n-tiles (the layout's stride)
 };
+
+// Record (block b, chunk c, token t) of the packed activations (mmq_pack_x).
+__device__ __forceinline__ int64_t xrec(const Args& a, int64_t b, int c, int t) {
+  return (b * 4 + c) * a.n8 + t;
+}
 
 // D = A B (C = 0) with A 16 x 32 (rows g, g + 8 in a0/a2 and a1/a3), B 32 x 8 (column g), D rows g, g + 8
 // and columns 2 tid, 2 tid + 1.
@@ -92,10 +98,6 @@ __device__ __forceinline__ float half_bits(uint32_t h) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
 }
 
-// The token whose column this lane's fragment or epilogue value is: past n, token n - 1 (read, never
-// stored), so every load stays inside the inputs.
-__device__ __forceinline__ int clamp_token(int t, int n) { return t < n ? t : n - 1; }
-
 using qblocks::k4_scales_mins;
 
 // q4_K: d, dmin (fp16), 12 bytes of packed scales, 128 bytes of nibbles. Lane: rows i = 0 (g), 1 (g + 8).
@@ -120,7 +122,6 @@ struct Q4K {
   template <int NT8, int T>
   __device__ static void block(const Args& a, const Raw (&r)[T], int64_t b, int g, int tid,
                                float (&acc)[T][NT8][4]) {
-    const int64_t cols = a.cols;
     float d[T][2], dmin[T][2];
 #pragma unroll
     for (int u = 0; u < T; ++u)
@@ -155,24 +156,19 @@ struct Q4K {
       }
 #pragma unroll
       for (int nt = 0; nt < NT8; ++nt) {
-        // The tokens' fragments, loaded once for the T tiles.
-        const int tb = clamp_token(nt * 8 + g, a.n);
-        const int t0 = clamp_token(nt * 8 + 2 * tid, a.n), t1 = clamp_token(nt * 8 + 2 * tid + 1, a.n);
-        const int8_t* xb = a.xq + tb * cols + b * 256 + 64 * c + 8 * tid;
-        const uint2 xl = ldg_u2(xb), xh = ldg_u2(xb + 32);
-        const float2 d0 = __ldg(reinterpret_cast<const float2*>(a.xd + t0 * (cols / 32) + b * 8 + 2 * c));
-        const float2 d1 = __ldg(reinterpret_cast<const float2*>(a.xd + t1 * (cols / 32) + b * 8 + 2 * c));
-        const int4 s0 = __ldg(reinterpret_cast<const int4*>(a.xs + t0 * (cols / 16) + b * 16 + 4 * c));
-        const int4 s1 = __ldg(reinterpret_cast<const int4*>(a.xs + t1 * (cols / 16) + b * 16 + 4 * c));
+        // The tokens' fragments, loaded once for the T tiles: the lane's 16 code bytes of the chunk (column g),
+        // and the scale records of its two epilogue columns (xd of sub-blocks 2c, 2c + 1, then their sums).
+        const int64_t rec = xrec(a, b, c, nt * 8);
+        const uint4 xv = ldg_u4(a.xc + (rec + g) * 64 + 16 * tid);
+        const float4 s0 = __ldg(a.xsc + rec + 2 * tid), s1 = __ldg(a.xsc + rec + 2 * tid + 1);
         // Sub-block sums (h: sub-block 2c + h) of the lane's two token columns.
-        const float xsum[2][2] = {{static_cast<float>(s0.x + s0.y), static_cast<float>(s1.x + s1.y)},
-                                  {static_cast<float>(s0.z + s0.w), static_cast<float>(s1.z + s1.w)}};
-        const float xd[2][2] = {{d0.x, d1.x}, {d0.y, d1.y}};
+        const float xsum[2][2] = {{s0.z, s1.z}, {s0.w, s1.w}};
+        const float xd[2][2] = {{s0.x, s1.x}, {s0.y, s1.y}};
 #pragma unroll
         for (int u = 0; u < T; ++u) {
           int isum[2][4];
-          mma_k32(fa[u][0], xl.x, xl.y, isum[0]);
-          mma_k32(fa[u][1], xh.x, xh.y, isum[1]);
+          mma_k32(fa[u][0], xv.x, xv.y, isum[0]);
+          mma_k32(fa[u][1], xv.z, xv.w, isum[1]);
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int i = e >> 1, k = e & 1;
@@ -229,7 +225,6 @@ struct Q6K {
   template <int NT8, int T>
   __device__ static void block(const Args& a, const Raw (&r)[T], int64_t b, int g, int tid,
                                float (&acc)[T][NT8][4]) {
-    const int64_t cols = a.cols;
     // The tree of the canonical order: p of the last even group until its odd partner comes, the pair sum of
     // groups 0-1 (then 4-5) until 2-3 (6-7) is done, and the sum of groups 0-3 until 4-7 is.
     float even[T][NT8][4], pair[T][NT8][4], quad[T][NT8][4], inner[T][NT8][4];
@@ -255,16 +250,17 @@ struct Q6K {
         }
 #pragma unroll
       for (int nt = 0; nt < NT8; ++nt) {
-        const int tb = clamp_token(nt * 8 + g, a.n);
-        const int t0 = clamp_token(nt * 8 + 2 * tid, a.n), t1 = clamp_token(nt * 8 + 2 * tid + 1, a.n);
-        const int8_t* xb = a.xq + tb * cols + b * 256 + 32 * q + 4 * tid;
-        const float xd[2] = {__ldg(a.xd + t0 * (cols / 32) + b * 8 + q), __ldg(a.xd + t1 * (cols / 32) + b * 8 + q)};
-        const uint32_t xf[2] = {ldg_u32(xb), ldg_u32(xb + 16)};
+        // The lane's 8 code bytes of group q (its 16-byte piece of chunk q / 2: groups 2c, 2c + 1), and xd of
+        // the group for its two epilogue columns.
+        const int64_t rec = xrec(a, b, q >> 1, nt * 8);
+        const uint2 xf = ldg_u2(a.xc + (rec + g) * 64 + 16 * tid + 8 * (q & 1));
+        const float* s0 = reinterpret_cast<const float*>(a.xsc + rec + 2 * tid);
+        const float xd[2] = {__ldg(s0 + (q & 1)), __ldg(s0 + 4 + (q & 1))};
 #pragma unroll
         for (int u = 0; u < T; ++u) {
           int isum[2][4];
 #pragma unroll
-          for (int j = 0; j < 2; ++j) mma_k16(fa[u][j], xf[j], isum[j]);
+          for (int j = 0; j < 2; ++j) mma_k16(fa[u][j], j == 0 ? xf.x : xf.y, isum[j]);
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int i = e >> 1;
@@ -376,6 +372,38 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) mmq_kernel(const Args a) {
       }
 }
 
+// mmq_pack_x: one thread a (block b, chunk c, token t, lane tid) piece of 16 code bytes; tid 0 also writes
+// the record's scales. Tokens n..n8 - 1 get zeros (their outputs are never stored).
+template <bool kQ6>
+__global__ void pack_x_kernel(const int8_t* xq, const float* xd, const int* xs, int n, int n8, int64_t cols,
+                              uint4* xc, float4* xsc) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= cols / 64 * n8 * 4) return;
+  const int tid = static_cast<int>(i & 3), t = static_cast<int>((i >> 2) % n8);
+  const int64_t bc = (i >> 2) / n8, b = bc >> 2;
+  const int c = static_cast<int>(bc & 3);
+  uint4 v = make_uint4(0, 0, 0, 0);
+  float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (t < n) {
+    const int8_t* x = xq + t * cols + b * 256 + 64 * c;
+    auto u32 = [](const int8_t* p) { return *reinterpret_cast<const uint32_t*>(p); };
+    if constexpr (kQ6) {  // groups 2c, 2c + 1: bytes 4 tid + [0, 4) of each 16-element half
+      v = make_uint4(u32(x + 4 * tid), u32(x + 16 + 4 * tid), u32(x + 32 + 4 * tid), u32(x + 48 + 4 * tid));
+    } else {  // sub-blocks 2c, 2c + 1: bytes 8 tid + [0, 8) of each
+      v = make_uint4(u32(x + 8 * tid), u32(x + 8 * tid + 4), u32(x + 32 + 8 * tid), u32(x + 36 + 8 * tid));
+    }
+    if (tid == 0) {
+      const float* d = xd + t * (cols / 32) + b * 8 + 2 * c;
+      const int* q = xs + t * (cols / 16) + b * 16 + 4 * c;
+      s = make_float4(d[0], d[1], static_cast<float>(q[0] + q[1]), static_cast<float>(q[2] + q[3]));
+    }
+  }
+  xc[(bc * n8 + t) * 4 + tid] = v;
+  if (tid == 0) xsc[bc * n8 + t] = s;
+}
+
+int64_t padded_tokens(int64_t n) { return (n + 7) / 8 * 8; }
+
 int g_variant = 3;  // mmq_set_variant (3: the measured best on an H100)
 
 // Row tiles a warp: one up to 8 tokens (the weights dominate), two above for q4_K and above 16 for q6_K (the
@@ -423,8 +451,33 @@ int mmq_split(int64_t rows, int64_t cols) {
   return s;
 }
 
-cudaError_t mmq(DType type, const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float* xd,
-                const int* xs, int64_t n, float* y, cudaStream_t stream, int split) {
+int64_t mmq_x_bytes(int64_t n, int64_t cols) {
+  const int64_t n8 = padded_tokens(n);
+  return n8 * cols + n8 * cols / 4;
+}
+
+cudaError_t mmq_pack_x(DType type, const int8_t* xq, const float* xd, const int* xs, int64_t n, int64_t cols,
+                       void* xp, cudaStream_t stream) {
+  if (!mmq_supported(type) || cols <= 0 || cols % 256 != 0 || n < 1 || n > kMmqMaxTokens || cols > INT64_MAX / 64)
+    return cudaErrorInvalidValue;
+  if (xq == nullptr || xd == nullptr || xs == nullptr || xp == nullptr) return cudaErrorInvalidValue;
+  if (!aligned(xq, 16) || !aligned(xd, 16) || !aligned(xs, 16) || !aligned(xp, 16)) return cudaErrorInvalidValue;
+  const int n8 = static_cast<int>(padded_tokens(n));
+  const int64_t threads = cols / 64 * n8 * 4, grid = (threads + 255) / 256;
+  if (grid > INT_MAX) return cudaErrorInvalidValue;
+  auto* xc = static_cast<uint4*>(xp);
+  auto* xsc = reinterpret_cast<float4*>(static_cast<uint8_t*>(xp) + n8 * cols);
+  if (static_cast<uint32_t>(type) == qblocks::kQ6_K)
+    pack_x_kernel<true><<<static_cast<unsigned>(grid), 256, 0, stream>>>(xq, xd, xs, static_cast<int>(n), n8, cols,
+                                                                          xc, xsc);
+  else
+    pack_x_kernel<false><<<static_cast<unsigned>(grid), 256, 0, stream>>>(xq, xd, xs, static_cast<int>(n), n8, cols,
+                                                                           xc, xsc);
+  return cudaGetLastError();
+}
+
+cudaError_t mmq(DType type, const void* w, int64_t rows, int64_t cols, const void* xp, int64_t n, float* y,
+                cudaStream_t stream, int split) {
   const auto id = static_cast<uint32_t>(type);
   int64_t bytes = 0;
   uintptr_t walign = 2;
@@ -433,11 +486,10 @@ cudaError_t mmq(DType type, const void* w, int64_t rows, int64_t cols, const int
   else return cudaErrorInvalidValue;
   if (rows < 0 || cols <= 0 || cols % 256 != 0 || n < 1 || n > kMmqMaxTokens) return cudaErrorInvalidValue;
   if (split != 0 && split != 1 && split != 2 && split != 4 && split != 8) return cudaErrorInvalidValue;
-  if (w == nullptr || xq == nullptr || xd == nullptr || xs == nullptr || y == nullptr) return cudaErrorInvalidValue;
-  if (!aligned(w, walign) || !aligned(xq, 16) || !aligned(xd, 16) || !aligned(xs, 16) || !aligned(y, 4))
-    return cudaErrorInvalidValue;
+  if (w == nullptr || xp == nullptr || y == nullptr) return cudaErrorInvalidValue;
+  if (!aligned(w, walign) || !aligned(xp, 16) || !aligned(y, 4)) return cudaErrorInvalidValue;
   const int64_t rb = cols / 256 * bytes;
-  if (cols > INT64_MAX / kMmqMaxTokens || (rows > 0 && rows > INT64_MAX / rb) || rows > INT64_MAX / kMmqMaxTokens)
+  if (cols > INT64_MAX / 64 || (rows > 0 && rows > INT64_MAX / rb) || rows > INT64_MAX / kMmqMaxTokens)
     return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   Args a{};
@@ -446,10 +498,10 @@ cudaError_t mmq(DType type, const void* w, int64_t rows, int64_t cols, const int
   a.rows = rows;
   a.cols = cols;
   a.rb = rb;
-  a.xq = xq;
-  a.xd = xd;
-  a.xs = xs;
   a.n = static_cast<int>(n);
+  a.n8 = static_cast<int>(padded_tokens(n));
+  a.xc = static_cast<const uint8_t*>(xp);
+  a.xsc = reinterpret_cast<const float4*>(a.xc + a.n8 * cols);
   a.split = split != 0 ? split : mmq_split(rows, cols);  // never of n, nor of the tiles a warp
   const int64_t tile_rows = kTileRows * (id == qblocks::kQ6_K ? tiles_a_warp<Q6K>(n) : tiles_a_warp<Q4K<true>>(n));
   const int64_t tiles = (rows + tile_rows - 1) / tile_rows, per_cta = kWarps / a.split;

@@ -1,7 +1,7 @@
 // Int8 tensor-core products of q4_K / q6_K weights with 1..32 int8-quantized tokens (kernels in mmq.cu).
 //
-// y[t, r] = x'_t . W_r with x' = xd * xq in the format quantize_q8_rows (gemv_q8.h) writes: xq int8 per
-// element, xd f32 per 32 elements, xs int32 sums of each 16 codes. The integer dot of each weight
+// y[t, r] = x'_t . W_r with x' = xd * xq as quantize_q8_rows (gemv_q8.h) writes it (xq int8 per element, xd
+// f32 per 32 elements, xs int32 sums of each 16 codes), rearranged by mmq_pack_x. The integer dot of each weight
 // sub-block (q4_K: 32 elements, q6_K: 16) with a token's codes is formed exactly by
 // mma.sync (s8 x s8 -> s32); the scales are applied in f32 by a fixed sequence of operations per
 // (row, token) element: the blocks of a row in increasing order within each of the row's `split` warps
@@ -37,16 +37,31 @@ constexpr int64_t kMmqMaxTokens = 32;  // tokens per launch
 // Types with a tensor-core kernel: q4_K, q6_K.
 bool mmq_supported(DType type);
 
-// Enqueues y [n, rows] (y[t * rows + r]) = x' W^T, W rows x cols of `type` (q4_K or q6_K), x' = (xq, xd,
-// xs) [n, cols] from quantize_q8_rows. n in [1, kMmqMaxTokens], cols a positive multiple of 256, rows
-// >= 0 (0: nothing to do). cudaErrorInvalidValue (nothing enqueued) for another type, a bad shape, a null
-// or misaligned pointer (w: 16 bytes for q4_K, 2 bytes for q6_K; xq, xd, xs: 16 bytes; y: 4 bytes).
+// mmq's activations: the (xq, xd, xs) of quantize_q8_rows for n tokens, rearranged for one weight type so that
+// a lane's mma fragments of a 64-element chunk are one 16-byte load and a warp's load of 8 tokens 512
+// contiguous bytes (read straight from the standard layout they take 8 loads from 8 rows a chunk; at 16-32
+// tokens those activation loads, not the weights, held the kernel to L1's request rate). Layout, tokens padded
+// to n8 = a multiple of 8 with zeros: codes [cols / 64 chunks][n8][4 lanes][16 bytes] (q4_K: bytes 8 l + [0, 8)
+// of the chunk's two 32-element sub-blocks; q6_K: bytes 4 l + [0, 4) of each 16-element half of its two
+// 32-element groups), then scales [cols / 64][n8] of {xd of the two groups, the two groups' code sums} (f32).
+int64_t mmq_x_bytes(int64_t n, int64_t cols);
+
+// Enqueues the rearrangement into xp (mmq_x_bytes(n, cols) bytes, 16-byte aligned) for weights of `type`
+// (q4_K or q6_K: each takes its own layout). n in [1, kMmqMaxTokens], cols a positive multiple of 256, xq, xd,
+// xs 16-byte aligned; cudaErrorInvalidValue (nothing enqueued) otherwise.
+cudaError_t mmq_pack_x(DType type, const int8_t* xq, const float* xd, const int* xs, int64_t n, int64_t cols,
+                       void* xp, cudaStream_t stream = nullptr);
+
+// Enqueues y [n, rows] (y[t * rows + r]) = x' W^T, W rows x cols of `type` (q4_K or q6_K), x' the n tokens in
+// xp as mmq_pack_x wrote them for `type`, n and cols. n in [1, kMmqMaxTokens], cols a positive multiple of 256,
+// rows >= 0 (0: nothing to do). cudaErrorInvalidValue (nothing enqueued) for another type, a bad shape, a null
+// or misaligned pointer (w: 16 bytes for q4_K, 2 bytes for q6_K; xp: 16 bytes; y: 4 bytes).
 // split: the parts a row's blocks are taken in (1, 2, 4 or 8; 0 picks mmq_split(rows, cols)). Part p takes
 // blocks p, p + split, ... and sums them in increasing order; the row's output is the left fold of its parts
 // in part order: the canonical order, which gemv_q8 forms with gemv_q8_parts(type, total rows of its
 // launch) parts, so mmq(..., split = that) equals it bit for bit.
-cudaError_t mmq(DType type, const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float* xd,
-                const int* xs, int64_t n, float* y, cudaStream_t stream = nullptr, int split = 0);
+cudaError_t mmq(DType type, const void* w, int64_t rows, int64_t cols, const void* xp, int64_t n, float* y,
+                cudaStream_t stream = nullptr, int split = 0);
 
 // The number of warps that split a row's blocks (1, 2, 4 or 8): a function of rows and cols alone, so
 // a row's float summation order is the same for every n (exposed for tests and benchmarks).

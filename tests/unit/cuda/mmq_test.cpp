@@ -80,6 +80,19 @@ std::vector<float> random_x(int64_t n, int64_t cols, std::mt19937& rng) {
   return x;
 }
 
+// mmq of tokens o..o + n - 1 of x: packed by mmq_pack_x into a poisoned buffer (every byte must be rewritten),
+// then the product; synchronized before the buffer is freed.
+cudaError_t packed_mmq(DType t, const void* w, int64_t rows, int64_t cols, const Tokens& x, int64_t o, int64_t n,
+                       float* y, int split = 0) {
+  DevArray<uint32_t> xp(static_cast<size_t>(cuda::mmq_x_bytes(n, cols) / 4));
+  cudaError_t e = xp.error();
+  if (e == cudaSuccess)
+    e = cuda::mmq_pack_x(t, x.xq + o * cols, x.xd + o * cols / 32, x.xs + o * cols / 16, n, cols, xp.get());
+  if (e == cudaSuccess) e = cuda::mmq(t, w, rows, cols, xp.get(), n, y, nullptr, split);
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  return e;
+}
+
 // The weights of one block in double (exact), element order.
 void decode_block(DType t, const uint8_t* b, double (&w)[256], int (&code)[256], double (&ds)[16],
                   double (&ms)[16]) {
@@ -173,7 +186,7 @@ class Mmq : public ::testing::Test {
     const uint8_t* w = upload(wb);
     DevArray<float> y(static_cast<size_t>(n * rows + 64));
     ASSERT_EQ(y.error(), cudaSuccess);
-    ASSERT_EQ(cuda::mmq(t, w, rows, cols, x.xq, x.xd, x.xs, n, y.get()), cudaSuccess) << what;
+    ASSERT_EQ(packed_mmq(t, w, rows, cols, x, 0, n, y.get()), cudaSuccess) << what;
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
     const std::vector<float> got = y.host();
     std::vector<double> ref, mag;
@@ -290,9 +303,7 @@ TEST_F(Mmq, token_outputs_do_not_depend_on_the_batch) {
       quantize(xv, 64, cols, x);
       auto run = [&](int64_t o, int64_t n) {
         DevArray<float> y(static_cast<size_t>(n * rows));
-        EXPECT_EQ(cuda::mmq(t, w, rows, cols, x.xq + o * cols, x.xd + o * cols / 32, x.xs + o * cols / 16, n,
-                            y.get()),
-                  cudaSuccess);
+        EXPECT_EQ(packed_mmq(t, w, rows, cols, x, o, n, y.get()), cudaSuccess);
         return y.host();
       };
       std::vector<std::vector<float>> one(32);
@@ -330,7 +341,7 @@ TEST_F(Mmq, one_token_gemv_q8_equals_mmq_in_its_parts) {
         Tokens x;
         quantize(random_x(5, cols, rng_), 5, cols, x);
         DevArray<float> ym(static_cast<size_t>(5 * rows));
-        ASSERT_EQ(cuda::mmq(type, w, rows, cols, x.xq, x.xd, x.xs, 5, ym.get(), nullptr, parts), cudaSuccess) << what;
+        ASSERT_EQ(packed_mmq(type, w, rows, cols, x, 0, 5, ym.get(), parts), cudaSuccess) << what;
         const std::vector<float> m = ym.host();
         for (int64_t tok = 0; tok < 5; ++tok) {
           DevArray<float> yg(static_cast<size_t>(rows));
@@ -355,30 +366,42 @@ TEST_F(Mmq, rejects_bad_arguments) {
   quantize(random_x(4, cols, rng_), 4, cols, x);
   DevArray<float> y(static_cast<size_t>(4 * rows + 4));
   float* yp = y.get();
+  DevArray<uint32_t> packed(static_cast<size_t>(cuda::mmq_x_bytes(4, cols) / 4 + 4));
+  void* xp = packed.get();
   const auto ok = cudaSuccess, bad = cudaErrorInvalidValue;
   using cuda::mmq;
-  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, x.xq, x.xd, x.xs, 4, yp), ok);
-  EXPECT_EQ(mmq(DType::kQ6_K, w6, rows, cols, x.xq, x.xd, x.xs, 4, yp), ok);
-  EXPECT_EQ(mmq(DType::kQ4_K, w4, 0, cols, x.xq, x.xd, x.xs, 4, yp), ok);  // nothing to do
-  EXPECT_EQ(mmq(DType::kQ8_0, w4, rows, cols, x.xq, x.xd, x.xs, 4, yp), bad);
-  EXPECT_EQ(mmq(DType::kQ5_K, w4, rows, cols, x.xq, x.xd, x.xs, 4, yp), bad);
-  EXPECT_EQ(mmq(DType::kQ4_K, w4, -1, cols, x.xq, x.xd, x.xs, 4, yp), bad);
-  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, 0, x.xq, x.xd, x.xs, 4, yp), bad);
-  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, 320, x.xq, x.xd, x.xs, 4, yp), bad);
-  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, x.xq, x.xd, x.xs, 0, yp), bad);
-  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, x.xq, x.xd, x.xs, 33, yp), bad);
-  EXPECT_EQ(mmq(DType::kQ4_K, nullptr, rows, cols, x.xq, x.xd, x.xs, 4, yp), bad);
-  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, nullptr, x.xd, x.xs, 4, yp), bad);
-  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, x.xq, nullptr, x.xs, 4, yp), bad);
-  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, x.xq, x.xd, nullptr, 4, yp), bad);
-  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, x.xq, x.xd, x.xs, 4, nullptr), bad);
-  EXPECT_EQ(mmq(DType::kQ4_K, w4 + 2, rows, cols, x.xq, x.xd, x.xs, 4, yp), bad);  // q4_K: 16-byte aligned
-  EXPECT_EQ(mmq(DType::kQ6_K, w6 + 1, rows, cols, x.xq, x.xd, x.xs, 4, yp), bad);
-  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, x.xq + 8, x.xd, x.xs, 4, yp), bad);
-  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, x.xq, x.xd + 1, x.xs, 4, yp), bad);
-  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, x.xq, x.xd, x.xs + 2, 4, yp), bad);
-  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, x.xq, x.xd, x.xs, 4,
-                reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(yp) + 2)),
+  using cuda::mmq_pack_x;
+  EXPECT_EQ(cuda::mmq_x_bytes(4, cols), 8 * cols + 2 * cols);  // tokens padded to 8: codes, then 16 bytes a chunk
+  EXPECT_EQ(mmq_pack_x(DType::kQ4_K, x.xq, x.xd, x.xs, 4, cols, xp), ok);
+  EXPECT_EQ(mmq_pack_x(DType::kQ8_0, x.xq, x.xd, x.xs, 4, cols, xp), bad);
+  EXPECT_EQ(mmq_pack_x(DType::kQ4_K, x.xq, x.xd, x.xs, 0, cols, xp), bad);
+  EXPECT_EQ(mmq_pack_x(DType::kQ4_K, x.xq, x.xd, x.xs, 33, cols, xp), bad);
+  EXPECT_EQ(mmq_pack_x(DType::kQ4_K, x.xq, x.xd, x.xs, 4, 320, xp), bad);
+  EXPECT_EQ(mmq_pack_x(DType::kQ4_K, nullptr, x.xd, x.xs, 4, cols, xp), bad);
+  EXPECT_EQ(mmq_pack_x(DType::kQ4_K, x.xq, nullptr, x.xs, 4, cols, xp), bad);
+  EXPECT_EQ(mmq_pack_x(DType::kQ4_K, x.xq, x.xd, nullptr, 4, cols, xp), bad);
+  EXPECT_EQ(mmq_pack_x(DType::kQ4_K, x.xq, x.xd, x.xs, 4, cols, nullptr), bad);
+  EXPECT_EQ(mmq_pack_x(DType::kQ4_K, x.xq + 8, x.xd, x.xs, 4, cols, xp), bad);
+  EXPECT_EQ(mmq_pack_x(DType::kQ4_K, x.xq, x.xd + 1, x.xs, 4, cols, xp), bad);
+  EXPECT_EQ(mmq_pack_x(DType::kQ4_K, x.xq, x.xd, x.xs + 2, 4, cols, xp), bad);
+  EXPECT_EQ(mmq_pack_x(DType::kQ4_K, x.xq, x.xd, x.xs, 4, cols, static_cast<uint8_t*>(xp) + 8), bad);
+  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, xp, 4, yp), ok);
+  EXPECT_EQ(mmq(DType::kQ4_K, w4, 0, cols, xp, 4, yp), ok);  // nothing to do
+  EXPECT_EQ(mmq(DType::kQ8_0, w4, rows, cols, xp, 4, yp), bad);
+  EXPECT_EQ(mmq(DType::kQ5_K, w4, rows, cols, xp, 4, yp), bad);
+  EXPECT_EQ(mmq(DType::kQ4_K, w4, -1, cols, xp, 4, yp), bad);
+  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, 0, xp, 4, yp), bad);
+  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, 320, xp, 4, yp), bad);
+  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, xp, 0, yp), bad);
+  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, xp, 33, yp), bad);
+  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, xp, 4, yp, nullptr, 3), bad);  // split 1, 2, 4 or 8
+  EXPECT_EQ(mmq(DType::kQ4_K, nullptr, rows, cols, xp, 4, yp), bad);
+  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, nullptr, 4, yp), bad);
+  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, xp, 4, nullptr), bad);
+  EXPECT_EQ(mmq(DType::kQ4_K, w4 + 2, rows, cols, xp, 4, yp), bad);  // q4_K: 16-byte aligned
+  EXPECT_EQ(mmq(DType::kQ6_K, w6 + 1, rows, cols, xp, 4, yp), bad);
+  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, static_cast<uint8_t*>(xp) + 8, 4, yp), bad);
+  EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, xp, 4, reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(yp) + 2)),
             bad);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "a rejected call must enqueue nothing";
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -389,8 +412,8 @@ TEST_F(Mmq, rejects_bad_arguments) {
   const uint8_t* wa = upload(wb);
   const uint8_t* ws = upload(shifted) + 2;
   DevArray<float> ya(static_cast<size_t>(4 * rows)), yb(static_cast<size_t>(4 * rows));
-  ASSERT_EQ(mmq(DType::kQ6_K, wa, rows, cols, x.xq, x.xd, x.xs, 4, ya.get()), ok);
-  ASSERT_EQ(mmq(DType::kQ6_K, ws, rows, cols, x.xq, x.xd, x.xs, 4, yb.get()), ok);
+  ASSERT_EQ(packed_mmq(DType::kQ6_K, wa, rows, cols, x, 0, 4, ya.get()), ok);
+  ASSERT_EQ(packed_mmq(DType::kQ6_K, ws, rows, cols, x, 0, 4, yb.get()), ok);
   EXPECT_EQ(ya.host(), yb.host());
 }
 
