@@ -262,7 +262,7 @@ Status run_q8_exact(DType type, const Q8Part* parts, int np, int64_t cols, const
   for (int p = 0; p < np; ++p) total += parts[p].rows;
   const int split = gemv_auto_split(total), order = gemv_q8_parts(type, total);
   const bool group_on_mmq = mmq_supported(type) && n >= kExactMmqFromTokens && order <= 8;
-  Q8Part rest[kQ8MaxParts], on_mmq[kQ8MaxParts];
+  Q8Part rest[kQ8MaxParts], on_mmq[kQ8MaxParts];  // one launch each
   int nr = 0, nm = 0;
   for (int p = 0; p < np; ++p) {
     if (group_on_mmq && parts[p].rows >= kExactMmqMinRows) on_mmq[nm++] = parts[p];
@@ -277,9 +277,8 @@ Status run_q8_exact(DType type, const Q8Part* parts, int np, int64_t cols, const
                                    "scratch for mmq's x", name, on_mmq[0].rows, cols, n));
     st = cuda_status(mmq_pack_x(type, xq, xd, xs, n, cols, xp, stream), "x to mmq's layout", name, on_mmq[0].rows,
                      cols, n);
-    for (int p = 0; st.ok() && p < nm; ++p)
-      st = cuda_status(mmq(type, on_mmq[p].w, on_mmq[p].rows, cols, xp, n, on_mmq[p].y, stream, order), "mmq launch",
-                       name, on_mmq[p].rows, cols, n);
+    if (st.ok())
+      st = cuda_status(mmq(type, on_mmq, nm, cols, xp, n, stream, order), "mmq launch", name, on_mmq[0].rows, cols, n);
     cudaFreeAsync(xp, stream);
   }
   if (st.ok() && nr > 0) st = gemv_q8_slices(type, rest, nr, cols, xq, xd, xs, n, stream, split);

@@ -49,7 +49,7 @@ enum class MatmulPath {
   kTokenExact,
 };
 
-constexpr int64_t kExactMmqFromTokens = 5;  // below, gemv_q8 (one to four tokens a launch) is faster
+constexpr int64_t kExactMmqFromTokens = 4;  // below, gemv_q8 (one to three tokens a launch) is faster
 constexpr int64_t kExactMmqMinRows = 512;   // smaller weights stay in their group's gemv_q8 launch
 
 // Whether kGemmBf16 takes the fused kernel for this product (the weight qualifies and the token count is

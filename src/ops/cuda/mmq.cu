@@ -1,7 +1,7 @@
 // Int8 tensor-core products of q4_K / q6_K weights with 1..32 tokens (mmq.h).
 //
 // Work split: a CTA of 8 warps; a warp owns T tiles of 16 consecutive rows (T = tiles_a_warp: 1, or 2 for
-// many tokens, which then share each activation fragment) and all the launch's tokens (NT8 = ceil(n / 8)
+// many tokens and rows, which then share each activation fragment) and all the launch's tokens (NT8 = ceil(n / 8)
 // mma n-tiles of 8 tokens), and takes every split-th block of the rows (split warps a warp tile, split =
 // mmq_split(rows, cols), 8 / split warp tiles a CTA). Per block a lane (g = lane / 4, tid =
 // lane % 4) loads its share of rows g and g + 8 straight from global memory (kD blocks at once, issued
@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "ops/cuda/gemv_q8.h"
 #include "ops/cuda/mmq.h"
 #include "ops/cuda/quant_blocks.cuh"
 
@@ -42,10 +43,16 @@ namespace {
 constexpr int kWarps = 8, kThreads = 32 * kWarps, kTileRows = 16;
 constexpr uint32_t kLowNibbles = 0x0f0f0f0fu;
 
+constexpr int kMaxParts = kQ8MaxParts;
+
 struct Args {
-  const uint8_t* w;
-  float* y;
-  int64_t rows, cols, rb;
+  // The launch's weights (parts): part p owns CTAs [cta_begin[p], cta_begin[p + 1]) (cta_begin[np] the grid).
+  const uint8_t* w[kMaxParts];
+  float* y[kMaxParts];
+  int64_t rows[kMaxParts];
+  unsigned cta_begin[kMaxParts + 1];
+  int np;
+  int64_t cols, rb;
   const uint8_t* xc;   // mmq_pack_x: codes, 64 bytes a (block, chunk, token)
   const float4* xsc;   // its scales: one record a (block, chunk, token)
   int n, n8, split;    // tokens, and tokens padded to whole n-tiles (the layout's stride)
@@ -293,17 +300,22 @@ struct Q6K {
 // kMinCtas CTAs a SM (__launch_bounds__): 2 (128 registers, two blocks in flight a warp for n <= 8) or 3
 // (80 registers, one block in flight). n <= 8 runs at 3 (H100: 10-25% faster at n = 1 than 2: more
 // warps a SM, and the 6144-row product fits one wave); more tokens need the registers of 2.
-// T row tiles a warp (T 16 rows): each token's activation fragments are loaded once for the T tiles (at 16-32
-// tokens the fragments, not the weights, fill L1: ncu at 23 tokens showed L1/TEX 81% busy, DRAM 9%).
+// T row tiles a warp (T 16 rows): each token's activation fragments are loaded once for the T tiles.
 template <typename B, int NT8, int kMinCtas, int T>
 __global__ void __launch_bounds__(kThreads, kMinCtas) mmq_kernel(const Args a) {
   __shared__ float partial[kWarps][T * NT8 * 4][32];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, tid = lane & 3;
-  const int64_t wtile = int64_t{blockIdx.x} * (kWarps / a.split) + warp / a.split;
+  int pi = 0;
+#pragma unroll
+  for (int p = 1; p < kMaxParts; ++p)
+    if (p < a.np && blockIdx.x >= a.cta_begin[p]) pi = p;
+  const uint8_t* const w = a.w[pi];
+  const int64_t rows = a.rows[pi];
+  const int64_t wtile = int64_t{blockIdx.x - a.cta_begin[pi]} * (kWarps / a.split) + warp / a.split;
   const int part = warp % a.split;
   const int64_t row0 = wtile * (T * kTileRows);
-  const bool active = row0 < a.rows;
+  const bool active = row0 < rows;
   float acc[T][NT8][4];
 #pragma unroll
   for (int u = 0; u < T; ++u)
@@ -318,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) mmq_kernel(const Args a) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int64_t r = row0 + u * kTileRows + g + 8 * i;
-        rowp[u][i] = a.w + (r < a.rows ? r : a.rows - 1) * a.rb;
+        rowp[u][i] = w + (r < rows ? r : rows - 1) * a.rb;
       }
     const int64_t nb = a.cols / 256;
     const int64_t step = a.split;
@@ -368,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) mmq_kernel(const Args a) {
       for (int e = 0; e < 4; ++e) {
         const int64_t row = row0 + u * kTileRows + g + 8 * (e >> 1);
         const int t = nt * 8 + 2 * tid + (e & 1);
-        if (row < a.rows && t < a.n) a.y[t * a.rows + row] = acc[u][nt][e];
+        if (row < rows && t < a.n) a.y[pi][t * rows + row] = acc[u][nt][e];
       }
 }
 
@@ -406,29 +418,30 @@ int64_t padded_tokens(int64_t n) { return (n + 7) / 8 * 8; }
 
 int g_variant = 3;  // mmq_set_variant (3: the measured best on an H100)
 
-// Row tiles a warp: one up to 8 tokens (the weights dominate), two above for q4_K and above 16 for q6_K (the
-// activation fragments do), at one CTA an SM (two tiles of accumulators need its 255 registers; at two CTAs
-// they spilled and ran slower than one tile). H100, us at 16/23/32 tokens, one tile -> two: q4_K
-// 24576x4096 71.9/99.2/130.6 -> 51.1/68.0/85.7, 6144x4096 -/39.0/50.3 -> 23.7/31.1/39.2; q6_K 4096x12288
-// 40.2/50.8/64.1 -> 41.7/48.4/58.6. Only the launch's shape depends on it: each (row, token) sum is formed
-// the same way either way.
-template <typename B>
-constexpr int tiles_a_warp(int64_t n) {
-  return n <= 8 ? 1 : std::is_same_v<B, Q6K> && n <= 16 ? 1 : 2;
+// Row tiles a warp: one (16 warps an SM at 128 registers), except q4_K products of more than 24 tokens and
+// 16K+ rows: two (the tiles share each activation fragment; one CTA an SM of 255 registers). Measured on an
+// H100 (bench_cuda_mmq, us at 16 / 23 / 32 tokens, two tiles -> one): q4_K 17408x5120 47.4/56.8/67.3 ->
+// 37.0/53.4/69.4, 6144x5120 22.8/28.2/34.0 -> 18.8/24.0/31.1; q6_K 5120x17408 73.2/111.2/129.4 ->
+// 73.0/87.6/102.6. Only the launch's shape depends on it: each (row, token) sum is formed the same way
+// either way. Variant bit 2 (mmq_set_variant) takes one tile always.
+int tiles_a_warp(bool q4, int64_t n, int64_t rows) {
+  return q4 && n > 24 && rows >= 16384 && (g_variant & 4) == 0 ? 2 : 1;
 }
 
 template <typename B>
-cudaError_t launch(const Args& a, unsigned grid, cudaStream_t stream) {
+cudaError_t launch(const Args& a, int tiles, unsigned grid, cudaStream_t stream) {
   if (a.n <= 8) {
     if (g_variant & 1) mmq_kernel<B, 1, 3, 1><<<grid, kThreads, 0, stream>>>(a);
     else mmq_kernel<B, 1, 2, 1><<<grid, kThreads, 0, stream>>>(a);
   } else if (a.n <= 16) {
-    if (tiles_a_warp<B>(a.n) == 2) mmq_kernel<B, 2, 1, 2><<<grid, kThreads, 0, stream>>>(a);
-    else mmq_kernel<B, 2, 2, 1><<<grid, kThreads, 0, stream>>>(a);
+    mmq_kernel<B, 2, 2, 1><<<grid, kThreads, 0, stream>>>(a);
   } else if (a.n <= 24) {
-    mmq_kernel<B, 3, 1, 2><<<grid, kThreads, 0, stream>>>(a);
+    mmq_kernel<B, 3, 2, 1><<<grid, kThreads, 0, stream>>>(a);
+  } else if constexpr (std::is_same_v<B, Q6K>) {
+    mmq_kernel<B, 4, 2, 1><<<grid, kThreads, 0, stream>>>(a);
   } else {
-    mmq_kernel<B, 4, 1, 2><<<grid, kThreads, 0, stream>>>(a);
+    if (tiles == 2) mmq_kernel<B, 4, 1, 2><<<grid, kThreads, 0, stream>>>(a);
+    else mmq_kernel<B, 4, 2, 1><<<grid, kThreads, 0, stream>>>(a);
   }
   return cudaGetLastError();
 }
@@ -476,7 +489,7 @@ cudaError_t mmq_pack_x(DType type, const int8_t* xq, const float* xd, const int*
   return cudaGetLastError();
 }
 
-cudaError_t mmq(DType type, const void* w, int64_t rows, int64_t cols, const void* xp, int64_t n, float* y,
+cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, const void* xp, int64_t n,
                 cudaStream_t stream, int split) {
   const auto id = static_cast<uint32_t>(type);
   int64_t bytes = 0;
@@ -484,32 +497,46 @@ cudaError_t mmq(DType type, const void* w, int64_t rows, int64_t cols, const voi
   if (id == qblocks::kQ4_K) bytes = 144, walign = 16;
   else if (id == qblocks::kQ6_K) bytes = 210;
   else return cudaErrorInvalidValue;
-  if (rows < 0 || cols <= 0 || cols % 256 != 0 || n < 1 || n > kMmqMaxTokens) return cudaErrorInvalidValue;
+  if (parts == nullptr || n_parts < 1 || n_parts > kMaxParts) return cudaErrorInvalidValue;
+  if (cols <= 0 || cols % 256 != 0 || n < 1 || n > kMmqMaxTokens || cols > INT64_MAX / 64) return cudaErrorInvalidValue;
   if (split != 0 && split != 1 && split != 2 && split != 4 && split != 8) return cudaErrorInvalidValue;
-  if (w == nullptr || xp == nullptr || y == nullptr) return cudaErrorInvalidValue;
-  if (!aligned(w, walign) || !aligned(xp, 16) || !aligned(y, 4)) return cudaErrorInvalidValue;
+  if (xp == nullptr || !aligned(xp, 16)) return cudaErrorInvalidValue;
   const int64_t rb = cols / 256 * bytes;
-  if (cols > INT64_MAX / 64 || (rows > 0 && rows > INT64_MAX / rb) || rows > INT64_MAX / kMmqMaxTokens)
-    return cudaErrorInvalidValue;
-  if (rows == 0) return cudaSuccess;
+  int64_t total = 0;
+  for (int p = 0; p < n_parts; ++p) {
+    const Q8Part& q = parts[p];
+    if (q.rows < 0 || q.rows > INT64_MAX / rb || q.rows > INT64_MAX / kMmqMaxTokens) return cudaErrorInvalidValue;
+    if (q.rows > 0 && (q.w == nullptr || q.y == nullptr || !aligned(q.w, walign) || !aligned(q.y, 4)))
+      return cudaErrorInvalidValue;
+    total += q.rows;
+  }
+  if (total == 0) return cudaSuccess;
   Args a{};
-  a.w = static_cast<const uint8_t*>(w);
-  a.y = y;
-  a.rows = rows;
   a.cols = cols;
   a.rb = rb;
   a.n = static_cast<int>(n);
   a.n8 = static_cast<int>(padded_tokens(n));
   a.xc = static_cast<const uint8_t*>(xp);
   a.xsc = reinterpret_cast<const float4*>(a.xc + a.n8 * cols);
-  a.split = split != 0 ? split : mmq_split(rows, cols);  // never of n, nor of the tiles a warp
-  const int64_t tile_rows = kTileRows * (id == qblocks::kQ6_K ? tiles_a_warp<Q6K>(n) : tiles_a_warp<Q4K<true>>(n));
-  const int64_t tiles = (rows + tile_rows - 1) / tile_rows, per_cta = kWarps / a.split;
-  const int64_t grid = (tiles + per_cta - 1) / per_cta;
-  if (grid > INT_MAX) return cudaErrorInvalidValue;
-  if (id == qblocks::kQ6_K) return launch<Q6K>(a, static_cast<unsigned>(grid), stream);
-  return g_variant & 2 ? launch<Q4K<true>>(a, static_cast<unsigned>(grid), stream)
-                       : launch<Q4K<false>>(a, static_cast<unsigned>(grid), stream);
+  a.split = split != 0 ? split : mmq_split(total, cols);  // never of n, nor of the tiles a warp
+  const int tiles = tiles_a_warp(id == qblocks::kQ4_K, n, total);
+  const int64_t per_cta = kWarps / a.split;
+  int64_t grid = 0;
+  for (int p = 0; p < n_parts; ++p) {
+    if (parts[p].rows == 0) continue;  // skipped
+    const int64_t warp_tiles = (parts[p].rows + tiles * kTileRows - 1) / (tiles * kTileRows);
+    a.w[a.np] = static_cast<const uint8_t*>(parts[p].w);
+    a.y[a.np] = parts[p].y;
+    a.rows[a.np] = parts[p].rows;
+    a.cta_begin[a.np] = static_cast<unsigned>(grid);
+    ++a.np;
+    grid += (warp_tiles + per_cta - 1) / per_cta;
+    if (grid > INT_MAX) return cudaErrorInvalidValue;
+  }
+  a.cta_begin[a.np] = static_cast<unsigned>(grid);
+  const auto g = static_cast<unsigned>(grid);
+  if (id == qblocks::kQ6_K) return launch<Q6K>(a, tiles, g, stream);
+  return g_variant & 2 ? launch<Q4K<true>>(a, tiles, g, stream) : launch<Q4K<false>>(a, tiles, g, stream);
 }
 
 }  // namespace dflash::cuda

@@ -26,9 +26,7 @@
 
 #include <cstdint>
 
-namespace dflash {
-enum class DType : uint32_t;  // tensor/dtype.h
-}  // namespace dflash
+#include "ops/cuda/gemv_q8.h"
 
 namespace dflash::cuda {
 
@@ -52,16 +50,25 @@ int64_t mmq_x_bytes(int64_t n, int64_t cols);
 cudaError_t mmq_pack_x(DType type, const int8_t* xq, const float* xd, const int* xs, int64_t n, int64_t cols,
                        void* xp, cudaStream_t stream = nullptr);
 
-// Enqueues y [n, rows] (y[t * rows + r]) = x' W^T, W rows x cols of `type` (q4_K or q6_K), x' the n tokens in
-// xp as mmq_pack_x wrote them for `type`, n and cols. n in [1, kMmqMaxTokens], cols a positive multiple of 256,
-// rows >= 0 (0: nothing to do). cudaErrorInvalidValue (nothing enqueued) for another type, a bad shape, a null
-// or misaligned pointer (w: 16 bytes for q4_K, 2 bytes for q6_K; xp: 16 bytes; y: 4 bytes).
-// split: the parts a row's blocks are taken in (1, 2, 4 or 8; 0 picks mmq_split(rows, cols)). Part p takes
-// blocks p, p + split, ... and sums them in increasing order; the row's output is the left fold of its parts
-// in part order: the canonical order, which gemv_q8 forms with gemv_q8_parts(type, total rows of its
+// Enqueues y_p [n, rows_p] (y_p[t * rows_p + r]) = x' W_p^T for every part (gemv_q8.h's Q8Part: all of `type`,
+// q4_K or q6_K, all cols wide; at most kQ8MaxParts, parts of 0 rows skipped) in one launch, x' the n tokens
+// in xp as mmq_pack_x wrote them for `type`, n and cols. One launch for a group's weights keeps the GPU's
+// last wave of CTAs full (a lone 17408-row product at 23 tokens ran 2.06 waves). n in [1, kMmqMaxTokens],
+// cols a positive multiple of 256. cudaErrorInvalidValue (nothing enqueued) for another type, a bad shape,
+// a null or misaligned pointer (w: 16 bytes for q4_K, 2 bytes for q6_K; xp: 16 bytes; y: 4 bytes).
+// split: the parts a row's blocks are taken in (1, 2, 4 or 8; 0 picks mmq_split(total rows, cols)). Part p
+// takes blocks p, p + split, ... and sums them in increasing order; the row's output is the left fold of its
+// parts in part order: the canonical order, which gemv_q8 forms with gemv_q8_parts(type, total rows of its
 // launch) parts, so mmq(..., split = that) equals it bit for bit.
-cudaError_t mmq(DType type, const void* w, int64_t rows, int64_t cols, const void* xp, int64_t n, float* y,
+cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, const void* xp, int64_t n,
                 cudaStream_t stream = nullptr, int split = 0);
+
+// One weight: y [n, rows] = x' W^T (as above, one part).
+inline cudaError_t mmq(DType type, const void* w, int64_t rows, int64_t cols, const void* xp, int64_t n, float* y,
+                       cudaStream_t stream = nullptr, int split = 0) {
+  const Q8Part part{w, rows, y};
+  return mmq(type, &part, 1, cols, xp, n, stream, split);
+}
 
 // The number of warps that split a row's blocks (1, 2, 4 or 8): a function of rows and cols alone, so
 // a row's float summation order is the same for every n (exposed for tests and benchmarks).
@@ -69,7 +76,8 @@ int mmq_split(int64_t rows, int64_t cols);
 
 // Benchmarking only (bench_cuda_mmq): selects a launch variant for later calls. Bit 0: products of n <= 8
 // tokens at 3 CTAs a SM with one block in flight a warp (clear: 2 CTAs with two); bit 1: q4_K weight
-// loads skip L1 (clear: through L1). 3, both set, is the default (measured best on an H100, the
+// loads skip L1 (clear: through L1); bit 2: one row tile a warp always (clear: two for q4_K products of
+// more than 24 tokens and 16K+ rows). 3 is the default (measured best on an H100, the
 // configuration the tests cover); every variant keeps the per-token independence (the float order is
 // the same; split does not change).
 void mmq_set_variant(int v);

@@ -12,9 +12,11 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -287,14 +289,19 @@ TEST_F(Mmq, extreme_scales) {
 
 TEST_F(Mmq, token_outputs_do_not_depend_on_the_batch) {
   SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
-  const int64_t rows = 100;
-  // The default launch variant (3) and the other extreme (0: 2 CTAs a SM, q4_K loads through L1).
-  for (int variant : {3, 0})
-  for (DType t : {DType::kQ4_K, DType::kQ6_K})
-    for (int64_t cols : {int64_t{4096}, int64_t{12288}}) {
-      cuda::mmq_set_variant(variant);
-      const std::string what =
-          std::string(dtype_name(t)) + " cols " + std::to_string(cols) + " variant " + std::to_string(variant);
+  // The default launch variant (3) and the other extreme (0: 2 CTAs a SM, q4_K loads through L1); 16400 rows
+  // take two row tiles a warp for q4_K above 24 tokens (tiles_a_warp).
+  struct Case {
+    int variant;
+    int64_t rows, cols;
+  };
+  for (const Case c : {Case{3, 100, 4096}, Case{3, 100, 12288}, Case{0, 100, 4096}, Case{0, 100, 12288},
+                       Case{3, 16400, 4096}})
+  for (DType t : {DType::kQ4_K, DType::kQ6_K}) {
+      const int64_t rows = c.rows, cols = c.cols;
+      cuda::mmq_set_variant(c.variant);
+      const std::string what = std::string(dtype_name(t)) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
+                               " variant " + std::to_string(c.variant);
       const uint8_t* w = upload(test::random_blocks(t, rows * cols / 256, rng_));
       // 64 tokens: 32 random ones twice, so a batch starting at o is a rotation of the 32.
       std::vector<float> xv = random_x(32, cols, rng_);
@@ -358,6 +365,42 @@ TEST_F(Mmq, one_token_gemv_q8_equals_mmq_in_its_parts) {
       }
 }
 
+// A grouped launch (several weights, one grid) computes each weight's rows as its own launch of the same split
+// does, bit for bit, and writes nothing past any part's output; parts of 0 rows are skipped.
+TEST_F(Mmq, grouped_launch_equals_one_launch_a_part) {
+  SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
+  const int64_t cols = 2560, rows[] = {700, 0, 37, 17000};
+  for (DType type : {DType::kQ4_K, DType::kQ6_K})
+    for (int64_t n : {int64_t{5}, int64_t{23}, int64_t{32}}) {
+      Tokens x;
+      quantize(random_x(n, cols, rng_), n, cols, x);
+      DevArray<uint32_t> xp(static_cast<size_t>(cuda::mmq_x_bytes(n, cols) / 4));
+      ASSERT_EQ(cuda::mmq_pack_x(type, x.xq, x.xd, x.xs, n, cols, xp.get()), cudaSuccess);
+      const int split = cuda::mmq_split(700 + 37 + 17000, cols);
+      std::vector<std::unique_ptr<DevArray<float>>> grouped, alone;
+      cuda::Q8Part parts[4];
+      for (int p = 0; p < 4; ++p) {
+        const uint8_t* w = upload(test::random_blocks(type, std::max<int64_t>(rows[p], 1) * cols / 256, rng_));
+        grouped.push_back(std::make_unique<DevArray<float>>(static_cast<size_t>(n * rows[p] + 16)));
+        alone.push_back(std::make_unique<DevArray<float>>(static_cast<size_t>(n * rows[p] + 16)));
+        parts[p] = cuda::Q8Part{w, rows[p], grouped[p]->get()};
+        ASSERT_EQ(cuda::mmq(type, w, rows[p], cols, xp.get(), n, alone[p]->get(), nullptr, split), cudaSuccess);
+      }
+      ASSERT_EQ(cuda::mmq(type, parts, 4, cols, xp.get(), n, nullptr, split), cudaSuccess);
+      for (int p = 0; p < 4; ++p) {
+        const std::vector<float> g = grouped[p]->host(), a = alone[p]->host();
+        ASSERT_EQ(g.size(), a.size());
+        EXPECT_EQ(std::memcmp(g.data(), a.data(), sizeof(float) * g.size()), 0)
+            << dtype_name(type) << " n=" << n << " part " << p << " (" << rows[p] << " rows)";
+        for (size_t i = n * rows[p]; i < g.size(); ++i) {
+          uint32_t bits;
+          std::memcpy(&bits, &g[i], 4);
+          ASSERT_EQ(bits, test::kNanPoison) << "part " << p << ": wrote past its output";
+        }
+      }
+    }
+}
+
 TEST_F(Mmq, rejects_bad_arguments) {
   const int64_t rows = 16, cols = 512;
   const uint8_t* w4 = upload(test::random_blocks(DType::kQ4_K, rows * cols / 256, rng_));
@@ -387,6 +430,11 @@ TEST_F(Mmq, rejects_bad_arguments) {
   EXPECT_EQ(mmq_pack_x(DType::kQ4_K, x.xq, x.xd, x.xs, 4, cols, static_cast<uint8_t*>(xp) + 8), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, cols, xp, 4, yp), ok);
   EXPECT_EQ(mmq(DType::kQ4_K, w4, 0, cols, xp, 4, yp), ok);  // nothing to do
+  const cuda::Q8Part five[5] = {{w4, rows, yp}, {w4, rows, yp}, {w4, rows, yp}, {w4, rows, yp}, {w4, rows, yp}};
+  EXPECT_EQ(mmq(DType::kQ4_K, five, 4, cols, xp, 4), ok);
+  EXPECT_EQ(mmq(DType::kQ4_K, five, 5, cols, xp, 4), bad);  // at most kQ8MaxParts
+  EXPECT_EQ(mmq(DType::kQ4_K, five, 0, cols, xp, 4), bad);
+  EXPECT_EQ(mmq(DType::kQ4_K, nullptr, 1, cols, xp, 4), bad);
   EXPECT_EQ(mmq(DType::kQ8_0, w4, rows, cols, xp, 4, yp), bad);
   EXPECT_EQ(mmq(DType::kQ5_K, w4, rows, cols, xp, 4, yp), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, w4, -1, cols, xp, 4, yp), bad);
