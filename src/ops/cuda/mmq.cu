@@ -49,7 +49,7 @@ struct Args {
   // The launch's weights (parts): part p owns CTAs [cta_begin[p], cta_begin[p + 1]) (cta_begin[np] the grid).
   const uint8_t* w[kMaxParts];
   float* y[kMaxParts];
-  int64_t rows[kMaxParts];
+  int rows[kMaxParts];  // each at most INT_MAX
   unsigned cta_begin[kMaxParts + 1];
   int np;
   int64_t cols, rb;
@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) mmq_kernel(const Args a) {
   for (int p = 1; p < kMaxParts; ++p)
     if (p < a.np && blockIdx.x >= a.cta_begin[p]) pi = p;
   const uint8_t* const w = a.w[pi];
-  const int64_t rows = a.rows[pi];
+  const int rows = a.rows[pi];
   const int64_t wtile = int64_t{blockIdx.x - a.cta_begin[pi]} * (kWarps / a.split) + warp / a.split;
   const int part = warp % a.split;
   const int64_t row0 = wtile * (T * kTileRows);
@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) mmq_kernel(const Args a) {
       for (int e = 0; e < 4; ++e) {
         const int64_t row = row0 + u * kTileRows + g + 8 * (e >> 1);
         const int t = nt * 8 + 2 * tid + (e & 1);
-        if (row < rows && t < a.n) a.y[pi][t * rows + row] = acc[u][nt][e];
+        if (row < rows && t < a.n) a.y[pi][int64_t{t} * rows + row] = acc[u][nt][e];
       }
 }
 
@@ -505,7 +505,7 @@ cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, cons
   int64_t total = 0;
   for (int p = 0; p < n_parts; ++p) {
     const Q8Part& q = parts[p];
-    if (q.rows < 0 || q.rows > INT64_MAX / rb || q.rows > INT64_MAX / kMmqMaxTokens) return cudaErrorInvalidValue;
+    if (q.rows < 0 || q.rows > INT_MAX || q.rows > INT64_MAX / rb) return cudaErrorInvalidValue;
     if (q.rows > 0 && (q.w == nullptr || q.y == nullptr || !aligned(q.w, walign) || !aligned(q.y, 4)))
       return cudaErrorInvalidValue;
     total += q.rows;
@@ -527,7 +527,7 @@ cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, cons
     const int64_t warp_tiles = (parts[p].rows + tiles * kTileRows - 1) / (tiles * kTileRows);
     a.w[a.np] = static_cast<const uint8_t*>(parts[p].w);
     a.y[a.np] = parts[p].y;
-    a.rows[a.np] = parts[p].rows;
+    a.rows[a.np] = static_cast<int>(parts[p].rows);
     a.cta_begin[a.np] = static_cast<unsigned>(grid);
     ++a.np;
     grid += (warp_tiles + per_cta - 1) / per_cta;

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -435,6 +436,7 @@ TEST_F(Mmq, rejects_bad_arguments) {
   EXPECT_EQ(mmq(DType::kQ4_K, five, 5, cols, xp, 4), bad);  // at most kQ8MaxParts
   EXPECT_EQ(mmq(DType::kQ4_K, five, 0, cols, xp, 4), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, nullptr, 1, cols, xp, 4), bad);
+  EXPECT_EQ(mmq(DType::kQ4_K, w4, int64_t{INT_MAX} + 1, cols, xp, 4, yp), bad);  // rows at most INT_MAX
   EXPECT_EQ(mmq(DType::kQ8_0, w4, rows, cols, xp, 4, yp), bad);
   EXPECT_EQ(mmq(DType::kQ5_K, w4, rows, cols, xp, 4, yp), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, w4, -1, cols, xp, 4, yp), bad);
