@@ -14,8 +14,10 @@
 // contexts). "rel diff" is max |new - old| / max(1, |old|) over the outputs: the tensor-core kernel's f16
 // rounding, a sanity check.
 //
-// --decode: the path-mode kernel (attention_decode.cu) at the same shapes: one query (decode) and 16 (a chain
-// verify) after n cached keys (default 512, 4096, 32768), K/V float32 and fp16. Each call reads its own copy
+// --decode: the path-mode kernel (attention_decode.cu) at the same shapes: one query (decode), 16 and 23 (chain
+// verifies; 23 = a DDTree of budget 22) after n cached keys (default 512, 4096, 32768), K/V float32 and fp16;
+// and 33 queries, the fewest the tensor-core kernel takes (what a verify on it would cost; it does not equal
+// decode bit for bit). Each call reads its own copy
 // of the KV (copies enough for 256 MiB, more than the L2, as successive layers do), calls recorded in a CUDA
 // graph (as a replayed step runs them). Figure: KV bytes a call must read (the prefix once per call) over its
 // time, beside the device's copy rate. --tuning repeats the table for split factors 1-3 (splits = factor *
@@ -115,7 +117,7 @@ void decode_table(const std::vector<int64_t>& sizes, bool tuning) {
         const int copies = static_cast<int>(std::max<size_t>(1, ((size_t{256} << 20) + kv_bytes - 1) / kv_bytes));
         std::vector<std::unique_ptr<Kv>> kvs;
         for (int c = 0; c < copies; ++c) kvs.push_back(std::make_unique<Kv>(n + 32, s.nkv, s.hd, f16, 7 + 2 * c));
-        for (int64_t n_q : {int64_t{1}, int64_t{16}}) {
+        for (int64_t n_q : {int64_t{1}, int64_t{16}, int64_t{23}, int64_t{33}}) {
           const size_t q_elems = static_cast<size_t>(n_q * s.nh * s.hd);
           float *q = nullptr, *out = nullptr;
           CHECK(cudaMalloc(&q, sizeof(float) * q_elems));
