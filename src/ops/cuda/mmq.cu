@@ -297,9 +297,10 @@ struct Q6K {
   }
 };
 
-// kMinCtas CTAs a SM (__launch_bounds__): 2 (128 registers, two blocks in flight a warp for n <= 8) or 3
-// (80 registers, one block in flight). n <= 8 runs at 3 (H100: 10-25% faster at n = 1 than 2: more
-// warps a SM, and the 6144-row product fits one wave); more tokens need the registers of 2.
+// kMinCtas CTAs a SM (__launch_bounds__): 3 (80 registers, one block in flight a warp), 2 (128 registers;
+// two blocks in flight for n <= 8) or 1 (two row tiles a warp). n <= 8 runs at 3 (H100: faster than 2 at
+// every count up to 8, 12-40% after mmq_pack_x: more warps a SM, and the 6144-row product fits one wave);
+// more tokens need the registers of 2.
 // T row tiles a warp (T 16 rows): each token's activation fragments are loaded once for the T tiles.
 template <typename B, int NT8, int kMinCtas, int T>
 __global__ void __launch_bounds__(kThreads, kMinCtas) mmq_kernel(const Args a) {
