@@ -6,9 +6,9 @@
 // --shape: a product to time instead of the default Qwen3-8B list (repeatable; TYPE q4_K or q6_K),
 // e.g. --shape 5120x17408:q4_K for the Qwen3.5-27B FFN down projection.
 // --variant: mmq_set_variant(V) (mmq.h: launch variants for tuning; 3 the default).
-// Both kernels read the same int8 activations (quantize_q8_rows of random x, and mmq_pack_x for mmq; not timed). Each figure is
-// the device time of one product: 16 calls recorded in a CUDA graph, every call on its own copy of the
-// weights (no L2 reuse), median of 15 replays / 16. gemv_q8 takes at most 16 tokens a launch: above that
+// Both kernels read the same int8 activations (quantize_q8_rows of random x, not timed; mmq after mmq_pack_x,
+// timed apart as "pack us"). Each figure is the device time of one product: 16 calls recorded in a CUDA
+// graph, every call on its own copy of the weights (no L2 reuse), median of 15 replays / 16. gemv_q8 takes at most 16 tokens a launch: above that
 // it runs as launches of 16 and the rest (what a verify step would do). "W GB/s" is weight bytes / time;
 // "/n=1" the time over the same kernel's n = 1 time; "mmq/q8" the two kernels' time ratio.
 #include <cuda_runtime.h>
@@ -110,12 +110,12 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&xd, sizeof(float) * nmax * max_cols / 32));
   CHECK(cudaMalloc(&xs, sizeof(int) * nmax * max_cols / 16));
   CHECK(cudaMalloc(&y, sizeof(float) * nmax * max_rows));
-  void* xp = nullptr;  // mmq's layout of the tokens (mmq_pack_x, not timed)
+  void* xp = nullptr;  // mmq's layout of the tokens (mmq_pack_x, timed apart: "pack us")
   CHECK(cudaMalloc(&xp, dflash::cuda::mmq_x_bytes(nmax, max_cols)));
   CHECK(cudaMemcpy(x, xh.data(), sizeof(float) * xh.size(), cudaMemcpyHostToDevice));
 
-  std::printf("%-6s %-13s %3s | %9s %8s %6s %6s | %9s %8s %6s | %7s\n", "type", "rows x cols", "n", "mmq us",
-              "W GB/s", "/copy", "/n=1", "gemv_q8 us", "W GB/s", "/n=1", "mmq/q8");
+  std::printf("%-6s %-13s %3s | %9s %8s %6s %6s | %9s %8s %6s | %7s | %7s\n", "type", "rows x cols", "n", "mmq us",
+              "W GB/s", "/copy", "/n=1", "gemv_q8 us", "W GB/s", "/n=1", "mmq/q8", "pack us");
   for (const Shape& s : shapes) {
     CHECK(dflash::cuda::quantize_q8_rows(x, nmax, s.cols, xq, xd, xs, stream));
     const size_t wbytes = dflash::row_bytes(s.type, s.cols).value() * s.rows;
@@ -123,7 +123,9 @@ int main(int argc, char** argv) {
     auto wr = [&](int r) { return w + (static_cast<size_t>(r) * stride) % (pool_bytes - stride + 1) / 256 * 256; };
     float mmq_n1 = 0, q8_n1 = 0;
     for (int64_t n : tokens) {
-      CHECK(dflash::cuda::mmq_pack_x(s.type, xq, xd, xs, n, s.cols, xp, stream));
+      const float ms_pack = bench::graph_ms(stream, kReps, [&](cudaStream_t st, int) {
+        CHECK(dflash::cuda::mmq_pack_x(s.type, xq, xd, xs, n, s.cols, xp, st));
+      });
       const float ms = bench::graph_ms(stream, kReps, [&](cudaStream_t st, int r) {
         CHECK(dflash::cuda::mmq(s.type, wr(r), s.rows, s.cols, xp, n, y, st));
       });
@@ -142,9 +144,9 @@ int main(int argc, char** argv) {
       std::snprintf(shape, sizeof shape, "%lldx%lld", static_cast<long long>(s.rows), static_cast<long long>(s.cols));
       if (mmq_n1 > 0) std::snprintf(r1, sizeof r1, "%.2f", ms / mmq_n1);
       if (q8_n1 > 0) std::snprintf(r2, sizeof r2, "%.2f", ms_q8 / q8_n1);
-      std::printf("%-6s %-13s %3lld | %9.1f %8.0f %6.2f %6s | %9.1f %8.0f %6s | %7.2f\n",
+      std::printf("%-6s %-13s %3lld | %9.1f %8.0f %6.2f %6s | %9.1f %8.0f %6s | %7.2f | %7.2f\n",
                   std::string(dflash::dtype_name(s.type)).c_str(), shape, static_cast<long long>(n), ms * 1e3, wgbs,
-                  wgbs / copy_gbs, r1, ms_q8 * 1e3, wgbs_q8, r2, ms / ms_q8);
+                  wgbs / copy_gbs, r1, ms_q8 * 1e3, wgbs_q8, r2, ms / ms_q8, ms_pack * 1e3);
       std::fflush(stdout);
     }
   }
