@@ -223,8 +223,10 @@ Result<nlohmann::json> profile_prefill(const Weights& weights, Backend& be, cons
 // taken there, per-token DeltaNet states captured, then rolled back to one kept token, as a DFlash step with
 // no acceptance does) beside a plain one-token step, both at the sequence's current length: the cost of
 // verifying n tokens in units of one decode step. Draft features are not captured (a few KB a step).
-// One verify-shaped step of `tokens` through `runner`, then the rollback to one kept token.
-Status verify_shaped_step(Runner& runner, SequenceState& state, std::span<const int32_t> tokens, double* ms) {
+// One verify-shaped step of `tokens` through `runner`, then the rollback to one kept token (timed apart into
+// *rollback_ms when given: the DeltaNet layers re-run the kept token).
+Status verify_shaped_step(Runner& runner, SequenceState& state, std::span<const int32_t> tokens, double* ms,
+                          double* rollback_ms = nullptr) {
   Backend& be = runner.backend();
   const auto n = static_cast<int64_t>(tokens.size());
   std::vector<int32_t> top(tokens.size());
@@ -240,7 +242,12 @@ Status verify_shaped_step(Runner& runner, SequenceState& state, std::span<const 
                                    nullptr));
   DF_RETURN_IF_ERROR(be.synchronize());
   if (ms != nullptr) *ms = (now_s() - t0) * 1e3;
-  return state.rollback_captured(1);
+  const double t1 = now_s();
+  DF_RETURN_IF_ERROR(state.rollback_captured(1));
+  if (rollback_ms == nullptr) return Status();
+  DF_RETURN_IF_ERROR(be.synchronize());
+  *rollback_ms = (now_s() - t1) * 1e3;
+  return Status();
 }
 
 // With profile_steps > 0, also profiles that many verify steps of the last count op by op ("profile" of the
@@ -268,14 +275,15 @@ Result<nlohmann::json> bench_verify_cost(const Weights& weights, Runner& runner,
     if (max_ctx > 0 && state.n_past() + n + kReps + 1 > max_ctx)
       return invalid_argument("--verify-cost {}: past the model's context of {}", n, max_ctx);
     const std::vector<int32_t> tokens(static_cast<size_t>(n), token);
-    std::vector<double> ms;
+    std::vector<double> ms, back_ms;
     for (int r = 0; r < kReps + 1; ++r) {
-      double t = 0;
-      DF_RETURN_IF_ERROR(verify_shaped_step(runner, state, tokens, &t));
-      if (r > 0) ms.push_back(t);
+      double t = 0, b = 0;
+      DF_RETURN_IF_ERROR(verify_shaped_step(runner, state, tokens, &t, &b));
+      if (r > 0) ms.push_back(t), back_ms.push_back(b);
     }
     const double v = median(ms);
-    rows.push_back({{"tokens", n}, {"verify_ms", v}, {"plain_ms", ar_ms}, {"ratio", v / ar_ms}});
+    rows.push_back({{"tokens", n}, {"verify_ms", v}, {"plain_ms", ar_ms}, {"ratio", v / ar_ms},
+                    {"rollback_ms", median(back_ms)}});
   }
   if (profile_steps > 0 && !counts.empty()) {
     ProfilingBackend prof(runner.backend());
@@ -560,9 +568,10 @@ Status run_bench(const BenchOptions& opt) {
     std::printf("; device %.0f of %.0f MiB in use", mem.device_used / kMiB, mem.device_total / kMiB);
   std::printf("\n");
   for (const auto& v : j.value("verify_cost", nlohmann::json::array()))
-    std::printf("  verify step of %lld tokens: %.2f ms = %.2fx a plain step (%.2f ms)\n",
+    std::printf("  verify step of %lld tokens: %.2f ms = %.2fx a plain step (%.2f ms); rollback to one kept "
+                "token %.2f ms\n",
                 static_cast<long long>(v["tokens"].get<int64_t>()), v["verify_ms"].get<double>(),
-                v["ratio"].get<double>(), v["plain_ms"].get<double>());
+                v["ratio"].get<double>(), v["plain_ms"].get<double>(), v.value("rollback_ms", 0.0));
   for (const auto& v : j.value("verify_cost", nlohmann::json::array()))
     if (v.contains("profile"))
       print_profile(v["profile"], "verify step of " + std::to_string(v["tokens"].get<int64_t>()) + " tokens");

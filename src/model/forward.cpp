@@ -77,6 +77,10 @@ Status attention_mixer(const Weights& w, int64_t L, const StepShape& st, const f
   return be.matmul(*wo, o.data(), n, out);
 }
 
+Status no_capture_memory(int64_t layer) {
+  return make_error(ErrorCode::kOutOfMemory, "DeltaNet layer {}: no memory for a verify step's capture", layer);
+}
+
 // Gated DeltaNet mixer, algorithms.md D.4. xn [n, H] -> out [n, H].
 Status deltanet_mixer(const Weights& w, int64_t L, const StepShape& st, const float* xn, float* out,
                       LayerStateAccess& state, Backend& be) {
@@ -93,20 +97,34 @@ Status deltanet_mixer(const Weights& w, int64_t L, const StepShape& st, const fl
   DF_ASSIGN_OR_RETURN(const float* ssm_a, need_f32(w, layer_name(L, "gdn.ssm_a")));
   DF_ASSIGN_OR_RETURN(const float* norm_w, need_f32(w, layer_name(L, "gdn.norm")));
 
+  const bool tree = st.mask == cpu::MaskKind::kTree;
+  const bool capture = st.capture_recurrent || tree;
+  // A captured causal step keeps the state before it and its recurrent inputs (q, k, v, decay, beta: the
+  // buffers below are the capture's own), so that a rollback re-runs the kept tokens; a tree step keeps every
+  // node's state, which its children start from.
+  float* chain = nullptr;
+  const ChainCapture cc = chain_capture_layout(g, n);
+  if (capture && !tree) {
+    chain = state.ssm_chain_capture(L, n);
+    if (chain == nullptr) return no_capture_memory(L);
+  }
+  auto own = [&](int64_t elems) { return be.alloc(chain != nullptr ? 0 : elems); };
   DF_ASSIGN_OR_RETURN(Buffer mixed, be.alloc(n * C));
   DF_ASSIGN_OR_RETURN(Buffer z, be.alloc(n * Hv * dv));
-  DF_ASSIGN_OR_RETURN(Buffer b, be.alloc(n * Hv));
-  DF_ASSIGN_OR_RETURN(Buffer a, be.alloc(n * Hv));
+  DF_ASSIGN_OR_RETURN(Buffer b_own, own(n * Hv));
+  DF_ASSIGN_OR_RETURN(Buffer a_own, own(n * Hv));
+  float* b = chain != nullptr ? chain + cc.beta : b_own.data();
+  float* a = chain != nullptr ? chain + cc.decay : a_own.data();
   {
     const cpu::WeightView* ws[] = {wqkv, wz, wb, wa};
-    float* ys[] = {mixed.data(), z.data(), b.data(), a.data()};
+    float* ys[] = {mixed.data(), z.data(), b, a};
     DF_RETURN_IF_ERROR(be.matmul_group(ws, xn, n, ys));
   }
 
-  const bool capture = st.capture_recurrent || st.mask == cpu::MaskKind::kTree;
   if (capture) {
     // The window before the step, then this step's inputs: rollback to any prefix reads its window here.
     float* conv_cap = state.conv_capture(L, n);
+    if (conv_cap == nullptr) return no_capture_memory(L);
     const int64_t window = (g.conv_kernel - 1) * C;
     DF_RETURN_IF_ERROR(be.copy(conv_cap, state.conv_state(L), window));
     DF_RETURN_IF_ERROR(be.copy(conv_cap + window, mixed.data(), n * C));
@@ -114,18 +132,26 @@ Status deltanet_mixer(const Weights& w, int64_t L, const StepShape& st, const fl
   // Conv + SiLU, split [q | k | v], L2-normalise q and k per head (eps 1e-6), scale q by 1/sqrt(dk); the gates:
   // a -> decay = ssm_a * softplus(a + dt_bias) (ssm_a = -exp(A_log) <= 0), b -> beta = sigmoid(b).
   const cpu::DeltaNetShape shape{Hk, Hv, dk, dv};
-  DF_ASSIGN_OR_RETURN(Buffer q, be.alloc(n * Hk * dk));
-  DF_ASSIGN_OR_RETURN(Buffer k, be.alloc(n * Hk * dk));
-  DF_ASSIGN_OR_RETURN(Buffer v, be.alloc(n * Hv * dv));
+  DF_ASSIGN_OR_RETURN(Buffer q_own, own(n * Hk * dk));
+  DF_ASSIGN_OR_RETURN(Buffer k_own, own(n * Hk * dk));
+  DF_ASSIGN_OR_RETURN(Buffer v_own, own(n * Hv * dv));
+  float* q = chain != nullptr ? chain + cc.q : q_own.data();
+  float* k = chain != nullptr ? chain + cc.k : k_own.data();
+  float* v = chain != nullptr ? chain + cc.v : v_own.data();
   DF_RETURN_IF_ERROR(be.deltanet_prep(mixed.data(), n, shape, conv_w, g.conv_kernel, state.conv_state(L), st.parents,
-                                      q.data(), k.data(), v.data(), a.data(), b.data(), dt_bias, ssm_a));
+                                      q, k, v, a, b, dt_bias, ssm_a));
 
   DF_ASSIGN_OR_RETURN(Buffer o, be.alloc(n * Hv * dv));
+  if (chain != nullptr) DF_RETURN_IF_ERROR(be.copy(chain + cc.state, state.ssm_state(L), cc.q - cc.state));
+  // Captured steps run the recurrent form (what a rollback re-runs, and a tree's per-node states need).
   const bool chunked = !capture && n >= kChunkedDeltaNetMinTokens;
-  // Captured steps run the recurrent form: it yields the state after every token (tree nodes start
-  // from their parent's).
-  DF_RETURN_IF_ERROR(be.gated_delta_net(q.data(), k.data(), v.data(), a.data(), b.data(), n, shape, state.ssm_state(L),
-                                        o.data(), capture ? state.ssm_capture(L, n) : nullptr, st.parents, chunked));
+  float* node_states = nullptr;
+  if (tree) {
+    node_states = state.ssm_capture(L, n);
+    if (node_states == nullptr) return no_capture_memory(L);
+  }
+  DF_RETURN_IF_ERROR(be.gated_delta_net(q, k, v, a, b, n, shape, state.ssm_state(L), o.data(), node_states,
+                                        st.parents, chunked));
   // Gated output norm: RMSNorm over dv per (token, V-head), then * silu(z).
   DF_RETURN_IF_ERROR(be.rms_norm_silu_gate(o.data(), norm_w, static_cast<float>(s.rms_eps), n * Hv, dv, z.data()));
   return be.matmul(*wout, o.data(), n, out);

@@ -28,11 +28,32 @@ class LayerStateAccess {
   virtual float* conv_state(int64_t layer) = 0;
   virtual float* ssm_state(int64_t layer) = 0;
   // Capture buffers of a step that may be rolled back (speculative verify), sized for `n` tokens:
-  // ssm [n, Hv, dv, dk], the state after each token; conv [(K-1) + n, conv_dim], the conv window before
-  // the step followed by the step's conv inputs.
+  // ssm [n, Hv, dv, dk], the state after each token (tree steps: a node's state is its children's start);
+  // conv [(K-1) + n, conv_dim], the conv window before the step followed by the step's conv inputs.
   virtual float* ssm_capture(int64_t layer, int64_t n) = 0;
   virtual float* conv_capture(int64_t layer, int64_t n) = 0;
+  // A causal step's DeltaNet capture, laid out by chain_capture_layout(dims, n): the state before the step
+  // [Hv, dv, dk], then the step's recurrent inputs q [n, Hk, dk], k [n, Hk, dk], v [n, Hv, dv], decay [n, Hv],
+  // beta [n, Hv]: a rollback to the first m tokens re-runs them from the state before, instead of
+  // every token's state being written (a 23-token verify of Qwen3.5-27B wrote 3.5 GB of them).
+  virtual float* ssm_chain_capture(int64_t layer, int64_t n) = 0;
 };
+
+// The pieces of an ssm_chain_capture buffer for a step of n tokens (offsets in floats).
+struct ChainCapture {
+  int64_t state, q, k, v, decay, beta, end;
+};
+inline ChainCapture chain_capture_layout(const DeltaNetDims& g, int64_t n) {
+  ChainCapture c{};
+  c.state = 0;
+  c.q = g.n_v_heads * g.d_v * g.d_k;
+  c.k = c.q + n * g.key_dim();
+  c.v = c.k + n * g.key_dim();
+  c.decay = c.v + n * g.value_dim();
+  c.beta = c.decay + n * g.n_v_heads;
+  c.end = c.beta + n * g.n_v_heads;
+  return c;
+}
 
 // Prefill steps of at least this many tokens run the chunked (WY) DeltaNet form; shorter ones (decode,
 // verify) the recurrent form.

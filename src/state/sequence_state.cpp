@@ -221,16 +221,23 @@ static float* ensure_capture(Backend& be, Buffer& buf, int64_t n, Status& status
   return buf.data();
 }
 
-void SequenceState::mark_capture(size_t i, int64_t n, bool conv) {
+void SequenceState::mark_capture(size_t i, int64_t n, bool conv, bool chain) {
   StepMark& m = marks_[i];
   if (m.base != n_past_ || m.n != n) m = StepMark{n_past_, n};
   (conv ? m.conv : m.ssm) = true;
+  if (!conv) m.chain = chain;
 }
 
 float* SequenceState::ssm_capture(int64_t layer, int64_t n) {
   if (ssm_capture_.size() != ssm_.size()) ssm_capture_.resize(ssm_.size());
   mark_capture(slot(layer), n, false);
   return ensure_capture(be(slot(layer)), ssm_capture_[slot(layer)], n * ssm_[slot(layer)].size(), status_);
+}
+
+float* SequenceState::ssm_chain_capture(int64_t layer, int64_t n) {
+  if (ssm_capture_.size() != ssm_.size()) ssm_capture_.resize(ssm_.size());
+  mark_capture(slot(layer), n, false, true);
+  return ensure_capture(be(slot(layer)), ssm_capture_[slot(layer)], chain_capture_layout(spec_.gdn, n).end, status_);
 }
 
 float* SequenceState::conv_capture(int64_t layer, int64_t n) {
@@ -256,17 +263,25 @@ Status SequenceState::rollback_captured(int64_t n_keep) {
                           capture_n_);
   for (size_t i = 0; i < kv_.size(); ++i) {
     const StepMark& m = marks_[i];
-    if (!kv_[i] && (m.base != capture_base_ || m.n != capture_n_ || !m.conv || !m.ssm))
+    if (!kv_[i] && (m.base != capture_base_ || m.n != capture_n_ || !m.conv || !m.ssm || !m.chain))
       return internal_error("the captured step's DeltaNet captures of layer {} were overwritten by a later step",
                             layer_begin_ + static_cast<int64_t>(i));
   }
-  const int64_t C = spec_.gdn.conv_dim();
+  const DeltaNetDims& g = spec_.gdn;
+  const int64_t C = g.conv_dim();
+  const ChainCapture cc = chain_capture_layout(g, capture_n_);
+  const cpu::DeltaNetShape shape{g.n_k_heads, g.n_v_heads, g.d_k, g.d_v};
   for (int64_t L = layer_begin_; L < layer_end_; ++L) {
     const size_t i = slot(L);
     if (kv_[i]) continue;
     marks_[i] = StepMark{};  // consumed
-    const int64_t state_size = ssm_[i].size();
-    DF_RETURN_IF_ERROR(be(i).copy(ssm_[i].data(), ssm_capture_[i].data() + (n_keep - 1) * state_size, state_size));
+    if (n_keep < capture_n_) {  // the state after the whole step is the one to keep otherwise
+      const float* cap = ssm_capture_[i].data();
+      DF_RETURN_IF_ERROR(be(i).copy(ssm_[i].data(), cap + cc.state, cc.q - cc.state));
+      DF_ASSIGN_OR_RETURN(Buffer out, be(i).alloc(n_keep * g.value_dim()));
+      DF_RETURN_IF_ERROR(be(i).gated_delta_net(cap + cc.q, cap + cc.k, cap + cc.v, cap + cc.decay, cap + cc.beta, n_keep,
+                                               shape, ssm_[i].data(), out.data(), nullptr, {}, false));
+    }
     // The window after n_keep tokens: rows [n_keep, n_keep + K - 1) of (old window ; step inputs).
     DF_RETURN_IF_ERROR(be(i).copy(conv_[i].data(), conv_capture_[i].data() + n_keep * C, conv_[i].size()));
   }
@@ -300,7 +315,8 @@ Status SequenceState::check_tree_step(std::span<const int32_t> parents, std::spa
       return internal_error(
           "layer {} did not run a tree step of {} nodes from position {} (its last step: {} tokens from {})", L, n,
           n_past_, m.n, m.base);
-    if (!kv_[i] && !(m.conv && m.ssm)) return internal_error("DeltaNet layer {} has no captures of the tree step", L);
+    if (!kv_[i] && !(m.conv && m.ssm && !m.chain))
+      return internal_error("DeltaNet layer {} has no captures of the tree step", L);
     if (kv_[i] && kv_[i]->capacity() < n_past_ + n)
       return internal_error("layer {} has KV rows for {} positions, the tree step needs {}", L, kv_[i]->capacity(),
                             n_past_ + n);

@@ -106,8 +106,10 @@ class SequenceState : public LayerStateAccess {
 
   // After a causal step run with capture_recurrent (n tokens from position `base`), keeps only the first
   // n_keep of them: attention is cropped to base + n_keep and every DeltaNet layer takes the state and conv
-  // window it had after token n_keep - 1 of the step. 1 <= n_keep <= n. Refused when a later step (a tree
-  // verify) has overwritten the DeltaNet captures.
+  // window it had after token n_keep - 1 of the step (the state by re-running the kept tokens' recurrent
+  // inputs from the state before the step, on the layer's backend: the same recurrent form the step ran, so
+  // the same bits). 1 <= n_keep <= n. Refused when a later step (a tree verify) has overwritten the DeltaNet
+  // captures.
   Status rollback_captured(int64_t n_keep);
   // Called before a step run with capture_recurrent (the Runner does): remembers where it starts.
   void begin_captured_step(int64_t n);
@@ -137,6 +139,7 @@ class SequenceState : public LayerStateAccess {
   const Status& status() const { return status_; }
   float* ssm_capture(int64_t layer, int64_t n) override;
   float* conv_capture(int64_t layer, int64_t n) override;
+  float* ssm_chain_capture(int64_t layer, int64_t n) override;
 
  private:
   KvStore& kv(int64_t layer) { return *kv_[slot(layer)]; }
@@ -145,8 +148,9 @@ class SequenceState : public LayerStateAccess {
   Backend& be(size_t i) const { return *shards_[shard_of_[i]].backend; }
   // Snapshot name of layer L's tensor `base` ("kv_k", ...): "ls<shard>_" first when split.
   std::string tensor_name(const char* base, int64_t L) const;
-  // Records that a step starting at n_past asked layer slot i for n tokens' captures (conv or ssm).
-  void mark_capture(size_t i, int64_t n, bool conv);
+  // Records that a step starting at n_past asked layer slot i for n tokens' captures: conv, or ssm as every
+  // token's state (chain false) or as the state before the step and its inputs (chain true).
+  void mark_capture(size_t i, int64_t n, bool conv, bool chain = false);
   Status check_tree_step(std::span<const int32_t> parents, std::span<const int32_t> path) const;
 
   // What the last step run on the state asked of each layer: reserve_kv (attention) or both capture
@@ -156,6 +160,7 @@ class SequenceState : public LayerStateAccess {
   struct StepMark {
     int64_t base = -1, n = 0;
     bool conv = false, ssm = false;  // DeltaNet: which capture buffers the step filled
+    bool chain = false;              // ssm: ssm_chain_capture's form (a causal step), not per-token states
   };
 
   ModelSpec spec_;
@@ -168,7 +173,7 @@ class SequenceState : public LayerStateAccess {
   std::vector<std::unique_ptr<KvStore>> kv_;  // per layer in range; null for recurrent layers
   std::vector<Buffer> conv_;          // per layer [K-1, conv_dim]; empty for attention layers
   std::vector<Buffer> ssm_;           // per layer [Hv, dv, dk]
-  std::vector<Buffer> ssm_capture_;   // per layer: [n, Hv, dv, dk] of the last captured step
+  std::vector<Buffer> ssm_capture_;   // per layer: [n, Hv, dv, dk], or ssm_chain_capture's layout
   std::vector<Buffer> conv_capture_;  // per layer: [(K-1) + n, conv_dim]
   int64_t capture_base_ = -1, capture_n_ = 0;     // the captured step: first position and token count
   std::vector<StepMark> marks_;                   // per layer in range
