@@ -5,6 +5,12 @@
 #include <string>
 
 namespace dflash {
+
+int64_t& chain_capture_min_floats() {
+  static int64_t floats = kChainCaptureMinFloats;
+  return floats;
+}
+
 namespace {
 
 std::string layer_name(int64_t layer, const char* part) { return "layers." + std::to_string(layer) + "." + part; }
@@ -99,12 +105,12 @@ Status deltanet_mixer(const Weights& w, int64_t L, const StepShape& st, const fl
 
   const bool tree = st.mask == cpu::MaskKind::kTree;
   const bool capture = st.capture_recurrent || tree;
-  // A captured causal step keeps the state before it and its recurrent inputs (q, k, v, decay, beta: the
-  // buffers below are the capture's own), so that a rollback re-runs the kept tokens; a tree step keeps every
-  // node's state, which its children start from.
+  // A captured causal step with large states keeps the state before it and its recurrent inputs (q, k, v,
+  // decay, beta: the buffers below are the capture's own), so that a rollback re-runs the kept tokens; other
+  // captured steps keep every token's state (a tree's nodes start from their parent's).
   float* chain = nullptr;
   const ChainCapture cc = chain_capture_layout(g, n);
-  if (capture && !tree) {
+  if (capture && !tree && chain_capture_pays(g, n)) {
     chain = state.ssm_chain_capture(L, n);
     if (chain == nullptr) return no_capture_memory(L);
   }
@@ -146,7 +152,7 @@ Status deltanet_mixer(const Weights& w, int64_t L, const StepShape& st, const fl
   // Captured steps run the recurrent form (what a rollback re-runs, and a tree's per-node states need).
   const bool chunked = !capture && n >= kChunkedDeltaNetMinTokens;
   float* node_states = nullptr;
-  if (tree) {
+  if (capture && chain == nullptr) {
     node_states = state.ssm_capture(L, n);
     if (node_states == nullptr) return no_capture_memory(L);
   }

@@ -32,7 +32,8 @@ class LayerStateAccess {
   // conv [(K-1) + n, conv_dim], the conv window before the step followed by the step's conv inputs.
   virtual float* ssm_capture(int64_t layer, int64_t n) = 0;
   virtual float* conv_capture(int64_t layer, int64_t n) = 0;
-  // A causal step's DeltaNet capture, laid out by chain_capture_layout(dims, n): the state before the step
+  // A causal step's DeltaNet capture where chain_capture_pays (else ssm_capture), laid out by
+  // chain_capture_layout(dims, n): the state before the step
   // [Hv, dv, dk], then the step's recurrent inputs q [n, Hk, dk], k [n, Hk, dk], v [n, Hv, dv], decay [n, Hv],
   // beta [n, Hv]: a rollback to the first m tokens re-runs them from the state before, instead of
   // every token's state being written (a 23-token verify of Qwen3.5-27B wrote 3.5 GB of them).
@@ -53,6 +54,18 @@ inline ChainCapture chain_capture_layout(const DeltaNetDims& g, int64_t n) {
   c.beta = c.decay + n * g.n_v_heads;
   c.end = c.beta + n * g.n_v_heads;
   return c;
+}
+
+// Whether a causal captured step of n tokens keeps the chain form (the state before it and its inputs) rather
+// than every token's state: when those states would be large (Qwen3.5-27B at 23 tokens: 72 MB a layer). Small
+// models keep the states, whose copy-back is cheaper than a re-run (the bundled 19M pair's chain steps ran
+// 15-25% slower with the re-run).
+inline constexpr int64_t kChainCaptureMinFloats = int64_t{1} << 22;  // 16 MB of per-token states a layer
+// The threshold in floats, kChainCaptureMinFloats unless a test lowers it (process-wide; 0: always the chain
+// form) so that small models exercise both forms.
+int64_t& chain_capture_min_floats();
+inline bool chain_capture_pays(const DeltaNetDims& g, int64_t n) {
+  return n * g.n_v_heads * g.d_v * g.d_k >= chain_capture_min_floats();
 }
 
 // Prefill steps of at least this many tokens run the chunked (WY) DeltaNet form; shorter ones (decode,

@@ -263,7 +263,7 @@ Status SequenceState::rollback_captured(int64_t n_keep) {
                           capture_n_);
   for (size_t i = 0; i < kv_.size(); ++i) {
     const StepMark& m = marks_[i];
-    if (!kv_[i] && (m.base != capture_base_ || m.n != capture_n_ || !m.conv || !m.ssm || !m.chain))
+    if (!kv_[i] && (m.base != capture_base_ || m.n != capture_n_ || !m.conv || !m.ssm))
       return internal_error("the captured step's DeltaNet captures of layer {} were overwritten by a later step",
                             layer_begin_ + static_cast<int64_t>(i));
   }
@@ -274,8 +274,12 @@ Status SequenceState::rollback_captured(int64_t n_keep) {
   for (int64_t L = layer_begin_; L < layer_end_; ++L) {
     const size_t i = slot(L);
     if (kv_[i]) continue;
+    const bool chain = marks_[i].chain;
     marks_[i] = StepMark{};  // consumed
-    if (n_keep < capture_n_) {  // the state after the whole step is the one to keep otherwise
+    const int64_t state_size = ssm_[i].size();
+    if (!chain) {  // every token's state
+      DF_RETURN_IF_ERROR(be(i).copy(ssm_[i].data(), ssm_capture_[i].data() + (n_keep - 1) * state_size, state_size));
+    } else if (n_keep < capture_n_) {  // the state after the whole step is the one to keep otherwise
       const float* cap = ssm_capture_[i].data();
       DF_RETURN_IF_ERROR(be(i).copy(ssm_[i].data(), cap + cc.state, cc.q - cc.state));
       DF_ASSIGN_OR_RETURN(Buffer out, be(i).alloc(n_keep * g.value_dim()));

@@ -199,11 +199,16 @@ namespace {
 
 // A verify-like step of 6 tokens with capture, rolled back to its first k, continues exactly like a state
 // that only ever saw those k tokens (attention cropped, DeltaNet state and conv window from the capture).
+// Both capture forms: every token's state (what these small models keep), and the chain form (the state before
+// the step and its inputs, re-run on rollback) that large models keep.
 TEST_P(ModelReference, rollback_of_a_captured_step_equals_never_having_run_the_rest) {
   const int64_t V = weights_->spec().vocab;
   const auto& prompt = ref_.prompts[1];
   const std::vector<int32_t> block = {ref_.greedy[1][0], 7, 8, 9, 10, 11};
+  const int64_t threshold = chain_capture_min_floats();
+  for (const bool chain : {false, true})
   for (int64_t keep : {1, 3, 6}) {
+    chain_capture_min_floats() = chain ? 0 : threshold;
     SequenceState a(weights_->spec(), runner_->backend()), b(weights_->spec(), runner_->backend());
     ASSERT_TRUE(runner_->prefill(a, prompt).ok());
     ASSERT_TRUE(runner_->prefill(b, prompt).ok());
@@ -224,8 +229,10 @@ TEST_P(ModelReference, rollback_of_a_captured_step_equals_never_having_run_the_r
     auto oa = runner_->forward(a, step);
     auto ob = runner_->forward(b, step);
     ASSERT_TRUE(oa.ok() && ob.ok());
-    EXPECT_EQ(std::memcmp(oa->logits.data(), ob->logits.data(), sizeof(float) * V), 0) << "keep " << keep;
+    EXPECT_EQ(std::memcmp(oa->logits.data(), ob->logits.data(), sizeof(float) * V), 0)
+        << "keep " << keep << (chain ? ", chain form" : ", every token's state");
   }
+  chain_capture_min_floats() = threshold;
   SequenceState c(weights_->spec(), runner_->backend());
   EXPECT_FALSE(c.rollback_captured(1).ok());  // nothing captured
 }
