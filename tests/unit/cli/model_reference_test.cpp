@@ -14,6 +14,7 @@
 #include "model/weights.h"
 #include "state/sequence_state.h"
 #include "support/process.h"
+#include "support/rollback_check.h"
 #include "support/test_paths.h"
 
 namespace dflash {
@@ -203,36 +204,17 @@ namespace {
 // the step and its inputs, re-run on rollback) that large models keep.
 TEST_P(ModelReference, rollback_of_a_captured_step_equals_never_having_run_the_rest) {
   const int64_t V = weights_->spec().vocab;
-  const auto& prompt = ref_.prompts[1];
   const std::vector<int32_t> block = {ref_.greedy[1][0], 7, 8, 9, 10, 11};
-  const int64_t threshold = chain_capture_min_floats();
   for (const bool chain : {false, true})
-  for (int64_t keep : {1, 3, 6}) {
-    chain_capture_min_floats() = chain ? 0 : threshold;
-    SequenceState a(weights_->spec(), runner_->backend()), b(weights_->spec(), runner_->backend());
-    ASSERT_TRUE(runner_->prefill(a, prompt).ok());
-    ASSERT_TRUE(runner_->prefill(b, prompt).ok());
-    Step verify;
-    verify.tokens = block;
-    verify.all_logits = true;
-    verify.capture_recurrent = true;
-    ASSERT_TRUE(runner_->forward(a, verify).ok());
-    ASSERT_TRUE(a.rollback_captured(keep).ok());
-    Step kept;
-    kept.tokens = std::span<const int32_t>(block).first(static_cast<size_t>(keep));
-    kept.capture_recurrent = true;  // the same (recurrent) DeltaNet form as the verify step
-    ASSERT_TRUE(runner_->forward(b, kept).ok());
-    ASSERT_EQ(a.n_past(), b.n_past());
-    int32_t next = 42;
-    Step step;
-    step.tokens = std::span<const int32_t>(&next, 1);
-    auto oa = runner_->forward(a, step);
-    auto ob = runner_->forward(b, step);
-    ASSERT_TRUE(oa.ok() && ob.ok());
-    EXPECT_EQ(std::memcmp(oa->logits.data(), ob->logits.data(), sizeof(float) * V), 0)
-        << "keep " << keep << (chain ? ", chain form" : ", every token's state");
-  }
-  chain_capture_min_floats() = threshold;
+    for (const int64_t keep : {int64_t{1}, int64_t{3}, int64_t{6}}) {
+      const test::ChainCaptureThreshold form(chain ? 0 : kChainCaptureMinFloats);
+      const auto [a, b] = test::rollback_and_kept_logits(*runner_, weights_->spec(), runner_->backend(),
+                                                          ref_.prompts[1], block, keep);
+      ASSERT_EQ(a.size(), static_cast<size_t>(V));
+      ASSERT_EQ(b.size(), a.size());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * V), 0)
+          << "keep " << keep << (chain ? ", chain form" : ", every token's state");
+    }
   SequenceState c(weights_->spec(), runner_->backend());
   EXPECT_FALSE(c.rollback_captured(1).ok());  // nothing captured
 }

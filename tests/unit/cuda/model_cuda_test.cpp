@@ -17,6 +17,7 @@
 #include "state/sequence_state.h"
 #include "support/cuda_test_util.h"
 #include "support/random_hf_model.h"
+#include "support/rollback_check.h"
 #include "support/test_paths.h"
 
 namespace dflash {
@@ -199,31 +200,15 @@ TEST_P(CudaModel, greedy_decode_matches_the_cpu_backend_token_for_token) {
 TEST_P(CudaModel, rollback_of_a_captured_step_equals_never_having_run_the_rest) {
   const int64_t V = host_->spec().vocab;
   const std::vector<int32_t> block = {3, 7, 8, 9, 10, 11};
-  const int64_t threshold = chain_capture_min_floats();
   for (const bool chain : {false, true})
     for (const int64_t keep : {int64_t{2}, int64_t{6}}) {
-      chain_capture_min_floats() = chain ? 0 : threshold;
-      SequenceState a(dev_->spec(), *be_), b(dev_->spec(), *be_);
-      ASSERT_TRUE(gpu_->prefill(a, prompts_[1]).ok());
-      ASSERT_TRUE(gpu_->prefill(b, prompts_[1]).ok());
-      Step verify;
-      verify.tokens = block;
-      verify.capture_recurrent = true;
-      ASSERT_TRUE(gpu_->forward(a, verify).ok());
-      ASSERT_TRUE(a.rollback_captured(keep).ok());
-      Step kept;
-      kept.tokens = std::span<const int32_t>(block).first(static_cast<size_t>(keep));
-      kept.capture_recurrent = true;
-      ASSERT_TRUE(gpu_->forward(b, kept).ok());
-      int32_t next = 42;
-      Step step;
-      step.tokens = std::span<const int32_t>(&next, 1);
-      auto oa = gpu_->forward(a, step), ob = gpu_->forward(b, step);
-      ASSERT_TRUE(oa.ok() && ob.ok());
-      EXPECT_EQ(std::memcmp(oa->logits.data(), ob->logits.data(), sizeof(float) * V), 0)
+      const test::ChainCaptureThreshold form(chain ? 0 : kChainCaptureMinFloats);
+      const auto [a, b] = test::rollback_and_kept_logits(*gpu_, dev_->spec(), *be_, prompts_[1], block, keep);
+      ASSERT_EQ(a.size(), static_cast<size_t>(V));
+      ASSERT_EQ(b.size(), a.size());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * V), 0)
           << "keep " << keep << (chain ? ", chain form" : ", every token's state");
     }
-  chain_capture_min_floats() = threshold;
 }
 
 // Recorded (graph-replayed) decode steps give the eager steps' logits bit for bit, across KV chunk
