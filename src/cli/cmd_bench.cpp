@@ -626,7 +626,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_flag("--profile-prefill", opt->profile_prefill, "Then profile one prefill of the prompt per op");
   cmd->add_option("--verify-cost", opt->verify_cost,
-                  "Time verify-shaped steps of these token counts (e.g. 16,23) beside a plain step")
+                  "Time verify-shaped steps of these token counts (e.g. 16,23) beside a plain step, and the "
+                  "rollback to one kept token after each")
       ->delimiter(',');
   cmd->add_flag("--json", opt->json, "Machine-readable output");
   cmd->add_option("--prompt", opt->prompt, "With a draft: the prompt of the speculative run (default: --prompt-len random ids)");
