@@ -8,9 +8,10 @@
 // --variant: mmq_set_variant(V) (mmq.h: launch variants for tuning; 3 the default).
 // Both kernels read the same int8 activations (quantize_q8_rows of random x, not timed; mmq after mmq_pack_x,
 // timed apart as "pack us"). Each figure is the device time of one product: 16 calls recorded in a CUDA
-// graph, every call on its own copy of the weights (no L2 reuse), median of 15 replays / 16. gemv_q8 takes at most 16 tokens a launch: above that
-// it runs as launches of 16 and the rest (what a verify step would do). "W GB/s" is weight bytes / time;
-// "/n=1" the time over the same kernel's n = 1 time; "mmq/q8" the two kernels' time ratio.
+// graph, every call on its own copy of the weights (no L2 reuse), median of 15 replays / 16. gemv_q8 takes at
+// most 16 tokens a launch: above that it runs as launches of 16 and the rest (what a verify step would do).
+// "W GB/s" is weight bytes / time; "/n=1" the time over the same kernel's n = 1 time; "mmq/q8" the two
+// kernels' time ratio.
 #include <cuda_runtime.h>
 
 #include <algorithm>

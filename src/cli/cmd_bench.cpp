@@ -124,7 +124,7 @@ double decode_bytes(const Weights& w, double ctx, cpu::KvType kv) {
     bytes -= static_cast<double>(*row_bytes(e->type, e->cols)) * (e->rows - 1);
   }
   bytes += static_cast<double>(s.n_attention_layers()) * 2.0 * s.kv_dim() * (kv == cpu::KvType::kF16 ? 2.0 : 4.0) * ctx;
-  bytes += static_cast<double>(s.n_recurrent_layers()) * 2.0 * s.gdn.n_v_heads * s.gdn.d_v * s.gdn.d_k * 4.0;
+  bytes += static_cast<double>(s.n_recurrent_layers()) * 2.0 * s.gdn.state_floats() * 4.0;
   return bytes;
 }
 

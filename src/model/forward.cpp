@@ -148,7 +148,7 @@ Status deltanet_mixer(const Weights& w, int64_t L, const StepShape& st, const fl
                                       q, k, v, a, b, dt_bias, ssm_a));
 
   DF_ASSIGN_OR_RETURN(Buffer o, be.alloc(n * Hv * dv));
-  if (chain != nullptr) DF_RETURN_IF_ERROR(be.copy(chain + cc.state, state.ssm_state(L), cc.q - cc.state));
+  if (chain != nullptr) DF_RETURN_IF_ERROR(be.copy(chain + cc.state, state.ssm_state(L), g.state_floats()));
   // Captured steps run the recurrent form (what a rollback re-runs, and a tree's per-node states need).
   const bool chunked = !capture && n >= kChunkedDeltaNetMinTokens;
   float* node_states = nullptr;

@@ -33,10 +33,10 @@ class LayerStateAccess {
   virtual float* ssm_capture(int64_t layer, int64_t n) = 0;
   virtual float* conv_capture(int64_t layer, int64_t n) = 0;
   // A causal step's DeltaNet capture where chain_capture_pays (else ssm_capture), laid out by
-  // chain_capture_layout(dims, n): the state before the step
-  // [Hv, dv, dk], then the step's recurrent inputs q [n, Hk, dk], k [n, Hk, dk], v [n, Hv, dv], decay [n, Hv],
-  // beta [n, Hv]: a rollback to the first m tokens re-runs them from the state before, instead of
-  // every token's state being written (a 23-token verify of Qwen3.5-27B wrote 3.5 GB of them).
+  // chain_capture_layout(dims, n): the state before the step [Hv, dv, dk], then the step's recurrent inputs
+  // q [n, Hk, dk], k [n, Hk, dk], v [n, Hv, dv], decay [n, Hv], beta [n, Hv]. A rollback to the first m tokens
+  // re-runs them from the state before, instead of every token's state being written (a 23-token verify of
+  // Qwen3.5-27B wrote 3.4 GB of them).
   virtual float* ssm_chain_capture(int64_t layer, int64_t n) = 0;
 };
 
@@ -47,7 +47,7 @@ struct ChainCapture {
 inline ChainCapture chain_capture_layout(const DeltaNetDims& g, int64_t n) {
   ChainCapture c{};
   c.state = 0;
-  c.q = g.n_v_heads * g.d_v * g.d_k;
+  c.q = g.state_floats();
   c.k = c.q + n * g.key_dim();
   c.v = c.k + n * g.key_dim();
   c.decay = c.v + n * g.value_dim();
@@ -65,7 +65,7 @@ inline constexpr int64_t kChainCaptureMinFloats = int64_t{1} << 22;  // 16 MB of
 // form) so that small models exercise both forms.
 int64_t& chain_capture_min_floats();
 inline bool chain_capture_pays(const DeltaNetDims& g, int64_t n) {
-  return n * g.n_v_heads * g.d_v * g.d_k >= chain_capture_min_floats();
+  return n * g.state_floats() >= chain_capture_min_floats();
 }
 
 // Prefill steps of at least this many tokens run the chunked (WY) DeltaNet form; shorter ones (decode,

@@ -62,6 +62,7 @@ struct DeltaNetDims {
   int64_t key_dim() const { return n_k_heads * d_k; }            // Hk*dk
   int64_t value_dim() const { return n_v_heads * d_v; }          // Hv*dv
   int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }  // channels of qkv and the conv
+  int64_t state_floats() const { return n_v_heads * d_v * d_k; }    // the recurrent state S [Hv, dv, dk]
   bool operator==(const DeltaNetDims&) const = default;
 };
 

@@ -140,7 +140,7 @@ SequenceState::SequenceState(const ModelSpec& spec, std::span<const StateShard> 
     for (int64_t L = shards_[s].layer_begin; L < shards_[s].layer_end; ++L) shard_of_.push_back(s);
   }
   const int64_t conv_floats = (spec_.gdn.conv_kernel - 1) * spec_.gdn.conv_dim();
-  const int64_t ssm_floats = spec_.gdn.n_v_heads * spec_.gdn.d_v * spec_.gdn.d_k;
+  const int64_t ssm_floats = spec_.gdn.state_floats();
   for (int64_t L = layer_begin_; L < layer_end_; ++L) {
     Backend& shard_be = be(slot(L));
     if (spec_.is_recurrent(L)) {
@@ -281,10 +281,10 @@ Status SequenceState::rollback_captured(int64_t n_keep) {
       DF_RETURN_IF_ERROR(be(i).copy(ssm_[i].data(), ssm_capture_[i].data() + (n_keep - 1) * state_size, state_size));
     } else if (n_keep < capture_n_) {  // the state after the whole step is the one to keep otherwise
       const float* cap = ssm_capture_[i].data();
-      DF_RETURN_IF_ERROR(be(i).copy(ssm_[i].data(), cap + cc.state, cc.q - cc.state));
+      DF_RETURN_IF_ERROR(be(i).copy(ssm_[i].data(), cap + cc.state, state_size));
       DF_ASSIGN_OR_RETURN(Buffer out, be(i).alloc(n_keep * g.value_dim()));
-      DF_RETURN_IF_ERROR(be(i).gated_delta_net(cap + cc.q, cap + cc.k, cap + cc.v, cap + cc.decay, cap + cc.beta, n_keep,
-                                               shape, ssm_[i].data(), out.data(), nullptr, {}, false));
+      DF_RETURN_IF_ERROR(be(i).gated_delta_net(cap + cc.q, cap + cc.k, cap + cc.v, cap + cc.decay, cap + cc.beta,
+                                               n_keep, shape, ssm_[i].data(), out.data(), nullptr, {}, false));
     }
     // The window after n_keep tokens: rows [n_keep, n_keep + K - 1) of (old window ; step inputs).
     DF_RETURN_IF_ERROR(be(i).copy(conv_[i].data(), conv_capture_[i].data() + n_keep * C, conv_[i].size()));

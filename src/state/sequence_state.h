@@ -106,10 +106,10 @@ class SequenceState : public LayerStateAccess {
 
   // After a causal step run with capture_recurrent (n tokens from position `base`), keeps only the first
   // n_keep of them: attention is cropped to base + n_keep and every DeltaNet layer takes the state and conv
-  // window it had after token n_keep - 1 of the step (the state copied from the step's per-token states, or
-  // where the step kept the chain form (model/forward.h) re-run from the state before the step on the kept
-  // tokens' inputs, on the layer's backend: the recurrent form the step ran, so the same bits). 1 <= n_keep <= n. Refused when a later step (a tree verify) has overwritten the DeltaNet
-  // captures.
+  // window it had after token n_keep - 1 of the step: the state copied from the step's per-token states, or,
+  // where the step kept the chain form (model/forward.h), re-run from the state before the step on the kept
+  // tokens' inputs on the layer's backend (the recurrent form the step ran, so the same bits).
+  // 1 <= n_keep <= n. Refused when a later step (a tree verify) has overwritten the DeltaNet captures.
   Status rollback_captured(int64_t n_keep);
   // Called before a step run with capture_recurrent (the Runner does): remembers where it starts.
   void begin_captured_step(int64_t n);

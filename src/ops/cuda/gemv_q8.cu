@@ -456,7 +456,6 @@ __device__ __forceinline__ void store_rows_parts(float (&acc)[R][NT], float (&pa
 // their accumulators spill under a cap (n = 16 ran 1.5x slower under 64). docs/benchmarks.md.
 template <typename B, int R, int NT, int kCtas>
 __global__ void __launch_bounds__(kThreads, kCtas) gemv_q8_kernel(const Args a) {
-  __shared__ float partial[kWarps][R * NT];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int64_t group = int64_t{blockIdx.x} * (kWarps / a.split) + warp / a.split;
   const int part = warp % a.split;
@@ -488,6 +487,7 @@ __global__ void __launch_bounds__(kThreads, kCtas) gemv_q8_kernel(const Args a) 
     __shared__ float parts[kWarps][G][R * NT];
     store_rows_parts<G, R, NT>(acc, parts, warp, lane, part, a.split, a.n, y, rows, r);
   } else {
+    __shared__ float partial[kWarps][R * NT];
     gemv_common::store_rows<R, NT>(acc, partial, warp, lane, part, a.split, a.n, y, rows, r);
   }
 }

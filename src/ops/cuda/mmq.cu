@@ -157,8 +157,10 @@ struct Q4K {
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          fa[u][h][0] = (r[u].qs[0][c].x >> (4 * h)) & kLowNibbles, fa[u][h][1] = (r[u].qs[1][c].x >> (4 * h)) & kLowNibbles;
-          fa[u][h][2] = (r[u].qs[0][c].y >> (4 * h)) & kLowNibbles, fa[u][h][3] = (r[u].qs[1][c].y >> (4 * h)) & kLowNibbles;
+          fa[u][h][0] = (r[u].qs[0][c].x >> (4 * h)) & kLowNibbles;
+          fa[u][h][1] = (r[u].qs[1][c].x >> (4 * h)) & kLowNibbles;
+          fa[u][h][2] = (r[u].qs[0][c].y >> (4 * h)) & kLowNibbles;
+          fa[u][h][3] = (r[u].qs[1][c].y >> (4 * h)) & kLowNibbles;
         }
       }
 #pragma unroll

@@ -38,12 +38,12 @@ cudaError_t rms_norm(const float* x, const float* w, float eps, int64_t n, int64
 cudaError_t rms_norm_strided(const float* x, int64_t x_stride, const float* w, float eps, int64_t n, int64_t dim,
                              float* y, int64_t y_stride, cudaStream_t stream = nullptr);
 
-// The residual add fused with the next norm: x += delta (each sum rounded once, as add() does), then
 // The DeltaNet output gate in one launch: o [rows, dim] = rms_norm(o, w) * silu(z) (dim <= kRmsNormSiluGateMaxDim;
 // a warp a row, the norm as rms_norm's). With q8 on (dim a multiple of 32), o's int8 form too, as swiglu's.
 inline constexpr int64_t kRmsNormSiluGateMaxDim = 1024;
 cudaError_t rms_norm_silu_gate(float* o, const float* w, float eps, int64_t rows, int64_t dim, const float* z,
                                cudaStream_t stream = nullptr, const Q8Out& q8 = Q8Out{});
+// The residual add fused with the next norm: x += delta (each sum rounded once, as add() does), then
 // y = rms_norm(x) with weights w. x, delta [n, dim]; y must not alias x or delta.
 cudaError_t add_rms_norm(float* x, const float* delta, const float* w, float eps, int64_t n, int64_t dim, float* y,
                          cudaStream_t stream = nullptr);

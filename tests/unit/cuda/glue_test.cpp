@@ -242,7 +242,8 @@ TEST_F(CudaDeltaNetPrep, refuses_bad_arguments) {
 // that output bit for bit.
 struct Q8Capture {
   explicit Q8Capture(int64_t elems)
-      : xq(elems), xq_ref(elems), xd(elems / 32 + 1), xd_ref(elems / 32 + 1), xs(elems / 16 + 1), xs_ref(elems / 16 + 1) {}
+      : xq(elems), xq_ref(elems), xd(elems / 32 + 1), xd_ref(elems / 32 + 1), xs(elems / 16 + 1),
+        xs_ref(elems / 16 + 1) {}
   cuda::Q8Out out(bool on) const { return on ? cuda::Q8Out{xq.p, xd.p, xs.p} : cuda::Q8Out{}; }
   void expect_quantized(const float* y, int64_t rows, int64_t dim) {
     ASSERT_EQ(cuda::quantize_q8_rows(y, rows, dim, xq_ref.p, xd_ref.p, xs_ref.p), cudaSuccess);
