@@ -4,10 +4,14 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+#include "ops/cuda/weight_form.h"
 
 #define CHECK(expr)                                                                              \
   do {                                                                                           \
@@ -19,6 +23,11 @@
   } while (0)
 
 namespace bench {
+
+// Bytes of a weight row in device memory (ops/cuda/weight_form.h): what a product reads and what to allocate.
+inline uint64_t device_rb(dflash::DType t, int64_t cols) {
+  return static_cast<uint64_t>(dflash::cuda::device_row_bytes(t, cols));
+}
 
 // Median device time of f() over `runs` calls, each between two events on the default stream, after
 // `warmup` untimed calls.

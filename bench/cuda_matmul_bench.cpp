@@ -134,7 +134,7 @@ void cublas_bf16(cublasHandle_t h, const __nv_bfloat16* w, int64_t rows, int64_t
 // bf16, 64 MiB slabs of W dequantized to bf16 (bf16 weights copied too), cublasGemmEx per slab.
 void old_gemm(cublasHandle_t h, dflash::DType t, const uint8_t* w, int64_t rows, int64_t cols, const float* x,
               int64_t n, float* y, cudaStream_t stream) {
-  const uint64_t rb = dflash::row_bytes(t, static_cast<uint64_t>(cols)).value();
+  const uint64_t rb = bench::device_rb(t, cols);
   const int64_t slab = std::clamp<int64_t>((int64_t{32} << 20) / cols, 1, rows);
   __nv_bfloat16 *xb = nullptr, *wb = nullptr;
   CHECK(cudaMallocAsync(reinterpret_cast<void**>(&xb), sizeof(__nv_bfloat16) * n * cols, stream));
@@ -159,7 +159,7 @@ void gemm_section(const std::vector<GemmShape>& shapes, const std::vector<int64_
   size_t max_wbytes = 0, max_bf16 = 0;
   int64_t max_rows = 0, max_cols = 0, max_n = 0;
   for (const GemmShape& s : shapes) {
-    max_wbytes = std::max<size_t>(max_wbytes, dflash::row_bytes(s.type, s.cols).value() * s.rows);
+    max_wbytes = std::max<size_t>(max_wbytes, bench::device_rb(s.type, s.cols) * s.rows);
     max_bf16 = std::max<size_t>(max_bf16, 2 * static_cast<size_t>(s.rows * s.cols));
     max_rows = std::max(max_rows, s.rows);
     max_cols = std::max(max_cols, s.cols);
@@ -210,7 +210,7 @@ void gemm_section(const std::vector<GemmShape>& shapes, const std::vector<int64_
       layer_old_bf16(tokens.size(), 0);
   for (const GemmShape& s : shapes) {
     const DType t = s.type;
-    const size_t wbytes = dflash::row_bytes(t, s.cols).value() * s.rows;
+    const size_t wbytes = bench::device_rb(t, s.cols) * s.rows;
     const size_t stride = (wbytes + 255) / 256 * 256, bstride = (2 * s.rows * s.cols + 255) / 256 * 256;
     const size_t copies = pool / stride, bcopies = pool_b / bstride;
     auto wr = [&](int i) { return w + static_cast<size_t>(i) % copies * stride; };
@@ -395,7 +395,7 @@ int main(int argc, char** argv) {
     for (const Shape& s : shapes)
       for (DType t : types)
         if (runs(s, t)) {
-          max_bytes = std::max<size_t>(max_bytes, dflash::row_bytes(t, s.cols).value() * s.rows);
+          max_bytes = std::max<size_t>(max_bytes, bench::device_rb(t, s.cols) * s.rows);
           max_rows = std::max(max_rows, s.rows);
           max_cols = std::max(max_cols, s.cols);
         }
@@ -422,7 +422,7 @@ int main(int argc, char** argv) {
     for (const Shape& s : shapes)
       for (DType t : types) {
         if (!runs(s, t)) continue;
-        const size_t wbytes = dflash::row_bytes(t, s.cols).value() * s.rows;
+        const size_t wbytes = bench::device_rb(t, s.cols) * s.rows;
         float ms_n1 = 0;  // this product's time at n = 1, once measured
         for (int64_t n : gemv_tokens) {
           const double bytes = static_cast<double>(wbytes) + 4.0 * n * (s.cols + s.rows);

@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
   size_t max_bytes = 0;
   int64_t max_rows = 0, max_cols = 0;
   for (const Shape& s : shapes) {
-    max_bytes = std::max<size_t>(max_bytes, dflash::row_bytes(s.type, s.cols).value() * s.rows);
+    max_bytes = std::max<size_t>(max_bytes, bench::device_rb(s.type, s.cols) * s.rows);
     max_rows = std::max(max_rows, s.rows);
     max_cols = std::max(max_cols, s.cols);
   }
@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
               "W GB/s", "/copy", "/n=1", "gemv_q8 us", "W GB/s", "/n=1", "mmq/q8", "pack us");
   for (const Shape& s : shapes) {
     CHECK(dflash::cuda::quantize_q8_rows(x, nmax, s.cols, xq, xd, xs, stream));
-    const size_t wbytes = dflash::row_bytes(s.type, s.cols).value() * s.rows;
+    const size_t wbytes = bench::device_rb(s.type, s.cols) * s.rows;
     const size_t stride = (wbytes + 255) / 256 * 256;
     auto wr = [&](int r) { return w + (static_cast<size_t>(r) * stride) % (pool_bytes - stride + 1) / 256 * 256; };
     float mmq_n1 = 0, q8_n1 = 0;

@@ -12,9 +12,10 @@ constexpr double kF = 4.0;  // bytes per f32 activation
 // Bytes per element of a KV store.
 double kv_bytes(const cpu::KvView& kv) { return kv.type == cpu::KvType::kF16 ? 2.0 : kF; }
 
-double weight_bytes(const cpu::WeightView& w) {
-  const auto rb = row_bytes(w.type, static_cast<uint64_t>(w.cols));
-  return rb.ok() ? static_cast<double>(*rb) * static_cast<double>(w.rows) : 0.0;
+// Bytes of weight w in `be`'s memory (its form there), what a product reads.
+double weight_read_bytes(const Backend& be, const cpu::WeightView& w) {
+  const auto b = be.weight_bytes(w);
+  return b.ok() ? static_cast<double>(*b) : 0.0;
 }
 
 }  // namespace
@@ -69,19 +70,19 @@ Status ProfilingBackend::copy(float* dst, const float* src, int64_t n) {
 }
 
 Status ProfilingBackend::matmul(const cpu::WeightView& w, const float* x, int64_t n, float* y) {
-  const double bytes = weight_bytes(w) + kF * n * static_cast<double>(w.rows + w.cols);
+  const double bytes = weight_read_bytes(inner_, w) + kF * n * static_cast<double>(w.rows + w.cols);
   return timed(w.type == DType::kF32 ? "matmul f32" : "matmul", bytes, [&] { return inner_.matmul(w, x, n, y); });
 }
 
 Status ProfilingBackend::matmul_group(std::span<const cpu::WeightView* const> ws, const float* x, int64_t n,
                                       std::span<float* const> ys) {
   double bytes = ws.empty() ? 0.0 : kF * n * static_cast<double>(ws[0]->cols);
-  for (const cpu::WeightView* w : ws) bytes += weight_bytes(*w) + kF * n * static_cast<double>(w->rows);
+  for (const cpu::WeightView* w : ws) bytes += weight_read_bytes(inner_, *w) + kF * n * static_cast<double>(w->rows);
   return timed("matmul (grouped)", bytes, [&] { return inner_.matmul_group(ws, x, n, ys); });
 }
 
 Status ProfilingBackend::embedding(const cpu::WeightView& table, std::span<const int32_t> ids, float* out) {
-  const double row = table.rows > 0 ? weight_bytes(table) / static_cast<double>(table.rows) : 0.0;
+  const double row = table.rows > 0 ? weight_read_bytes(inner_, table) / static_cast<double>(table.rows) : 0.0;
   const double bytes = static_cast<double>(ids.size()) * (row + kF * static_cast<double>(table.cols));
   return timed("embedding", bytes, [&] { return inner_.embedding(table, ids, out); });
 }

@@ -47,6 +47,8 @@ class ProfilingBackend final : public Backend {
   Status upload(float* dst, const float* src, int64_t n) override;
   Status download(float* dst, const float* src, int64_t n) override;
   Status copy(float* dst, const float* src, int64_t n) override;
+  Result<uint64_t> weight_bytes(const cpu::WeightView& w) const override { return inner_.weight_bytes(w); }
+  Status pack_weight(const cpu::WeightView& w, void* dst) const override { return inner_.pack_weight(w, dst); }
 
   Status matmul(const cpu::WeightView& w, const float* x, int64_t n, float* y) override;
   Status matmul_group(std::span<const cpu::WeightView* const> ws, const float* x, int64_t n,

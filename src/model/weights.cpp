@@ -126,8 +126,12 @@ Result<Weights> Weights::to_backend_if(Backend& be, const std::function<bool(std
   out.spec_ = spec_;
   out.path_ = path_;
   out.bytes_ = 0;
-  for (const auto& [name, view] : tensors_)
-    if (wanted(name)) out.bytes_ += *row_bytes(view.type, static_cast<uint64_t>(view.cols)) * static_cast<uint64_t>(view.rows);
+  for (const auto& [name, view] : tensors_) {
+    if (!wanted(name)) continue;
+    const Result<uint64_t> b = be.weight_bytes(view);
+    if (!b.ok()) return b.status().with_context(name);
+    out.bytes_ += *b;
+  }
   const uint64_t total_bytes = out.bytes_;
   std::vector<float> staging;
   // Progress in tenths of the bytes, for big models on slow links (one log line each).
@@ -136,10 +140,10 @@ Result<Weights> Weights::to_backend_if(Backend& be, const std::function<bool(std
   const double total = std::max<double>(1.0, static_cast<double>(total_bytes));
   for (const auto& [name, view] : tensors_) {
     if (!wanted(name)) continue;
-    const uint64_t bytes = *row_bytes(view.type, static_cast<uint64_t>(view.cols)) * static_cast<uint64_t>(view.rows);
+    const uint64_t bytes = *be.weight_bytes(view);
     const int64_t floats = static_cast<int64_t>((bytes + 3) / 4);
     staging.assign(static_cast<size_t>(floats), 0.0f);  // padded to whole floats
-    std::memcpy(staging.data(), view.data, bytes);
+    DF_RETURN_IF_ERROR(be.pack_weight(view, staging.data()).with_context(name));
     DF_ASSIGN_OR_RETURN(Buffer buf, be.alloc(floats));
     DF_RETURN_IF_ERROR(be.upload(buf.data(), staging.data(), floats).with_context(name));
     cpu::WeightView v = view;

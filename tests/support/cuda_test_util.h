@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ops/cuda/fill.h"
+#include "ops/cuda/weight_form.h"
 
 #define DF_ASSERT_CUDA(expr)                                                                  \
   do {                                                                                        \
@@ -17,6 +18,17 @@
   } while (0)
 
 namespace dflash::test {
+
+// `rows` x `cols` weights of `type` in stored form as the CUDA kernels take them (ops/cuda/weight_form.h:
+// q6_K rows re-laid, every other type as it is). Empty on a bad shape.
+inline std::vector<uint8_t> device_form(DType type, const std::vector<uint8_t>& stored, int64_t rows,
+                                        int64_t cols) {
+  const int64_t rb = cuda::device_row_bytes(type, cols);
+  if (rb < 0 || rows < 0) return {};
+  std::vector<uint8_t> out(static_cast<size_t>(rb * rows));
+  if (!cuda::to_device_form(type, stored.data(), rows, cols, out.data())) return {};
+  return out;
+}
 
 // True when the CUDA runtime sees a device; clears the runtime's sticky error when it does not.
 inline bool cuda_device_present() {

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <new>
 
+#include "base/checked_math.h"
 #include "ops/backend.h"
 #include "tensor/half.h"
 
@@ -18,6 +19,19 @@ double Backend::elapsed_ms(int64_t a, int64_t b) const {
   const auto n = static_cast<int64_t>(host_marks_.size());
   if (a < 0 || b < 0 || a >= n || b >= n) return 0.0;
   return (host_marks_[static_cast<size_t>(b)] - host_marks_[static_cast<size_t>(a)]) * 1e3;
+}
+
+Result<uint64_t> Backend::weight_bytes(const cpu::WeightView& w) const {
+  DF_ASSIGN_OR_RETURN(const uint64_t rb, row_bytes(w.type, static_cast<uint64_t>(w.cols)));
+  const auto bytes = checked_mul(rb, static_cast<uint64_t>(w.rows));
+  if (!bytes || w.rows < 0) return invalid_argument("a {} x {} {} weight overflows", w.rows, w.cols, dtype_name(w.type));
+  return *bytes;
+}
+
+Status Backend::pack_weight(const cpu::WeightView& w, void* dst) const {
+  DF_ASSIGN_OR_RETURN(const uint64_t bytes, weight_bytes(w));
+  std::memcpy(dst, w.data, bytes);
+  return Status();
 }
 
 Status Backend::kv_write(const cpu::KvView& kv, int64_t first_pos, const float* k, const float* v, int64_t n) {

@@ -1,6 +1,7 @@
 #include "ops/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "ops/cuda/matmul_host.h"
 #include "ops/cuda/norm_rope.h"
 #include "ops/cuda/top_k.h"
+#include "ops/cuda/weight_form.h"
 
 namespace dflash {
 namespace {
@@ -391,6 +393,19 @@ Status CudaBackend::copy_from_peer(float* dst, Backend& from, const float* src, 
   return waited;
 }
 
+Result<uint64_t> CudaBackend::weight_bytes(const cpu::WeightView& w) const {
+  const int64_t rb = cuda::device_row_bytes(w.type, w.cols);
+  if (rb < 0 || w.rows < 0 || (rb > 0 && w.rows > INT64_MAX / rb))
+    return invalid_argument("a {} x {} {} weight has no device form", w.rows, w.cols, dtype_name(w.type));
+  return static_cast<uint64_t>(rb * w.rows);
+}
+
+Status CudaBackend::pack_weight(const cpu::WeightView& w, void* dst) const {
+  if (!cuda::to_device_form(w.type, w.data, w.rows, w.cols, dst))
+    return invalid_argument("a {} x {} {} weight has no device form", w.rows, w.cols, dtype_name(w.type));
+  return Status();
+}
+
 Status CudaBackend::ensure_handoff_event() {
   if (handoff_event_ != nullptr) return Status();
   activate();
@@ -457,7 +472,9 @@ Status CudaBackend::matmul_group(std::span<const cpu::WeightView* const> ws, con
 Status CudaBackend::embedding(const cpu::WeightView& table, std::span<const int32_t> ids, float* out) {
   activate();
   forget_q8();
-  DF_ASSIGN_OR_RETURN(const uint64_t rb, row_bytes(table.type, static_cast<uint64_t>(table.cols)));
+  const int64_t drb = cuda::device_row_bytes(table.type, table.cols);
+  if (drb < 0) return invalid_argument("embedding: a {} table of {} columns", dtype_name(table.type), table.cols);
+  const auto rb = static_cast<uint64_t>(drb);
   if (ids.empty()) return Status();
   for (int32_t id : ids)
     if (id < 0 || id >= table.rows)

@@ -62,6 +62,9 @@ class CudaBackend final : public Backend {
   Status upload(float* dst, const float* src, int64_t n) override;
   Status download(float* dst, const float* src, int64_t n) override;
   Status copy(float* dst, const float* src, int64_t n) override;
+  // Weights in the kernels' device form (ops/cuda/weight_form.h: q6_K rows with aligned blocks).
+  Result<uint64_t> weight_bytes(const cpu::WeightView& w) const override;
+  Status pack_weight(const cpu::WeightView& w, void* dst) const override;
 
   Status matmul(const cpu::WeightView& w, const float* x, int64_t n, float* y) override;
   Status matmul_group(std::span<const cpu::WeightView* const> ws, const float* x, int64_t n,

@@ -6,6 +6,7 @@
 
 #include "base/checked_math.h"
 #include "ops/cuda/dequantize.h"
+#include "ops/cuda/weight_form.h"
 
 namespace dflash::cuda {
 namespace {
@@ -39,7 +40,9 @@ Status run_checked(DType type, const void* src, Out* dst, int64_t rows, int64_t 
   if (cols % info->block_elems != 0)
     return invalid_argument("dequantize {}: a row of {} elements is not a multiple of the block size {}", info->name,
                             cols, info->block_elems);
-  DF_ASSIGN_OR_RETURN(const uint64_t row_size, row_bytes(type, static_cast<uint64_t>(cols)));
+  const int64_t device_rb = device_row_bytes(type, cols);
+  if (device_rb < 0) return invalid_argument("dequantize {}: no device form for rows of {} elements", info->name, cols);
+  const auto row_size = static_cast<uint64_t>(device_rb);
   const auto src_bytes = checked_mul(row_size, static_cast<uint64_t>(rows));
   const auto elems = checked_mul(static_cast<uint64_t>(rows), static_cast<uint64_t>(cols));
   const auto dst_bytes = elems ? checked_mul(*elems, sizeof(Out)) : std::nullopt;
@@ -49,6 +52,9 @@ Status run_checked(DType type, const void* src, Out* dst, int64_t rows, int64_t 
   if (src == nullptr || dst == nullptr)
     return invalid_argument("dequantize {}: null {} pointer for a {} x {} tensor", info->name,
                             src == nullptr ? "source" : "destination", rows, cols);
+  if (reinterpret_cast<uintptr_t>(src) % static_cast<uintptr_t>(device_weight_align(type)) != 0)
+    return invalid_argument("dequantize {}: the source must be {}-byte aligned (its device form)", info->name,
+                            device_weight_align(type));
   const cudaError_t err = dequantize_rows(type, src, dst, rows, cols, stream);
   if (err != cudaSuccess)
     return io_error("dequantize {} ({} x {}) to {} on the GPU: {}", info->name, rows, cols, out_name,

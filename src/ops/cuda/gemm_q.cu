@@ -36,6 +36,7 @@
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/quant_blocks.cuh"
+#include "ops/cuda/weight_form.h"
 
 namespace dflash::cuda {
 namespace {
@@ -111,9 +112,10 @@ __device__ __forceinline__ uint32_t byte_of(const uint32_t (&w)[kN]) {
 }
 
 // ---- Per-type tile decoders ----
-// kUnitBytes: a 256-column unit of a row; kGranule: cp.async size (16: the unit is copied as is; 4: the
-// 4-byte words that hold it, which stay inside the row when rows are 4-byte aligned); kCopy: granules a
-// row and unit; kSlotBytes: the row's slot in shared memory.
+// kUnitBytes: a 256-column unit of a row (its stride); row_bytes(units): a row's bytes; kGranule: cp.async
+// size (16: the unit's granules, granule(row, unit, units, g); 4: the 4-byte words that hold the unit, which
+// stay inside the row when rows are 4-byte aligned); kCopy: granules a row and unit; kSlotBytes: the row's
+// slot in shared memory.
 // col(q, c): the unit column of logical chunk c in k-step q (0..3). prepare<q>(slot, unit, h, raw): the
 // bytes and scales of half h of k-step q; out<q, j>(raw): its output chunk j (8 bf16), logical chunk
 // chunk(h, j).
@@ -127,6 +129,11 @@ template <bool kHigh>
 struct GK4 {
   static constexpr int kUnitBytes = kHigh ? 176 : 144, kGranule = 16, kCopy = kUnitBytes / 16;
   static constexpr int kSlotBytes = kUnitBytes;
+  __host__ __device__ static constexpr int64_t row_bytes(int64_t units) { return units * kUnitBytes; }
+  // Granule g of unit `unit` of a row of `units` units.
+  __device__ static const uint8_t* granule(const uint8_t* row, int64_t unit, int64_t /*units*/, int g) {
+    return row + unit * kUnitBytes + 16 * g;
+  }
   __device__ static constexpr int col(int q, int c) { return 64 * q + 8 * c; }
   __device__ static int chunk(int h, int j) { return j < 2 ? 2 * h + j : 2 + 2 * h + j; }
   struct Raw {
@@ -175,13 +182,18 @@ struct GK4 {
   }
 };
 
-// q6_K: ql@0[128] qh@128[64] scales@192[16] (int8) d@208; x = (d*sc) * (q - 32). Column 128hh + 32k + l
+// q6_K in the device form (weight_form.h): ql@0[128] qh@128[64] scales@192[16] (int8), 208 aligned bytes a
+// unit, d (fp16) in the row's scale array; x = (d*sc) * (q - 32). A unit's slot holds its 13 granules and
+// the granule of the scale array that holds its d (units 8 (unit / 8) + [0, 8)). Column 128hh + 32k + l
 // (l < 32): low 4 bits from ql[64hh + 32(k&1) + l] (nibble k>>1), bits 4-5 from bit pair k of
 // qh[32hh + l], scale 8hh + 2k + l/16. k-step q (hh = q>>1, t = q&1) takes l in 16t + [0, 16) for all k;
-// half h the 8 columns l = 16t + 8h + [0, 8): logical chunk 2k + h. A unit starts 2 (unit & 1) bytes
-// into its first copied word.
+// half h the 8 columns l = 16t + 8h + [0, 8): logical chunk 2k + h.
 struct GQ6K {
-  static constexpr int kUnitBytes = 210, kGranule = 4, kCopy = 53, kSlotBytes = 212;
+  static constexpr int kUnitBytes = kQ6Body, kGranule = 16, kCopy = kQ6Body / 16 + 1, kSlotBytes = 16 * kCopy;
+  __host__ __device__ static constexpr int64_t row_bytes(int64_t units) { return q6k_row_bytes(units); }
+  __device__ static const uint8_t* granule(const uint8_t* row, int64_t unit, int64_t units, int g) {
+    return g < kQ6Body / 16 ? row + unit * kUnitBytes + 16 * g : row + (q6k_d_offset(units, unit) & ~int64_t{15});
+  }
   __device__ static constexpr int col(int q, int c) {
     return 128 * (q >> 1) + 32 * (c >> 1) + 16 * (q & 1) + 8 * (c & 1);
   }
@@ -192,9 +204,9 @@ struct GQ6K {
   };
   template <int kQ>
   __device__ static void prepare(const uint8_t* slot, int unit, int h, Raw& r) {
-    const uint8_t* b = slot + 2 * (unit & 1);
+    const uint8_t* b = slot;
     constexpr int hh = kQ >> 1, t = kQ & 1;
-    const float d = half_f32(*reinterpret_cast<const uint16_t*>(b + 208));
+    const float d = half_f32(*reinterpret_cast<const uint16_t*>(b + kQ6Body + 2 * (unit & 7)));
     const uint2 s8 = load8_a2(b + 192 + 8 * hh);
     const uint32_t sw[2] = {s8.x, s8.y};
     static_for<4>([&](auto k) {
@@ -229,6 +241,7 @@ struct GQ6K {
 // half h decodes block 2q + h: columns 64q + 32h + [0, 32), logical chunks 4h + j.
 struct GQ80 {
   static constexpr int kUnitBytes = 272, kGranule = 4, kCopy = 68, kSlotBytes = 276;
+  __host__ __device__ static constexpr int64_t row_bytes(int64_t units) { return units * kUnitBytes; }
   __device__ static constexpr int col(int q, int c) { return 64 * q + 8 * c; }
   __device__ static int chunk(int h, int j) { return 4 * h + j; }
   struct Raw {
@@ -304,7 +317,7 @@ __global__ void __launch_bounds__(kThreads, Config<Q, BN>::kMinBlocks)
       for (int i = tid; i < kBM * Q::kCopy; i += kThreads) {
         const int r = i / Q::kCopy, g = i - r * Q::kCopy;
         const int gr = row0 + r < rows ? row0 + r : rows - 1;
-        cp_async16(dst + r * Q::kSlotBytes + 16 * g, w + gr * rb + ubyte + 16 * g);
+        cp_async16(dst + r * Q::kSlotBytes + 16 * g, Q::granule(w + gr * rb, u_begin + u, units, g));
       }
     } else {
       for (int r = warp; r < kBM; r += kThreads / 32) {
@@ -468,7 +481,7 @@ struct TypeInfo {
 constexpr TypeInfo kTypes[] = {
     {kQ4_K, 144, 16, 256},
     {kQ5_K, 176, 16, 256},
-    {kQ6_K, 210, 4, 512},  // rows of an even number of units: 4-byte aligned
+    {kQ6_K, kQ6Body, 16, 256},  // the device form (weight_form.h)
     {kQ8_0, 272, 4, 256},
 };
 
@@ -483,7 +496,7 @@ cudaError_t launch(const void* w, int64_t rows, int64_t cols, const __nv_bfloat1
                    int units_per_split, int split, cudaStream_t stream) {
   using C = Config<Q, BN>;
   if (const cudaError_t e = allow_dynamic_smem<gemm_q_kernel<Q, BN>>(C::kSmem); e != cudaSuccess) return e;
-  const int64_t rb = cols / kUnit * Q::kUnitBytes;
+  const int64_t rb = Q::row_bytes(cols / kUnit);
   const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((rows + kBM - 1) / kBM),
                   static_cast<unsigned>(split));
   gemm_q_kernel<Q, BN><<<grid, kThreads, C::kSmem, stream>>>(static_cast<const uint8_t*>(w), rb,

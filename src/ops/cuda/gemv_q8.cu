@@ -7,7 +7,7 @@
 // rows, which divides the activation traffic through L1, the limit of a many-token product, by R; R is
 // bounded by the R x NT accumulators a lane keeps in registers. Lanes per weight block and bytes per lane:
 //   q4_K, q5_K  8 lanes, 16 bytes of nibbles each (+ q5_K's 16 bytes of high bits), 16-byte loads
-//   q6_K       16 lanes, one 16-element group each (16 bytes of ql, 16 of qh), 4-byte loads (210-byte blocks)
+//   q6_K       16 lanes, one 16-element group each (16 bytes of ql, 16 of qh), 16-byte loads (the device form)
 //   q8_0        4 lanes,  8 codes each, 2-byte loads (34-byte blocks)
 //   q4_0        4 lanes,  4 bytes = 8 codes each, 2-byte loads (18-byte blocks)
 // Each lane accumulates exact int32 sums of code * xq with __dp4a, then applies the block scales in f32:
@@ -32,6 +32,7 @@
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/quant_blocks.cuh"
 #include "ops/cuda/quantize_q8.cuh"
+#include "ops/cuda/weight_form.h"
 
 namespace dflash::cuda {
 namespace {
@@ -57,27 +58,14 @@ struct Args {
   int prefetch;  // 1: prefetch the first weight blocks into L2 before the PDL wait (launch.cuh, DFLASH_PDL=2)
 };
 
-// Global loads. Weights are read once: K4's 16-byte weight loads skip L1 (ldw_u4: L1::no_allocate), so
-// that L1 keeps the activations every row of the SM reads again. The 2- and 4-byte weight loads of q6_K
-// and the legacy types re-read their lines (five 4-byte loads per 16 bytes) and go through L1.
+// Global loads. Weights are read once: the 16-byte weight loads of K4 and q6_K skip L1 (ldw_u4:
+// L1::no_allocate), so that L1 keeps the activations every row of the SM reads again. The 2-byte weight loads
+// of the legacy types re-read their lines and go through L1.
 using gemv_common::ldw_u4;
-__device__ __forceinline__ uint32_t ldw_u32(const void* p) { return __ldg(static_cast<const uint32_t*>(p)); }
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint16_t*>(p)); }
 // 4 bytes at a 2-byte aligned address.
 __device__ __forceinline__ int ld_i32_a2(const uint8_t* p) {
   return static_cast<int>(ld_u16(p) | (ld_u16(p + 2) << 16));
-}
-// 16 bytes at a 2-byte aligned address as four ints: five aligned 4-byte loads and funnel shifts (instead
-// of eight 2-byte loads). Reads up to 4 bytes past the 16 (callers keep them inside the block).
-__device__ __forceinline__ void ld16_a2(const uint8_t* p, int (&out)[4]) {
-  const auto addr = reinterpret_cast<uintptr_t>(p);
-  const auto* w = reinterpret_cast<const uint32_t*>(addr & ~uintptr_t{3});
-  const unsigned shift = static_cast<unsigned>(addr & 3) * 8;  // 0 or 16
-  uint32_t v[5];
-#pragma unroll
-  for (int i = 0; i < 5; ++i) v[i] = ldw_u32(w + i);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) out[i] = static_cast<int>(__funnelshift_r(v[i], v[i + 1], shift));
 }
 __device__ __forceinline__ int dot4(const int (&q)[4], const uint4& v, int acc) {
   acc = __dp4a(q[0], static_cast<int>(v.x), acc);
@@ -135,7 +123,7 @@ struct K4 {
     float2 d;       // their scales
     float s0, s1;   // sums of the two whole sub-blocks' 32 codes (exact: |s| <= 32 * 127)
   };
-  __device__ static Raw load(const uint8_t* rowp, int64_t b, int lane) {
+  __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t /*blocks*/, int lane) {
     const int u = lane & 7;
     const uint4* blk = reinterpret_cast<const uint4*>(rowp + b * kBytes);
     Raw w;
@@ -201,11 +189,11 @@ struct K4 {
   }
 };
 
-// q6_K (210 bytes): lane g = lane % 16 of a block holds group g (elements 16g + [0, 16)): low nibbles
-// from ql[64h + 16t + 32(k & 1)] (nibble k / 2), bits 4-5 from bit pair k of qh[32h + 16t] (h = g / 8,
-// k = g / 2 % 4, t = g % 2), scale int8 scales[g]; code - 32.
+// q6_K (the device form, weight_form.h: 208 aligned bytes a block, d apart): lane g = lane % 16 of a block
+// holds group g (elements 16g + [0, 16)): low nibbles from ql[64h + 16t + 32(k & 1)] (nibble k / 2), bits 4-5
+// from bit pair k of qh[32h + 16t] (h = g / 8, k = g / 2 % 4, t = g % 2), scale int8 scales[g]; code - 32.
 struct Q6K {
-  static constexpr int kBytes = 210, kElems = 256, kLanes = 16;
+  static constexpr int kBytes = kQ6Body, kElems = 256, kLanes = 16;
   static constexpr int kInFlight = 2;
   static constexpr bool kHoistTokens = true;
   static constexpr bool kGroupParts = true;  // each half warp's sum is a part of the canonical order
@@ -215,7 +203,7 @@ struct Q6K {
   // registers), else 8.
   static constexpr int min_ctas(int nt, int split) { return nt == 1 ? (split == 1 ? 7 : 8) : nt == 16 ? 4 : 1; }
   struct Raw {
-    int ql[4], qh[4];
+    uint4 ql, qh;
     uint32_t sc, d;  // scales[g] in byte g % 2 of sc; d fp16
   };
   struct Codes {
@@ -228,16 +216,16 @@ struct Q6K {
     float d;
     int s32;  // 32 * the sum of the 16 codes (the codes' -32 offset)
   };
-  __device__ static Raw load(const uint8_t* rowp, int64_t b, int lane) {
-    const int g = lane & 15, h = g >> 3, k = (g >> 1) & 3, tt = g & 1;
+  // ql and qh bytes: one 16-byte load each, skipping L1 (the two lanes that share a ql word read it in the
+  // same load).
+  __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t blocks, int lane) {
+    const int g = lane & 15;
     const uint8_t* blk = rowp + b * kBytes;
     Raw w;
-    // ql bytes [64h + 16tt + 32(k & 1), +16) and qh bytes [128 + 32h + 16tt, +16): the loads' 4 bytes past
-    // them stay inside the 210-byte block.
-    ld16_a2(blk + 64 * h + 16 * tt + 32 * (k & 1), w.ql);
-    ld16_a2(blk + 128 + 32 * h + 16 * tt, w.qh);
+    w.ql = ldw_u4(blk + qblocks::Q6_K::ql_offset(g));
+    w.qh = ldw_u4(blk + qblocks::Q6_K::qh_offset(g));
     w.sc = ld_u16(blk + 192 + (g & ~1));
-    w.d = ld_u16(blk + 208);
+    w.d = ld_u16(rowp + q6k_d_offset(blocks, b));
     return w;
   }
   __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
@@ -255,9 +243,11 @@ struct Q6K {
     c.sc = static_cast<int8_t>(w.sc >> (8 * (g & 1)));
     c.d = qblocks::fp16_to_f32(w.d);
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      c.q[i] = static_cast<int>(((static_cast<uint32_t>(w.ql[i]) >> (4 * (k >> 1))) & 0x0f0f0f0fu) |
-                                (((static_cast<uint32_t>(w.qh[i]) >> (2 * k)) & 0x03030303u) << 4));
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t ql = i == 0 ? w.ql.x : i == 1 ? w.ql.y : i == 2 ? w.ql.z : w.ql.w;
+      const uint32_t qh = i == 0 ? w.qh.x : i == 1 ? w.qh.y : i == 2 ? w.qh.z : w.qh.w;
+      c.q[i] = static_cast<int>(((ql >> (4 * (k >> 1))) & 0x0f0f0f0fu) | (((qh >> (2 * k)) & 0x03030303u) << 4));
+    }
     return c;
   }
   // The block's term in mmq's order (mmq.h, "the canonical order"): J_q = sc_2q isum_2q + sc_2q+1 isum_2q+1
@@ -299,7 +289,7 @@ struct Legacy {
     int m8;  // q4_0: 8 * the sum of the lane's 8 codes (the codes' -8 offset)
     float d;
   };
-  __device__ static Raw load(const uint8_t* rowp, int64_t b, int lane) {
+  __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t /*blocks*/, int lane) {
     const int j = lane & 3;
     const uint8_t* blk = rowp + b * kBytes;
     Raw w;
@@ -388,7 +378,7 @@ __device__ __forceinline__ void group_dot(const Args& a, const uint8_t* const (&
       const int64_t b = b0 + k * step;
       if (b < blocks) {
 #pragma unroll
-        for (int j = 0; j < R; ++j) w[k][j] = B::load(rowp[j], b, lane);
+        for (int j = 0; j < R; ++j) w[k][j] = B::load(rowp[j], b, blocks, lane);
         x0[k] = B::act(a, 0, b, lane);
       }
     }
@@ -568,7 +558,7 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
     case qblocks::kQ8_0: elems = 32, bytes = 34; break;
     case qblocks::kQ4_K: elems = 256, bytes = 144, walign = 16; break;
     case qblocks::kQ5_K: elems = 256, bytes = 176, walign = 16; break;
-    case qblocks::kQ6_K: elems = 256, bytes = 210; break;
+    case qblocks::kQ6_K: elems = 256, bytes = kQ6Body, walign = 16; break;  // the device form
     default: return cudaErrorInvalidValue;
   }
   if (n_parts < 0 || n_parts > kQ8MaxParts || (n_parts > 0 && parts == nullptr)) return cudaErrorInvalidValue;
@@ -576,9 +566,9 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
   if (split != 0 && split != 1 && split != 2 && split != 4) return cudaErrorInvalidValue;
   if (xq == nullptr || xd == nullptr || xs == nullptr || !aligned(xq, 16) || !aligned(xd, 4) || !aligned(xs, 4))
     return cudaErrorInvalidValue;
-  const int64_t rb = cols / elems * bytes;
-  if (walign == 16 && rb % 16 != 0) return cudaErrorInvalidValue;  // never: 144 and 176 are multiples of 16
-  if (walign == 16 && !aligned(xs, 16)) return cudaErrorInvalidValue;  // K4 loads a chunk's 4 sums at once
+  const int64_t rb = id == qblocks::kQ6_K ? q6k_row_bytes(cols / elems) : cols / elems * bytes;
+  if (walign == 16 && rb % 16 != 0) return cudaErrorInvalidValue;  // never: 144, 176 and q6k_row_bytes
+  if (walign == 16 && id != qblocks::kQ6_K && !aligned(xs, 16)) return cudaErrorInvalidValue;  // K4: 4 sums a load
   Args a{};
   a.cols = cols;
   a.rb = rb;

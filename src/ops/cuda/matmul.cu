@@ -10,6 +10,7 @@
 //     L1::no_allocate load, R rows a warp group by token count, R * U loads in flight a lane; below);
 //   - f32 (and f16/bf16 otherwise) with 16-byte aligned rows: 16-byte loads straight into registers, 4 in
 //     flight per lane; otherwise element loads.
+//   - q6_K (the device form, weight_form.h): a lane a 16-element group, loaded straight from global memory;
 //   - every other block type: the warp copies a chunk of whole blocks (any alignment) to its own shared
 //     memory with 16-byte loads, then decodes from there: q8_0 one block per lane, the rest with the
 //     exact group codecs of quant_blocks.cuh.
@@ -25,6 +26,7 @@
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/quant_blocks.cuh"
+#include "ops/cuda/weight_form.h"
 
 namespace dflash::cuda {
 namespace {
@@ -375,6 +377,30 @@ struct Generic : GroupLanes<C> {
   using Codec = C;
 };
 
+// q6_K device rows (weight_form.h): a lane a 16-element group at a time, its ql and qh bytes two 16-byte
+// loads straight from global memory (the blocks are aligned), its d from the row's scale array.
+struct Q6Rows {
+  struct Smem {};
+  template <int NT>
+  __device__ static void row_dot(const Args& a, int64_t row, int part, int lane, Smem& /*unused*/,
+                                 float (&acc)[NT]) {
+    constexpr int kGroups = Q6_K::kElems / kGroup;
+    const uint8_t* rowp = a.w + row * a.rb;
+    const int64_t blocks = a.cols / Q6_K::kElems;
+    for (int64_t i = int64_t{part} * 32 + lane; i < blocks * kGroups; i += int64_t{a.split} * 32) {
+      const int64_t b = i / kGroups;
+      const int g = static_cast<int>(i % kGroups);
+      const uint8_t* body = rowp + b * kQ6Body;
+      const uint4 ql = __ldg(reinterpret_cast<const uint4*>(body + Q6_K::ql_offset(g)));
+      const uint4 qh = __ldg(reinterpret_cast<const uint4*>(body + Q6_K::qh_offset(g)));
+      const float dsc = Q6_K::group_scale(body, load_u16(rowp + q6k_d_offset(blocks, b)), g);
+      float w[kGroup];
+      Q6_K::decode_group(reinterpret_cast<const uint8_t*>(&ql), reinterpret_cast<const uint8_t*>(&qh), g, dsc, w);
+      dot16<NT>(a, i * kGroup, w, acc);
+    }
+  }
+};
+
 // ---- The kernel ----
 
 template <typename Policy, int NT>
@@ -477,8 +503,9 @@ cudaError_t gemv(DType type, const void* w, int64_t rows, int64_t cols, const fl
   if (rows > INT64_MAX / n / 4) return cudaErrorInvalidValue;
   if (cols == 0) return cudaMemsetAsync(y, 0, static_cast<size_t>(n * rows) * sizeof(float), stream);
   if (w == nullptr || x == nullptr || reinterpret_cast<uintptr_t>(x) % 4 != 0) return cudaErrorInvalidValue;
-  const int64_t rb = cols / layout->elems * layout->bytes;
+  const int64_t rb = id == kQ6_K ? q6k_row_bytes(cols / layout->elems) : cols / layout->elems * layout->bytes;
   if (cols > INT64_MAX / n || rows > INT64_MAX / rb) return cudaErrorInvalidValue;
+  if (id == kQ6_K && reinterpret_cast<uintptr_t>(w) % 16 != 0) return cudaErrorInvalidValue;
 
   Args a{static_cast<const uint8_t*>(w), rows, cols, rb, x, static_cast<int>(n), y, 0, false};
   a.x_vec = aligned16(x) && cols % 4 == 0;
@@ -498,7 +525,7 @@ cudaError_t gemv(DType type, const void* w, int64_t rows, int64_t cols, const fl
     case kQ3_K: return launch<Staged<Generic<Q3_K>>>(a, stream);
     case kQ4_K: return launch<Staged<Generic<Q4_K>>>(a, stream);
     case kQ5_K: return launch<Staged<Generic<Q5_K>>>(a, stream);
-    case kQ6_K: return launch<Staged<Generic<Q6_K>>>(a, stream);
+    case kQ6_K: return launch<Q6Rows>(a, stream);
     case kQ8_K: return launch<Staged<Generic<Q8_K>>>(a, stream);
     default: return cudaErrorInvalidValue;
   }

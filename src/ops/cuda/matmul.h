@@ -1,6 +1,8 @@
 // Device matrix-vector products for decode and speculative verify (kernels in matmul.cu):
 // y[n, rows] = x[n, cols] W^T with W [rows, cols] in its stored type (rows contiguous, ggml block layouts,
-// row r at r * row_bytes(type, cols)), x and y f32, n = 1..kGemvMaxTokens tokens.
+// row r at r * row_bytes(type, cols); q6_K in the device form of weight_form.h, 16-byte aligned), x and y
+// f32, n = 1..kGemvMaxTokens tokens. Every entry point here and in gemv_q8.h, mmq.h and gemm_q.h takes
+// weights in that form.
 //
 // Each warp streams a share of one weight row (f16/bf16: of 1-4 rows, by token count) once (16-byte
 // loads), decodes the blocks in registers (or

@@ -16,6 +16,7 @@
 #include "ops/cuda/gemv_q8.h"
 #include "ops/cuda/matmul.h"
 #include "ops/cuda/mmq.h"
+#include "ops/cuda/weight_form.h"
 
 namespace dflash::cuda {
 namespace {
@@ -178,7 +179,7 @@ Status run_gemm(std::span<const MatmulTarget> targets, int64_t cols, const float
       continue;
     }
     auto* wb = reinterpret_cast<__nv_bfloat16*>(extra);
-    const uint64_t rb = row_bytes(t.type, static_cast<uint64_t>(cols)).value();
+    const auto rb = static_cast<uint64_t>(device_row_bytes(t.type, cols));
     for (int64_t r0 = 0; st.ok() && r0 < t.rows; r0 += run.slab_rows) {
       const int64_t r = std::min(run.slab_rows, t.rows - r0);
       st = cuda_status(dequantize_rows(t.type, static_cast<const uint8_t*>(t.w) + static_cast<uint64_t>(r0) * rb, wb,
@@ -212,8 +213,9 @@ Status check_args(DType wtype, const void* w, int64_t rows, int64_t cols, const 
                             n);
   if (path == MatmulPath::kGemvQ8 && !gemv_q8_supported(wtype))
     return unsupported("matmul {}: no integer-dot GEMV for this type", name);
-  DF_ASSIGN_OR_RETURN(const uint64_t rb, row_bytes(wtype, static_cast<uint64_t>(cols)));
-  const auto wbytes = checked_mul(rb, static_cast<uint64_t>(rows));
+  const int64_t device_rb = device_row_bytes(wtype, cols);
+  if (device_rb < 0) return invalid_argument("matmul {}: no device form for rows of {} elements", name, cols);
+  const auto wbytes = checked_mul(static_cast<uint64_t>(device_rb), static_cast<uint64_t>(rows));
   const auto xelems = checked_mul(static_cast<uint64_t>(n), static_cast<uint64_t>(cols));
   const auto yelems = checked_mul(static_cast<uint64_t>(n), static_cast<uint64_t>(rows));
   if (!wbytes || !xelems || !yelems || *wbytes > INT64_MAX || *xelems > INT64_MAX / 4 || *yelems > INT64_MAX / 4)
@@ -228,6 +230,9 @@ Status check_args(DType wtype, const void* w, int64_t rows, int64_t cols, const 
   if (w == nullptr || x == nullptr || reinterpret_cast<uintptr_t>(x) % 4 != 0)
     return invalid_argument("matmul {}: {} pointer is null{}", name, w == nullptr ? "weight" : "input",
                             w == nullptr ? "" : " or not 4-byte aligned");
+  if (reinterpret_cast<uintptr_t>(w) % static_cast<uintptr_t>(device_weight_align(wtype)) != 0)
+    return invalid_argument("matmul {}: the weight must be {}-byte aligned (its device form)", name,
+                            device_weight_align(wtype));
   return Status();
 }
 
@@ -236,7 +241,7 @@ bool q8_applies(DType wtype, const void* w, int64_t cols, int64_t n, MatmulPath 
   if (n > (path == MatmulPath::kTokenExact ? kMmqMaxTokens : kGemvMaxTokens) || cols == 0 ||
       !gemv_q8_supported(wtype))
     return false;
-  const bool k4 = wtype == DType::kQ4_K || wtype == DType::kQ5_K;
+  const bool k4 = wtype == DType::kQ4_K || wtype == DType::kQ5_K || wtype == DType::kQ6_K;
   return reinterpret_cast<uintptr_t>(w) % (k4 ? 16 : 2) == 0;
 }
 
@@ -336,7 +341,7 @@ Status run_one(DType wtype, const void* w, int64_t rows, int64_t cols, const flo
   }
   if (path == MatmulPath::kGemvQ8)
     return invalid_argument("matmul {}: the integer-dot GEMV needs {}-byte aligned weights", name,
-                            wtype == DType::kQ4_K || wtype == DType::kQ5_K ? 16 : 2);
+                            wtype == DType::kQ4_K || wtype == DType::kQ5_K || wtype == DType::kQ6_K ? 16 : 2);
   if (path == MatmulPath::kTokenExact) {  // the f32 GEMV computes every token as a one-token call does
     Status st;
     for (int64_t t0 = 0; st.ok() && t0 < n; t0 += kGemvMaxTokens) {

@@ -14,8 +14,8 @@
 //         4 tid + [0, 4) <- elements 64c + 32h + 8tid + [0, 4), 16 + 4 tid + [0, 4) <- + 4; the B
 //         fragment takes the token's codes in the same permutation.
 //   q6_K  one m16n8k16 per 16-element group (its own int8 scale): lane tid takes 4 codes (4 bytes of ql,
-//         4 of qh, 2-byte aligned: two 16-bit loads where the block is not 4-byte aligned), made signed
-//         (code - 32) by byte arithmetic, so no activation sums are needed.
+//         4 of qh: the device form, weight_form.h, aligned blocks), made signed (code - 32) by byte
+//         arithmetic, so no activation sums are needed.
 // The mma sums are exact int32. Float epilogue per (row, token) element, in this order:
 //   q4_K  the canonical order (mmq.h), which gemv_q8 forms too: per chunk c of each block
 //         (sub-blocks 2c, 2c + 1), t_s = fma(d sc_s, isum_s, -(dmin m_s * xsum_s)), v_c = fma(xd_2c+1, t_2c+1,
@@ -36,6 +36,7 @@
 #include "ops/cuda/gemv_q8.h"
 #include "ops/cuda/mmq.h"
 #include "ops/cuda/quant_blocks.cuh"
+#include "ops/cuda/weight_form.h"
 
 namespace dflash::cuda {
 namespace {
@@ -94,12 +95,6 @@ __device__ __forceinline__ uint32_t ldg_u32(const void* p) { return __ldg(static
 __device__ __forceinline__ uint32_t ldg_u16(const uint8_t* p) {
   return __ldg(reinterpret_cast<const unsigned short*>(p));
 }
-// 4 bytes at p: one load (kMis false: p 4-byte aligned) or two 16-bit loads (p 2 mod 4).
-template <bool kMis>
-__device__ __forceinline__ uint32_t ld32(const uint8_t* p) {
-  if constexpr (kMis) return ldg_u16(p) | (ldg_u16(p + 2) << 16);
-  else return ldg_u32(p);
-}
 
 __device__ __forceinline__ float half_bits(uint32_t h) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
@@ -115,7 +110,7 @@ struct Q4K {
     uint4 hdr[2];
     uint2 qs[2][4];  // row i, chunk c: qs bytes 32c + 8 tid + [0, 8)
   };
-  __device__ static Raw load(const uint8_t* const (&rowp)[2], int64_t b, int tid) {
+  __device__ static Raw load(const uint8_t* const (&rowp)[2], int64_t b, int64_t /*blocks*/, int tid) {
     Raw r;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -200,34 +195,30 @@ struct Q4K {
   }
 };
 
-// q6_K: ql[128] (low nibbles), qh[64] (2 high bits each), int8 scales[16], d (fp16); 2-byte aligned.
+// q6_K in the device form (weight_form.h): a block's ql[128] (low nibbles), qh[64] (2 high bits each), int8
+// scales[16] at 208 aligned bytes, its d (fp16) in the row's scale array.
 // Group (q, j) (q = 4h + k: 32-element group, j: half of it) holds elements 128h + 32k + 16j + [0, 16):
 // nibble k / 2 of ql[64h + 32(k & 1) + 16j + l], bits 2k of qh[32h + 16j + l], scale scales[2q + j].
 struct Q6K {
-  static constexpr int kBytes = 210;
+  static constexpr int kBytes = kQ6Body;
   struct Raw {
     uint32_t ql[2][8];  // row i, 16-byte segment s of ql: bytes 16s + 4 tid + [0, 4)
     uint32_t qh[2][4];  // row i, segment s of qh
     uint32_t sc[2][4];  // row i: the 16 scale bytes
     uint32_t d[2];
   };
-  template <bool kMis>
-  __device__ static void load_row(const uint8_t* blk, int tid, Raw& r, int i) {
-#pragma unroll
-    for (int s = 0; s < 8; ++s) r.ql[i][s] = ld32<kMis>(blk + 16 * s + 4 * tid);
-#pragma unroll
-    for (int s = 0; s < 4; ++s) r.qh[i][s] = ld32<kMis>(blk + 128 + 16 * s + 4 * tid);
-#pragma unroll
-    for (int s = 0; s < 4; ++s) r.sc[i][s] = ld32<kMis>(blk + 192 + 4 * s);
-    r.d[i] = ldg_u16(blk + 208);
-  }
-  __device__ static Raw load(const uint8_t* const (&rowp)[2], int64_t b, int tid) {
+  __device__ static Raw load(const uint8_t* const (&rowp)[2], int64_t b, int64_t blocks, int tid) {
     Raw r;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const uint8_t* blk = rowp[i] + b * kBytes;
-      if (reinterpret_cast<uintptr_t>(blk) & 2) load_row<true>(blk, tid, r, i);
-      else load_row<false>(blk, tid, r, i);
+#pragma unroll
+      for (int s = 0; s < 8; ++s) r.ql[i][s] = ldg_u32(blk + 16 * s + 4 * tid);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) r.qh[i][s] = ldg_u32(blk + 128 + 16 * s + 4 * tid);
+      const uint4 sc = ldg_u4(blk + 192);
+      r.sc[i][0] = sc.x, r.sc[i][1] = sc.y, r.sc[i][2] = sc.z, r.sc[i][3] = sc.w;
+      r.d[i] = ldg_u16(rowp[i] + q6k_d_offset(blocks, b));
     }
     return r;
   }
@@ -345,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) mmq_kernel(const Args a) {
       for (int k = 0; k < kD; ++k)
         if (b0 + k * step < nb)
 #pragma unroll
-          for (int u = 0; u < T; ++u) raw[k][u] = B::load(rowp[u], b0 + k * step, tid);
+          for (int u = 0; u < T; ++u) raw[k][u] = B::load(rowp[u], b0 + k * step, nb, tid);
 #pragma unroll
       for (int k = 0; k < kD; ++k) {
         if (b0 + k * step >= nb) break;
@@ -495,16 +486,13 @@ cudaError_t mmq_pack_x(DType type, const int8_t* xq, const float* xd, const int*
 cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, const void* xp, int64_t n,
                 cudaStream_t stream, int split) {
   const auto id = static_cast<uint32_t>(type);
-  int64_t bytes = 0;
-  uintptr_t walign = 2;
-  if (id == qblocks::kQ4_K) bytes = 144, walign = 16;
-  else if (id == qblocks::kQ6_K) bytes = 210;
-  else return cudaErrorInvalidValue;
+  if (id != qblocks::kQ4_K && id != qblocks::kQ6_K) return cudaErrorInvalidValue;
+  constexpr uintptr_t walign = 16;  // q6_K: its device form (weight_form.h)
   if (parts == nullptr || n_parts < 1 || n_parts > kMaxParts) return cudaErrorInvalidValue;
   if (cols <= 0 || cols % 256 != 0 || n < 1 || n > kMmqMaxTokens || cols > INT64_MAX / 64) return cudaErrorInvalidValue;
   if (split != 0 && split != 1 && split != 2 && split != 4 && split != 8) return cudaErrorInvalidValue;
   if (xp == nullptr || !aligned(xp, 16)) return cudaErrorInvalidValue;
-  const int64_t rb = cols / 256 * bytes;
+  const int64_t rb = id == qblocks::kQ4_K ? cols / 256 * 144 : q6k_row_bytes(cols / 256);
   int64_t total = 0;
   for (int p = 0; p < n_parts; ++p) {
     const Q8Part& q = parts[p];

@@ -55,8 +55,8 @@ cudaError_t mmq_pack_x(DType type, const int8_t* xq, const float* xd, const int*
 // in xp as mmq_pack_x wrote them for `type`, n and cols. One launch for a group's weights keeps the GPU's
 // last wave of CTAs full (a lone 17408-row product at 23 tokens ran 2.06 waves). rows_p at most INT_MAX, n in
 // [1, kMmqMaxTokens], cols a positive multiple of 256. cudaErrorInvalidValue (nothing enqueued) for another
-// type, a bad shape, a null or misaligned pointer (w: 16 bytes for q4_K, 2 bytes for q6_K; xp: 16 bytes; y:
-// 4 bytes). split: the parts a row's blocks are taken in (1, 2, 4 or 8; 0 picks mmq_split(total rows, cols)). Part p
+// type, a bad shape, a null or misaligned pointer (w: 16 bytes, q6_K in its device form, weight_form.h; xp:
+// 16 bytes; y: 4 bytes). split: the parts a row's blocks are taken in (1, 2, 4 or 8; 0 picks mmq_split(total rows, cols)). Part p
 // takes blocks p, p + split, ... and sums them in increasing order; the row's output is the left fold of its
 // parts in part order: the canonical order, which gemv_q8 forms with gemv_q8_parts(type, total rows of its
 // launch) parts, so mmq(..., split = that) equals it bit for bit.

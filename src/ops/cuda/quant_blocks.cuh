@@ -211,20 +211,28 @@ struct K4 {
 using Q4_K = K4<false>;  // d@0 dmin@2 scales@4[12] qs@16[128]: x = (d*sc) * q - dmin*m
 using Q5_K = K4<true>;   // d@0 dmin@2 scales@4[12] qh@16[32] qs@48[128]
 
-struct Q6_K {  // ql@0[128] qh@128[64] scales@192[16] int8, d@208: x = (d*sc) * (q - 32)
-  static constexpr int kElems = 256, kBytes = 210;
+// q6_K in the device form (weight_form.h): a block's first 208 bytes, ql@0[128] qh@128[64] scales@192[16]
+// int8, and its d (fp16) apart: x = (d*sc) * (q - 32).
+struct Q6_K {
+  static constexpr int kElems = 256, kBytes = 208;
   // Group g = 8h + 2k + t: elements 128h + 32k + l' with l' = 16t + l; low nibble from
   // ql[64h + l' + 32(k&1)] (nibble k>>1), bits 4-5 from bit pair k of qh[32h + l'], scale scales[g].
-  __device__ static void decode(const uint8_t* b, int g, float (&y)[kGroup]) {
-    const int h = g >> 3, k = (g >> 1) & 3, lo = kGroup * (g & 1);
-    const float dsc = __fmul_rn(fp16_to_f32(load_u16(b + 208)), i2f(static_cast<int8_t>(b[192 + g])));
-    const uint8_t* ql = b + 64 * h + lo + 32 * (k & 1);
-    const uint8_t* qh = b + 128 + 32 * h + lo;
+  __device__ static int ql_offset(int g) { return 64 * (g >> 3) + kGroup * (g & 1) + 32 * ((g >> 1) & 1); }
+  __device__ static int qh_offset(int g) { return 128 + 32 * (g >> 3) + kGroup * (g & 1); }
+  __device__ static float group_scale(const uint8_t* b, uint32_t d_bits, int g) {
+    return __fmul_rn(fp16_to_f32(d_bits), i2f(static_cast<int8_t>(b[192 + g])));
+  }
+  // The group's 16 values from its 16 ql bytes and 16 qh bytes (at ql_offset(g), qh_offset(g)).
+  __device__ static void decode_group(const uint8_t* ql, const uint8_t* qh, int g, float dsc, float (&y)[kGroup]) {
+    const int k = (g >> 1) & 3;
 #pragma unroll
     for (int l = 0; l < kGroup; ++l) {
       const int q = (((ql[l] >> (4 * (k >> 1))) & 0x0f) | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
       y[l] = __fmul_rn(dsc, i2f(q));
     }
+  }
+  __device__ static void decode(const uint8_t* b, uint32_t d_bits, int g, float (&y)[kGroup]) {
+    decode_group(b + ql_offset(g), b + qh_offset(g), g, group_scale(b, d_bits, g), y);
   }
 };
 

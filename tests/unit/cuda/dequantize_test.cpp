@@ -171,9 +171,11 @@ void check_against_cpu(const Case& c, const std::vector<uint8_t>& source) {
   for (int64_t r = 0; r < c.rows; ++r)
     ASSERT_TRUE(dequantize_row(c.type, source.data() + r * row_size, cpu.data() + r * c.cols, c.cols).ok());
 
-  test::DeviceBuffer src(source.size() + static_cast<size_t>(c.src_offset));
+  const std::vector<uint8_t> device = test::device_form(c.type, source, c.rows, c.cols);  // weight_form.h
+  ASSERT_FALSE(device.empty());
+  test::DeviceBuffer src(device.size() + static_cast<size_t>(c.src_offset));
   DF_ASSERT_CUDA(src.error());
-  DF_ASSERT_CUDA(cudaMemcpy(src.get() + c.src_offset, source.data(), source.size(), cudaMemcpyHostToDevice));
+  DF_ASSERT_CUDA(cudaMemcpy(src.get() + c.src_offset, device.data(), device.size(), cudaMemcpyHostToDevice));
   PoisonedOutput dst(c.out, n, c.dst_offset);
   DF_ASSERT_CUDA(dst.buffer.error());
   DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dst.buffer.get()), dst.words, poison_word(c.out)));
@@ -253,8 +255,10 @@ TEST_F(CudaDequantize, unaligned_source_and_destination_match_cpu) {
   SCOPED_TRACE(seed_note());
   for (DType t : kTypes)
     for (Out out : kOuts)
-      for (int64_t src_offset : {1, 2, 3, 6, 15})
+      for (int64_t src_offset : {1, 2, 3, 6, 15, 16, 48})
         for (int64_t dst_offset : {0, 1, 3}) {
+          // q6_K's device form is 16-byte aligned (the others are refused: q6k_source_must_be_aligned).
+          if (t == DType::kQ6_K && src_offset % 16 != 0) continue;
           check_random({t, out, 3, 7 * elems_per_block(t), src_offset, dst_offset}, rng_);
           if (HasFailure()) return;  // one failing case is enough to read
         }
@@ -386,6 +390,19 @@ TEST_F(CudaDequantize, bad_shapes_and_null_pointers_are_errors_and_write_nothing
       EXPECT_NE(st.message().find(b.message), std::string::npos) << st.message();
       expect_nothing_written(dst);
     }
+  // q6_K's device form (ops/cuda/weight_form.h) is 16-byte aligned: any other source address is refused.
+  for (Out out : kOuts) {
+    PoisonedOutput dst(out, 512, 0);
+    DF_ASSERT_CUDA(dst.buffer.error());
+    DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dst.buffer.get()), dst.words, poison_word(out)));
+    for (int64_t offset : {2, 8}) {
+      EXPECT_EQ(dequantize_raw(DType::kQ6_K, src.get() + offset, dst.dst(), out, 2, 256), cudaErrorInvalidValue);
+      const Status st = dequantize_on_device(DType::kQ6_K, src.get() + offset, dst.dst(), out, 2, 256);
+      EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument) << st.to_string();
+      EXPECT_NE(st.message().find("16-byte aligned"), std::string::npos) << st.message();
+    }
+    expect_nothing_written(dst);
+  }
   // A null destination is refused too (nothing to inspect).
   EXPECT_EQ(cuda::dequantize_rows(DType::kQ4_0, src.get(), static_cast<float*>(nullptr), 1, 32),
             cudaErrorInvalidValue);
@@ -415,6 +432,44 @@ TEST(CudaDequantizeTypes, supported_types_are_those_of_the_cpu_codecs) {
     const auto t = static_cast<DType>(id);
     EXPECT_EQ(cuda::dequantize_supported(t), row_conversion_supported(t)) << "type id " << id;
   }
+}
+
+// Host-only: the device form (ops/cuda/weight_form.h). A q6_K row keeps each block's first 208 bytes in block
+// order, then the blocks' d, then zeros to a multiple of 16 bytes; every other type is copied as it is.
+TEST(CudaWeightForm, q6k_rows_hold_each_block_body_then_the_scales) {
+  std::mt19937 rng(test::fresh_seed());
+  for (int64_t blocks : {1, 2, 7, 8, 9, 16, 20, 68}) {
+    const int64_t rows = 3, cols = 256 * blocks, stored_rb = 210 * blocks;
+    const int64_t rb = cuda::device_row_bytes(DType::kQ6_K, cols);
+    EXPECT_EQ(rb, 208 * blocks + (2 * blocks + 15) / 16 * 16) << blocks;
+    EXPECT_EQ(rb % 16, 0);
+    const auto stored = test::random_blocks(DType::kQ6_K, rows * blocks, rng);
+    std::vector<uint8_t> dev(static_cast<size_t>(rb * rows), 0xaa);
+    ASSERT_TRUE(cuda::to_device_form(DType::kQ6_K, stored.data(), rows, cols, dev.data()));
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* in = stored.data() + r * stored_rb;
+      const uint8_t* out = dev.data() + r * rb;
+      for (int64_t b = 0; b < blocks; ++b) {
+        ASSERT_EQ(std::memcmp(out + 208 * b, in + 210 * b, 208), 0) << "row " << r << " block " << b;
+        ASSERT_EQ(std::memcmp(out + cuda::q6k_d_offset(blocks, b), in + 210 * b + 208, 2), 0) << "block " << b;
+      }
+      for (int64_t i = 208 * blocks + 2 * blocks; i < rb; ++i) ASSERT_EQ(out[i], 0) << "padding byte " << i;
+    }
+  }
+  // Other types: the stored bytes, the stored row size.
+  const auto q4 = test::random_blocks(DType::kQ4_K, 6, rng);
+  std::vector<uint8_t> q4_dev(q4.size());
+  EXPECT_EQ(cuda::device_row_bytes(DType::kQ4_K, 512), 288);
+  ASSERT_TRUE(cuda::to_device_form(DType::kQ4_K, q4.data(), 3, 512, q4_dev.data()));
+  EXPECT_EQ(q4, q4_dev);
+  EXPECT_EQ(cuda::device_row_bytes(DType::kBF16, 7), 14);
+  // Shapes without a form: nothing written.
+  EXPECT_EQ(cuda::device_row_bytes(DType::kQ6_K, 300), -1);
+  EXPECT_EQ(cuda::device_row_bytes(DType::kQ6_K, -256), -1);
+  EXPECT_EQ(cuda::device_row_bytes(static_cast<DType>(99), 256), -1);
+  EXPECT_FALSE(cuda::to_device_form(DType::kQ6_K, q4.data(), 1, 300, q4_dev.data()));
+  EXPECT_EQ(cuda::device_weight_align(DType::kQ6_K), 16);
+  EXPECT_EQ(cuda::device_weight_align(DType::kQ4_0), 1);
 }
 
 }  // namespace

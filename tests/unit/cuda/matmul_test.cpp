@@ -158,7 +158,8 @@ class CudaMatmul : public testing::Test {
   }
 
   // Runs the case on the device; returns y (n x rows) or an empty vector after a failure.
-  std::vector<float> run_gpu(const Case& c, const std::vector<uint8_t>& w, const std::vector<float>& x) {
+  std::vector<float> run_gpu(const Case& c, const std::vector<uint8_t>& stored, const std::vector<float>& x) {
+    const std::vector<uint8_t> w = test::device_form(c.type, stored, c.rows, c.cols);
     test::DeviceBuffer dw(w.size() + static_cast<size_t>(c.w_offset)), dx(x.size() * 4),
         dy(static_cast<size_t>(c.n * c.rows + kGuard) * 4);
     EXPECT_EQ(dw.error(), cudaSuccess);
@@ -210,9 +211,10 @@ class CudaMatmul : public testing::Test {
     std::vector<cuda::MatmulTarget> targets;
     for (size_t i = 0; i < ws.size(); ++i) {
       const uint64_t words = static_cast<uint64_t>(n * rows[i] + kGuard);
-      dw.push_back(std::make_unique<test::DeviceBuffer>(ws[i].size()));
+      const std::vector<uint8_t> wd = test::device_form(t, ws[i], rows[i], cols);
+      dw.push_back(std::make_unique<test::DeviceBuffer>(wd.size()));
       dy.push_back(std::make_unique<test::DeviceBuffer>(words * 4));
-      EXPECT_EQ(cudaMemcpy(dw[i]->get(), ws[i].data(), ws[i].size(), cudaMemcpyHostToDevice), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(dw[i]->get(), wd.data(), wd.size(), cudaMemcpyHostToDevice), cudaSuccess);
       EXPECT_EQ(cuda::fill_u32(reinterpret_cast<uint32_t*>(dy[i]->get()), words, kPoison), cudaSuccess);
       targets.push_back({t, dw[i]->get(), rows[i], reinterpret_cast<float*>(dy[i]->get())});
     }
@@ -323,7 +325,7 @@ class CudaMatmul : public testing::Test {
   static bool uses_q8(const Case& c) {
     if (c.split >= 0 || c.plan.bn > 0 || !cuda::gemv_q8_supported(c.type) || c.n > cuda::kGemvMaxTokens) return false;
     if (c.path == cuda::MatmulPath::kGemvQ8) return true;
-    const bool k4 = c.type == DType::kQ4_K || c.type == DType::kQ5_K;
+    const bool k4 = c.type == DType::kQ4_K || c.type == DType::kQ5_K || c.type == DType::kQ6_K;
     return c.path == cuda::MatmulPath::kAuto && c.w_offset % (k4 ? 16 : 2) == 0;
   }
 
@@ -355,8 +357,12 @@ TEST_F(CudaMatmul, gemv_many_rows_unaligned_weights_and_every_split_match_cpu) {
   for (DType t : kTypes) {
     const int64_t cols = cols_for(t)[1];
     for (int64_t n : {1, 5}) check({t, 4500, cols, n});  // enough rows for one warp per row
-    for (int64_t off : {1, 2, 8}) check({t, 37, cols_for(t)[2], 3, cuda::MatmulPath::kGemv, off});
-    for (int64_t off : {1, 2, 16}) check({t, 37, cols_for(t)[2], 3, cuda::MatmulPath::kAuto, off});
+    // q6_K's device form must be 16-byte aligned (other offsets are refused: q6k_weights_must_be_aligned).
+    const bool q6 = t == DType::kQ6_K;
+    for (int64_t off : q6 ? std::vector<int64_t>{16, 48} : std::vector<int64_t>{1, 2, 8})
+      check({t, 37, cols_for(t)[2], 3, cuda::MatmulPath::kGemv, off});
+    for (int64_t off : q6 ? std::vector<int64_t>{32} : std::vector<int64_t>{1, 2, 16})
+      check({t, 37, cols_for(t)[2], 3, cuda::MatmulPath::kAuto, off});
     for (int split : {1, 2, 4}) check({t, 13, cols_for(t)[2], 3, cuda::MatmulPath::kAuto, 0, split});
     if (HasFailure()) return;
   }
@@ -380,7 +386,7 @@ TEST_F(CudaMatmul, gemm_fused_and_dequantize_paths_match_cpu_on_bf16_inputs) {
   SCOPED_TRACE(seed_note());
   for (DType t : kFusedTypes) {
     ASSERT_TRUE(cuda::gemm_q_supported(t));
-    const int64_t c0 = t == DType::kQ6_K ? 512 : 256;
+    const int64_t c0 = 256;
     struct Shape {
       int64_t rows, cols, n;
     };
@@ -423,7 +429,7 @@ TEST_F(CudaMatmul, gemm_fused_every_plan_matches_cpu_and_repeats_bit_for_bit) {
 TEST_F(CudaMatmul, gemm_fallbacks_slabs_and_bf16_weights_match_cpu) {
   SCOPED_TRACE(seed_note());
   check({DType::kQ4_K, 70, 512, 33, cuda::MatmulPath::kGemmBf16, 4});   // 4-byte aligned: no fused kernel
-  check({DType::kQ6_K, 70, 768, 33, cuda::MatmulPath::kGemmBf16});      // odd number of units
+  check({DType::kQ6_K, 70, 768, 33, cuda::MatmulPath::kGemmBf16});      // device rows of an odd unit count
   check({DType::kQ8_0, 70, 512, 33, cuda::MatmulPath::kGemmBf16, 2});   // 2-byte aligned
   check({DType::kBF16, 70, 1000, 33, cuda::MatmulPath::kGemmBf16});     // cuBLAS on W directly
   check({DType::kBF16, 70, 1000, 33, cuda::MatmulPath::kGemmBf16, 1});  // misaligned: copied first
@@ -610,7 +616,7 @@ TEST_F(CudaMatmul, token_exact_path_equals_one_token_products_bit_for_bit) {
     SCOPED_TRACE(what);
     std::vector<std::unique_ptr<test::DeviceBuffer>> dw;
     for (size_t i = 0; i < l.types.size(); ++i) {
-      const auto w = random_weights(l.types[i], l.rows[i], cols, rng_);
+      const auto w = test::device_form(l.types[i], random_weights(l.types[i], l.rows[i], cols, rng_), l.rows[i], cols);
       dw.push_back(std::make_unique<test::DeviceBuffer>(w.size()));
       DF_ASSERT_CUDA(cudaMemcpy(dw[i]->get(), w.data(), w.size(), cudaMemcpyHostToDevice));
     }
@@ -723,7 +729,7 @@ TEST_F(CudaMatmul, matmul_group_matches_single_products) {
     std::vector<std::unique_ptr<test::DeviceBuffer>> dw, dy, dy1;
     std::vector<cuda::MatmulTarget> targets;
     for (size_t i = 0; i < std::size(types); ++i) {
-      ws.push_back(random_weights(types[i], rows[i], cols, rng_));
+      ws.push_back(test::device_form(types[i], random_weights(types[i], rows[i], cols, rng_), rows[i], cols));
       dw.push_back(std::make_unique<test::DeviceBuffer>(ws[i].size()));
       dy.push_back(std::make_unique<test::DeviceBuffer>(static_cast<size_t>(n * rows[i]) * 4));
       dy1.push_back(std::make_unique<test::DeviceBuffer>(static_cast<size_t>(n * rows[i]) * 4));
@@ -763,7 +769,12 @@ TEST_F(CudaMatmul, argument_errors_write_nothing) {
   // The fused GEMM: misaligned weights, a type or a row length it does not take.
   EXPECT_FALSE(cuda::matmul(DType::kQ4_K, w.get() + 4, 2, 256, xp, 3, yp, nullptr, cuda::MatmulPath::kGemmFused).ok());
   EXPECT_FALSE(cuda::matmul(DType::kQ2_K, w.get(), 2, 256, xp, 3, yp, nullptr, cuda::MatmulPath::kGemmFused).ok());
-  EXPECT_FALSE(cuda::matmul(DType::kQ6_K, w.get(), 2, 256, xp, 3, yp, nullptr, cuda::MatmulPath::kGemmFused).ok());
+  // q6_K's device form (ops/cuda/weight_form.h) is 16-byte aligned: any other address is refused on every path.
+  EXPECT_FALSE(cuda::matmul(DType::kQ6_K, w.get() + 2, 2, 256, xp, 3, yp, nullptr, cuda::MatmulPath::kGemmFused).ok());
+  EXPECT_FALSE(cuda::matmul(DType::kQ6_K, w.get() + 8, 2, 256, xp, 1, yp).ok());
+  EXPECT_FALSE(cuda::matmul(DType::kQ6_K, w.get() + 2, 2, 256, xp, 1, yp, nullptr, cuda::MatmulPath::kGemv).ok());
+  EXPECT_EQ(cuda::gemv(DType::kQ6_K, w.get() + 2, 2, 256, xp, 1, yp), cudaErrorInvalidValue);
+  EXPECT_FALSE(cuda::gemm_q_applies(DType::kQ6_K, w.get() + 4, 2, 256));
   const cuda::GemmQPlan plan{64, 1};
   const auto* xbp = reinterpret_cast<const __nv_bfloat16*>(x.get());
   EXPECT_EQ(cuda::gemm_q(DType::kQ4_K, w.get(), 2, 256, xbp, 0, yp, plan, nullptr), cudaErrorInvalidValue);

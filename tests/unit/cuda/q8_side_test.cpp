@@ -54,7 +54,8 @@ class CudaQ8Side : public ::testing::Test {
   }
   cpu::WeightView weight(DType t, int64_t rows, int64_t cols) {
     const auto info = dtype_info(t).value();
-    const auto bytes = test::random_blocks(t, rows * cols / static_cast<int64_t>(info.block_elems), rng_);
+    const auto bytes = test::device_form(
+        t, test::random_blocks(t, rows * cols / static_cast<int64_t>(info.block_elems), rng_), rows, cols);
     void* d = nullptr;
     EXPECT_EQ(cudaMalloc(&d, bytes.size()), cudaSuccess);
     device_.push_back(d);
