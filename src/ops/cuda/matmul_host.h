@@ -35,7 +35,8 @@
 namespace dflash::cuda {
 
 enum class MatmulPath {
-  kAuto,      // n <= 16: integer-dot GEMV where the type has one, else f32 GEMV; GEMM above
+  kAuto,      // n <= 16: as kTokenExact (integer-dot GEMV, mmq for large q4_K/q6_K weights from 4 tokens, where
+              // the type has them), else f32 GEMV; GEMM above
   kGemv,      // f32 GEMV; n must be <= 16
   kGemvQ8,    // integer-dot GEMV; n <= 16 and a type gemv_q8_supported
   kGemmBf16,     // any n >= 1: the fused kernel where gemm_fused_preferred, else dequantize + cuBLAS

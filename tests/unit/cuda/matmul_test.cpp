@@ -443,12 +443,14 @@ TEST_F(CudaMatmul, gemm_fallbacks_slabs_and_bf16_weights_match_cpu) {
   EXPECT_EQ(cuda::gemm_slab_bytes(), slab_default);
 }
 
-// A token's GEMV output does not depend on the tokens beside it (a verify batch reproduces decode).
+// A token's GEMV output does not depend on the tokens beside it (a verify batch reproduces decode). q4_K and
+// q6_K weights of 512+ rows take mmq from 4 tokens on the default path too.
 TEST_F(CudaMatmul, gemv_token_alone_equals_token_in_a_batch_bit_for_bit) {
   SCOPED_TRACE(seed_note());
   for (DType t : kTypes) {
     SCOPED_TRACE(std::string(dtype_name(t)));
-    const int64_t rows = 57, cols = cols_for(t)[2], n = 11;
+    const bool mmq = t == DType::kQ4_K || t == DType::kQ6_K;
+    const int64_t rows = mmq ? cuda::kExactMmqMinRows + 57 : 57, cols = cols_for(t)[2], n = 11;
     const auto w = random_weights(t, rows, cols, rng_);
     const auto x = random_x(n, cols, rng_);
     const auto all = run_gpu({t, rows, cols, n}, w, x);
