@@ -214,7 +214,7 @@ Result<nlohmann::json> profile_prefill(const Weights& weights, Backend& be, cons
   Runner prof_runner(weights, prof);
   SequenceState state(weights.spec(), runner.state_layout());
   const double t0 = now_s();
-  DF_RETURN_IF_ERROR(prof_runner.prefill(state, prompt).status());
+  DF_RETURN_IF_ERROR(prof_runner.prefill(state, prompt, runner.prefill_chunk()).status());
   DF_RETURN_IF_ERROR(prof.collect());
   return profile_table(prof, 1, now_s() - t0, bandwidth);
 }
@@ -353,7 +353,8 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
     SequenceState st(s, runner.state_layout());
     FeatureRing ring(draft->feature_width(), spec.feature_window);
     DFlashDraft::Context ctx(*draft);
-    DF_ASSIGN_OR_RETURN(StepOutput o, forward_capturing(runner, st, ring, draft->capture_layers(), prompt, Runner::kPrefillChunk));
+    DF_ASSIGN_OR_RETURN(StepOutput o,
+                        forward_capturing(runner, st, ring, draft->capture_layers(), prompt, runner.prefill_chunk()));
     got = {greedy(o.logits)};
     stats = SpecStats();
     const ChooseFn choose = [](NodeLogits& l) -> Result<Choice> { return Choice{l.argmax(), false}; };
@@ -377,7 +378,8 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
     SequenceState st(s, runner.state_layout());
     FeatureRing ring(draft->feature_width(), spec.feature_window);
     DFlashDraft::Context ctx(*prof_draft);
-    DF_ASSIGN_OR_RETURN(StepOutput o, forward_capturing(runner, st, ring, draft->capture_layers(), prompt, Runner::kPrefillChunk));
+    DF_ASSIGN_OR_RETURN(StepOutput o,
+                        forward_capturing(runner, st, ring, draft->capture_layers(), prompt, runner.prefill_chunk()));
     int32_t root = greedy(o.logits);
     const ChooseFn choose = [](NodeLogits& l) -> Result<Choice> { return Choice{l.argmax(), false}; };
     double wall = 0;
@@ -478,7 +480,7 @@ Status run_bench(const BenchOptions& opt) {
 
   const double prefill_tps = opt.prompt_len / prefill_s, decode_tps = opt.gen_len / decode_s;
   // Prefill's ceiling: its FLOPs at the device's measured dense bf16 rate (none on the CPU).
-  const double flops = prefill_flops(weights, opt.prompt_len, Runner::kPrefillChunk);
+  const double flops = prefill_flops(weights, opt.prompt_len, runner.prefill_chunk());
   nlohmann::json peak_tflops, prefill_ceiling, prefill_ratio;
   if (!on_cpu && !model.split()) {
     if (auto peak = runner.backend().measure_peak_matmul_flops(); peak.ok()) {

@@ -73,7 +73,7 @@ SnapshotIdentity snapshot_identity(const std::string& model_path, const std::str
   }
   std::string layout =
       fmt::format("prefill schedule v{} (chunk {}, min segment {}); {}; weights {} bytes; backend {}",
-                  server::Generation::kPrefillScheduleVersion, server::Generation::kPrefillChunk,
+                  server::Generation::kPrefillScheduleVersion, model.runner->prefill_chunk(),
                   server::Generation::kMinPrefixSegment, spec.summary(), model.host->bytes(),
                   model.runner->backend().name());
   // A split's files are its placement's: another placement runs other kernels on some layers, so its

@@ -41,10 +41,16 @@ void add_placement_flags(CLI::App* cmd, PlacementFlags* flags) {
                   "attention KV elements: f32, f16 (half the memory), or auto (f16 when every shard is a GPU, "
                   "else f32)")
       ->capture_default_str();
+  cmd->add_option("--prefill-chunk", flags->prefill_chunk,
+                  "prompt tokens a prefill step (default 2048 when every shard is a GPU, else 512: longer steps "
+                  "prefill faster, shorter ones let other requests' tokens in sooner)");
 }
 
 Status check_placement_flags(const PlacementFlags& where) {
   if (const Result<bool> kv = resolve_kv_f16(where.kv_type, {}); !kv.ok()) return kv.status();
+  if (where.prefill_chunk < 0 || where.prefill_chunk > (int64_t{1} << 20))
+    return invalid_argument("--prefill-chunk takes 1 to {} tokens (0: the default), not {}", int64_t{1} << 20,
+                            where.prefill_chunk);
   if (!where.target_devices.empty() && where.device != "cpu")
     return invalid_argument("--device and --target-devices exclude each other (name the devices in --target-devices)");
   if (where.target_devices.empty()) {
@@ -83,6 +89,7 @@ Result<LoadedModel> load_model(const std::string& path, const PlacementFlags& wh
   }
   if (!m.split() && m.device_name() == "cpu") {
     m.runner = std::make_unique<Runner>(*m.host, threads);
+    m.runner->set_prefill_chunk(where.prefill_chunk);
     m.device.emplace_back();
     set_kv_type(m, where);
     return m;
@@ -108,6 +115,7 @@ Result<LoadedModel> load_model(const std::string& path, const PlacementFlags& wh
   } else {
     m.runner = std::make_unique<Runner>(*shards[0].weights, *shards[0].backend);
   }
+  m.runner->set_prefill_chunk(where.prefill_chunk);
   set_kv_type(m, where);
   return m;
 }

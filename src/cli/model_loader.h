@@ -25,8 +25,9 @@ struct PlacementFlags {
   std::string target_layer_split;  // --target-layer-split w0,w1,... (default equal)
   std::string kv_type = "auto";    // --kv-type auto | f32 | f16 (the attention KV's element type; auto: f16
                                    // when every shard is a GPU, else f32)
+  int64_t prefill_chunk = 0;       // --prefill-chunk N: prompt tokens a prefill step (0: Runner's default)
 };
-// Registers --device, --target-devices, --target-layer-split and --kv-type on `cmd`.
+// Registers --device, --target-devices, --target-layer-split, --kv-type and --prefill-chunk on `cmd`.
 void add_placement_flags(CLI::App* cmd, PlacementFlags* flags);
 // The checks of the flags that need no model (serve makes them before it listens); load_model makes them too.
 Status check_placement_flags(const PlacementFlags& where);

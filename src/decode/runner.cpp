@@ -15,7 +15,12 @@ Runner::Runner(const Weights& weights, Backend& backend)
     : Runner(std::vector<RunnerShard>{RunnerShard{&weights, &backend, 0, weights.spec().n_layers}}) {}
 
 Runner::Runner(std::vector<RunnerShard> shards) : shards_(std::move(shards)) {
-  for (const RunnerShard& sh : shards_) layout_.push_back(StateShard{sh.backend, sh.layer_begin, sh.layer_end});
+  bool devices = !shards_.empty();
+  for (const RunnerShard& sh : shards_) {
+    layout_.push_back(StateShard{sh.backend, sh.layer_begin, sh.layer_end});
+    devices = devices && sh.backend != nullptr && sh.backend->device_memory();
+  }
+  if (devices) prefill_chunk_ = kDevicePrefillChunk;
 }
 
 Result<std::unique_ptr<Runner>> Runner::create(std::vector<RunnerShard> shards) {
@@ -293,6 +298,8 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
 
 Result<std::vector<float>> Runner::prefill(SequenceState& state, std::span<const int32_t> tokens, int64_t chunk) {
   if (tokens.empty()) return invalid_argument("nothing to prefill");
+  if (chunk < 0) return invalid_argument("prefill: a chunk of {} tokens", chunk);
+  if (chunk == 0) chunk = prefill_chunk_;
   std::vector<float> last;
   for (size_t off = 0; off < tokens.size(); off += static_cast<size_t>(chunk)) {
     const size_t len = std::min(tokens.size() - off, static_cast<size_t>(chunk));
@@ -306,8 +313,10 @@ Result<std::vector<float>> Runner::prefill(SequenceState& state, std::span<const
 
 Status Runner::warm_up(int64_t max_tokens) {
   const int64_t vocab = spec().vocab;
-  for (const int64_t n : {kPrefillChunk, int64_t{100}, int64_t{8}}) {
-    if (n > max_tokens || (spec().max_context > 0 && n > spec().max_context)) continue;
+  int64_t full = std::min(prefill_chunk_, max_tokens);  // a full prefill step, within the server's context
+  if (spec().max_context > 0) full = std::min(full, spec().max_context);
+  for (const int64_t n : {full, int64_t{100}, int64_t{8}}) {
+    if (n < 1 || n > max_tokens || (spec().max_context > 0 && n > spec().max_context)) continue;
     SequenceState scratch(spec(), state_layout());
     std::vector<int32_t> ids(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % vocab);

@@ -88,14 +88,20 @@ class Runner {
   // Decode steps that ran as a replay of a recording (for tests and benchmarks).
   int64_t replayed_steps() const { return replayed_; }
 
-  // Prefills `tokens` after the state's committed prefix in chunks of `chunk` tokens; returns the logits
-  // of the last token ([V]). 512 tokens a step, as llama.cpp's default micro-batch: on a GPU a step's
-  // products read every weight once, so longer steps amortize that (Qwen3-8B Q4_K_M on an H100: a layer's
-  // products cost 2.0 us a token at 256 tokens a step, 1.3 at 512; docs/benchmarks.md), while a step stays
-  // short enough (tens of ms) that the server interleaves other requests' tokens between them.
+  // Prompt tokens a prefill step (prefill()'s chunks, and the server's prefill steps): kDevicePrefillChunk
+  // where every shard computes on a device, else kPrefillChunk; set_prefill_chunk (>= 1) overrides it.
+  // On a GPU a step's products read (and, for quantized weights above 256 tokens, dequantize to bf16) every
+  // weight once, so longer steps amortize that: a 4096-token prompt on an H100 ran at 16.3K / 24.3K tok/s
+  // (Qwen3-8B Q4_K_M), 3.7K / 5.1K (Qwen3.5-27B Q4_K_M) and 23.8K / 27.1K (Qwen3-8B BF16) at 512 / 2048 tokens
+  // a step (docs/benchmarks.md). A step of 2048 tokens still takes well under a second there, so the server
+  // interleaves other requests' tokens between steps; the CPU keeps 512 (its time grows with the tokens).
   static constexpr int64_t kPrefillChunk = 512;
-  Result<std::vector<float>> prefill(SequenceState& state, std::span<const int32_t> tokens,
-                                     int64_t chunk = kPrefillChunk);
+  static constexpr int64_t kDevicePrefillChunk = 2048;
+  int64_t prefill_chunk() const { return prefill_chunk_; }
+  void set_prefill_chunk(int64_t tokens) { prefill_chunk_ = tokens > 0 ? tokens : prefill_chunk_; }
+  // Prefills `tokens` after the state's committed prefix in chunks of `chunk` tokens (0: prefill_chunk());
+  // returns the logits of the last token ([V]).
+  Result<std::vector<float>> prefill(SequenceState& state, std::span<const int32_t> tokens, int64_t chunk = 0);
 
   // Runs the step shapes of a request once, on scratch sequences it then drops (a full prefill step, a
   // short one, a few-token one), so that a device's first request does not pay for loading kernels and
@@ -140,6 +146,7 @@ class Runner {
   std::vector<RunnerShard> shards_;
   std::vector<StateShard> layout_;  // shards_ as sequence states see them (state_layout())
   HandoffStats handoffs_;
+  int64_t prefill_chunk_ = kPrefillChunk;
   bool graphs_on_ = true;
   std::map<uint64_t, Recorded> recorded_;  // by SequenceState::id()
   uint64_t uses_ = 0;

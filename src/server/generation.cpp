@@ -328,10 +328,10 @@ Result<bool> Generation::step() {
     // One chunk of the running segment (chunks counted from the segment's start, which is a cut); the
     // last chunk of the prompt leaves the logits the first token is sampled from.
     const int64_t cut = cuts_[next_cut_];
-    const int64_t len = std::min(kPrefillChunk, cut - prefilled_);
+    const int64_t len = std::min(engine_.runner->prefill_chunk(), cut - prefilled_);
     const auto chunk = std::span<const int32_t>(req_.prompt).subspan(static_cast<size_t>(prefilled_),
                                                                      static_cast<size_t>(len));
-    DF_RETURN_IF_ERROR(evaluate(chunk));  // one step (a chunk is at most kPrefillChunk tokens)
+    DF_RETURN_IF_ERROR(evaluate(chunk));  // one step (a chunk is at most prefill_chunk() tokens)
     prefilled_ += len;
     if (prefilled_ == cut) {
       ++next_cut_;

@@ -154,8 +154,8 @@ std::vector<int64_t> prefill_cuts(std::span<const int32_t> prompt, std::span<con
 // does not depend on how steps of different generations interleave.
 //
 // The prefill schedule is a function of the prompt alone: the prompt is cut at prefill_cuts() (turn
-// boundaries and its end) and each segment is evaluated in chunks of kPrefillChunk tokens from the
-// segment's start (a prompt without turn boundaries: Runner::prefill's chunks). Kernels whose results depend
+// boundaries and its end) and each segment is evaluated in chunks of the runner's prefill_chunk() tokens
+// from the segment's start (a prompt without turn boundaries: Runner::prefill's chunks). Kernels whose results depend
 // on how tokens are split into steps (DeltaNet's chunked form) therefore run the same steps after a cut
 // whether the prefill started cold or from a snapshot taken at that cut: a restored prefix continues bit for
 // bit like a cold prefill (on the CPU). With an enabled Engine::prefix_cache, start() restores the longest
@@ -169,13 +169,13 @@ std::vector<int64_t> prefill_cuts(std::span<const int32_t> prompt, std::span<con
 // Not thread-safe: one thread drives a Generation (the sink runs on that thread).
 class Generation {
  public:
-  static constexpr int64_t kPrefillChunk = Runner::kPrefillChunk;  // Runner::prefill's chunks
   // A turn boundary closer than this to the previous cut is not a cut: a skipped boundary costs a later
   // request at most this many extra prompt tokens, and a short prompt stays one step.
   static constexpr int64_t kMinPrefixSegment = 32;
-  // The version of the prefill schedule (prefill_cuts, kPrefillChunk, kMinPrefixSegment, and how a segment
-  // is stepped): snapshot files are bound to it (the server folds it into SnapshotIdentity::layout_hash),
-  // so a change here must bump it, and files written under another schedule are then not restored.
+  // The version of the prefill schedule (prefill_cuts, kMinPrefixSegment, and how a segment is stepped; the
+  // chunk, Runner::prefill_chunk(), is bound beside it): snapshot files are bound to it (the server folds it
+  // into SnapshotIdentity::layout_hash), so a change here must bump it, and files written under another
+  // schedule are then not restored.
   static constexpr int kPrefillScheduleVersion = 2;  // 2: chunks of 512 tokens (were 256)
 
   // `cancel` (may be null) must outlive the generation; the engine too.

@@ -165,6 +165,8 @@ const std::vector<BadPlacement>& bad_placements() {
       {{"--target-devices", "cpu,cpu", "--target-layer-split", "1,inf"}, {"--target-layer-split", "'inf'"}},
       {{"--target-layer-split", "1,1"}, {"--target-layer-split", "--target-devices"}},
       {{"--device", "cuda:0", "--target-devices", "cpu,cpu"}, {"--device", "--target-devices"}},
+      {{"--prefill-chunk", "-3"}, {"--prefill-chunk", "-3"}},  // registered with the placement flags
+      {{"--prefill-chunk", "99999999"}, {"--prefill-chunk", "99999999"}},
       // Known only with the model: 9 shards for 8 layers; weights so uneven that a shard rounds to no layer
       // (1,1000: shard 0 ends at round(8/1001) = 0; 15,1: shard 0 ends at round(7.5) = 8, leaving none).
       {{"--target-devices", "cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu"}, {"--target-devices", "9", "8 layers"}, true},
@@ -407,6 +409,23 @@ TEST(LayerSplitServe, disk_snapshots_restore_on_the_same_placement_only) {
     ASSERT_TRUE(s.wait_written(1));
   }
   for (const std::string& name : written) EXPECT_TRUE(fs::exists(dir + "/" + name)) << name << " was removed";
+}
+
+// --prefill-chunk (registered with the placement flags): /props runtime.prefill_chunk reports the tokens a prefill
+// step takes (512 on the CPU by default), and a prompt prefilled in 8-token steps is answered.
+TEST(PrefillChunkServe, the_chunk_is_reported_and_used) {
+  const std::string scratch = test::scratch_dir();
+  {
+    Server s;
+    ASSERT_TRUE(s.start({"--draft", "none"}, scratch + "/chunk_default.log"));
+    EXPECT_EQ(s.props()["runtime"]["prefill_chunk"], 512);
+  }
+  Server s;
+  ASSERT_TRUE(s.start({"--draft", "none", "--prefill-chunk", "8"}, scratch + "/chunk8.log"));
+  EXPECT_EQ(s.props()["runtime"]["prefill_chunk"], 8);
+  const json r = s.chat(ask_body());
+  ASSERT_TRUE(r.is_object()) << "see " << s.log_text();
+  EXPECT_GT(r["usage"]["prompt_tokens"].get<int64_t>(), 8);  // several steps
 }
 
 // --kv-type f16 (registered with the placement flags): /props reports it, requests are answered, and its disk

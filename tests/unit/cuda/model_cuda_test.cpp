@@ -169,7 +169,8 @@ TEST_P(CudaModel, warm_up_leaves_no_trace_in_later_results) {
     return all;
   };
   const std::vector<float> before = run();
-  ASSERT_TRUE(gpu_->warm_up(Runner::kPrefillChunk).ok());
+  EXPECT_EQ(gpu_->prefill_chunk(), Runner::kDevicePrefillChunk);  // every shard on a device
+  ASSERT_TRUE(gpu_->warm_up(gpu_->prefill_chunk()).ok());
   const std::vector<float> after = run();
   ASSERT_EQ(before.size(), after.size());
   EXPECT_EQ(std::memcmp(before.data(), after.data(), sizeof(float) * before.size()), 0) << GetParam();

@@ -345,8 +345,8 @@ TEST_F(SchedulerTest, stop_while_busy_cancels_everything_and_returns) {
   }
 }
 
-// A prompt is evaluated kPrefillChunk tokens per step, then one token per step; the steps' forwards are
-// those of generate(), so the result is the same.
+// A prompt is evaluated the runner's prefill_chunk() tokens per step (512 on the CPU), then one token per
+// step; the steps' forwards are those of generate(), so the result is the same.
 TEST_F(SchedulerTest, generation_prefills_in_chunks_then_decodes_a_token_per_step) {
   GenerationRequest r = long_request(7);
   r.prompt.clear();
@@ -361,7 +361,7 @@ TEST_F(SchedulerTest, generation_prefills_in_chunks_then_decodes_a_token_per_ste
     ASSERT_TRUE(done.ok()) << done.status().to_string();
     (was_prefilling ? prefill_steps : decode_steps) += 1;
     if (was_prefilling) {
-      EXPECT_EQ(state.n_past(), std::min<int64_t>(600, prefill_steps * Generation::kPrefillChunk));
+      EXPECT_EQ(state.n_past(), std::min<int64_t>(600, prefill_steps * runner_->prefill_chunk()));
     }
     if (*done) break;
   }
@@ -373,6 +373,31 @@ TEST_F(SchedulerTest, generation_prefills_in_chunks_then_decodes_a_token_per_ste
   // A sequence that is not empty is refused.
   Generation again(engine_, r, nullptr);
   EXPECT_EQ(again.start(state).code(), ErrorCode::kInternal);
+}
+
+// Runner::set_prefill_chunk (--prefill-chunk) sets the steps a prompt is prefilled in.
+TEST_F(SchedulerTest, generation_prefill_steps_follow_the_runners_chunk) {
+  ASSERT_EQ(runner_->prefill_chunk(), Runner::kPrefillChunk);  // the CPU's default
+  for (const int64_t chunk : {int64_t{256}, int64_t{1000}}) {
+    runner_->set_prefill_chunk(chunk);
+    GenerationRequest r = long_request(7);
+    r.prompt.clear();
+    for (int i = 0; i < 600; ++i) r.prompt.push_back(prompts_[3][static_cast<size_t>(i) % prompts_[3].size()]);
+    Generation g(engine_, r, nullptr);
+    SequenceState state(runner_->spec(), runner_->backend());
+    ASSERT_TRUE(g.start(state).ok());
+    int prefill_steps = 0;
+    while (g.prefilling()) {
+      auto done = g.step();
+      ASSERT_TRUE(done.ok()) << done.status().to_string();
+      ++prefill_steps;
+      EXPECT_EQ(state.n_past(), std::min<int64_t>(600, prefill_steps * chunk)) << chunk;
+    }
+    EXPECT_EQ(prefill_steps, (600 + chunk - 1) / chunk);
+  }
+  runner_->set_prefill_chunk(0);  // no change: the chunk stays 1000
+  EXPECT_EQ(runner_->prefill_chunk(), 1000);
+  runner_->set_prefill_chunk(Runner::kPrefillChunk);
 }
 
 // The prefix cache on both tiny fixtures (Qwen3: attention only; Qwen3.5: DeltaNet, whose chunked prefill
