@@ -89,6 +89,13 @@ class SchedulerTest : public ::testing::Test {
     for (int32_t id : tokenizer_->vocab().end_of_generation_ids()) r.sampling.logit_bias[id] = -INFINITY;
     return r;
   }
+  // long_request(7) with a prompt of `tokens` ids (prompt 3's, repeated).
+  GenerationRequest request_of_prompt_tokens(int tokens) const {
+    GenerationRequest r = long_request(7);
+    r.prompt.clear();
+    for (int i = 0; i < tokens; ++i) r.prompt.push_back(prompts_[3][static_cast<size_t>(i) % prompts_[3].size()]);
+    return r;
+  }
 
   // Submits `req`; the outcome fills `out`. `on_delta` (optional) runs on the scheduler thread per delta.
   Scheduler::Admission submit(Scheduler& s, GenerationRequest req, Outcome& out,
@@ -348,9 +355,7 @@ TEST_F(SchedulerTest, stop_while_busy_cancels_everything_and_returns) {
 // A prompt is evaluated the runner's prefill_chunk() tokens per step (512 on the CPU), then one token per
 // step; the steps' forwards are those of generate(), so the result is the same.
 TEST_F(SchedulerTest, generation_prefills_in_chunks_then_decodes_a_token_per_step) {
-  GenerationRequest r = long_request(7);
-  r.prompt.clear();
-  for (int i = 0; i < 600; ++i) r.prompt.push_back(prompts_[3][static_cast<size_t>(i) % prompts_[3].size()]);
+  const GenerationRequest r = request_of_prompt_tokens(600);
   Generation g(engine_, r, nullptr);
   SequenceState state(runner_->spec(), runner_->backend());
   ASSERT_TRUE(g.start(state).ok());
@@ -380,10 +385,7 @@ TEST_F(SchedulerTest, generation_prefill_steps_follow_the_runners_chunk) {
   ASSERT_EQ(runner_->prefill_chunk(), Runner::kPrefillChunk);  // the CPU's default
   for (const int64_t chunk : {int64_t{256}, int64_t{1000}}) {
     runner_->set_prefill_chunk(chunk);
-    GenerationRequest r = long_request(7);
-    r.prompt.clear();
-    for (int i = 0; i < 600; ++i) r.prompt.push_back(prompts_[3][static_cast<size_t>(i) % prompts_[3].size()]);
-    Generation g(engine_, r, nullptr);
+    Generation g(engine_, request_of_prompt_tokens(600), nullptr);
     SequenceState state(runner_->spec(), runner_->backend());
     ASSERT_TRUE(g.start(state).ok());
     int prefill_steps = 0;
