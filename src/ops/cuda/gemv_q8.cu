@@ -7,7 +7,7 @@
 // rows, which divides the activation traffic through L1, the limit of a many-token product, by R; R is
 // bounded by the R x NT accumulators a lane keeps in registers. Lanes per weight block and bytes per lane:
 //   q4_K, q5_K  8 lanes, 16 bytes of nibbles each (+ q5_K's 16 bytes of high bits), 16-byte loads
-//   q6_K       16 lanes, one 16-element group each (16 bytes of ql, 16 of qh), 16-byte loads (the device form)
+//   q6_K        8 lanes, two 16-element groups each (16 bytes of ql, 16 of qh), 16-byte loads (the device form)
 //   q8_0        4 lanes,  8 codes each, 2-byte loads (34-byte blocks)
 //   q4_0        4 lanes,  4 bytes = 8 codes each, 2-byte loads (18-byte blocks)
 // Each lane accumulates exact int32 sums of code * xq with __dp4a, then applies the block scales in f32:
@@ -17,7 +17,7 @@
 // and their order depend only on split and the lane, each block adds the same pinned float expression to
 // the (row, token) sum, the lanes are summed in the xor-butterfly order and the split partials in order
 // (gemv_common::store_rows). q4_K, q5_K and q6_K form mmq.h's canonical order instead: a lane group (8
-// lanes a q4_K/q5_K block, 16 a q6_K block) completes each block's term together (exact 32-element integer
+// lanes a q4_K/q5_K/q6_K block) completes each block's term together (exact 32-element integer
 // sums by a shuffle, then the block's float terms added in a fixed tree by butterfly steps), so the group's
 // running sum is one part of (groups a warp) x split, and the parts are folded in order (store_rows_parts):
 // mmq with gemv_q8_parts(type, rows) parts reproduces each row bit for bit.
@@ -189,80 +189,88 @@ struct K4 {
   }
 };
 
-// q6_K (the device form, weight_form.h: 208 aligned bytes a block, d apart): lane g = lane % 16 of a block
-// holds group g (elements 16g + [0, 16)): low nibbles from ql[64h + 16t + 32(k & 1)] (nibble k / 2), bits 4-5
-// from bit pair k of qh[32h + 16t] (h = g / 8, k = g / 2 % 4, t = g % 2), scale int8 scales[g]; code - 32.
+// q6_K (the device form, weight_form.h: 208 aligned bytes a block, d apart): lane u = lane % 8 of a block
+// (h = u / 4, t = u / 2 % 2, k0 = u % 2) holds groups a = 8h + 2k0 + t and b = a + 4 (16-element groups g =
+// 8h + 2k + t: elements 16g + [0, 16), low nibbles from ql[64h + 16t + 32(k & 1)], nibble k / 2, bits 4-5
+// from bit pair k of qh[32h + 16t], scale int8 scales[g]; code - 32). Both groups read the same 16 ql bytes
+// (low and high nibbles) and the same 16 qh bytes, so a lane loads 32 bytes of codes for 32 elements.
 struct Q6K {
-  static constexpr int kBytes = kQ6Body, kElems = 256, kLanes = 16;
+  static constexpr int kBytes = kQ6Body, kElems = 256, kLanes = 8;
   static constexpr int kInFlight = 2;
-  static constexpr bool kHoistTokens = true;
-  static constexpr bool kGroupParts = true;  // each half warp's sum is a part of the canonical order
+  static constexpr bool kHoistTokens = false;  // Act is 12 registers, as K4's
+  static constexpr bool kGroupParts = true;    // each lane group's sum is a part of the canonical order
   static constexpr int rows_a_warp(int nt) { return nt == 8 ? 4 : 2; }
-  // 16 tokens: 128 registers hold R = 2's 32 accumulators and the hoisted loads without spilling.
-  // One token: 7 CTAs where a warp owns its rows (split 1), as K4 (the canonical order's shuffles need the
-  // registers), else 8.
-  static constexpr int min_ctas(int nt, int split) { return nt == 1 ? (split == 1 ? 7 : 8) : nt == 16 ? 4 : 1; }
+  // As K4: one token 7 CTAs where a warp owns its rows (split 1), else 8.
+  static constexpr int min_ctas(int nt, int split) { return nt == 1 ? (split == 1 ? 7 : 8) : 1; }
   struct Raw {
     uint4 ql, qh;
-    uint32_t sc, d;  // scales[g] in byte g % 2 of sc; d fp16
+    uint2 sc;    // scales[8h .. 8h + 8)
+    uint32_t d;  // fp16
   };
   struct Codes {
-    int q[4];
-    int sc;   // the group's int8 scale
-    float d;  // the block's scale
+    int qa[4], qb[4];
+    int sa, sb;  // the groups' int8 scales
+    float d;     // the block's scale
   };
   struct Act {
-    uint4 q;
-    float d;
-    int s32;  // 32 * the sum of the 16 codes (the codes' -32 offset)
+    uint4 qa, qb;
+    float da, db;    // xd of the groups' 32-element halves (q = g / 2)
+    int sa32, sb32;  // 32 * the sum of each group's 16 codes (the codes' -32 offset)
   };
-  // ql and qh bytes: one 16-byte load each, skipping L1 (the two lanes that share a ql word read it in the
-  // same load).
   __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t blocks, int lane) {
-    const int g = lane & 15;
+    const int u = lane & 7, h = u >> 2, t = (u >> 1) & 1, k0 = u & 1;
     const uint8_t* blk = rowp + b * kBytes;
     Raw w;
-    w.ql = ldw_u4(blk + qblocks::Q6_K::ql_offset(g));
-    w.qh = ldw_u4(blk + qblocks::Q6_K::qh_offset(g));
-    w.sc = ld_u16(blk + 192 + (g & ~1));
+    w.ql = ldw_u4(blk + 64 * h + 16 * t + 32 * k0);
+    w.qh = ldw_u4(blk + 128 + 32 * h + 16 * t);
+    w.sc = __ldg(reinterpret_cast<const uint2*>(blk + 192 + 8 * h));
     w.d = ld_u16(rowp + q6k_d_offset(blocks, b));
     return w;
   }
   __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
-    const int g = lane & 15;
-    const int64_t col = b * 256 + 16 * g;
+    const int u = lane & 7, ga = 8 * (u >> 2) + 2 * (u & 1) + ((u >> 1) & 1), gb = ga + 4;
+    const int8_t* xr = a.xq + t * a.cols + b * 256;
+    const float* xd = a.xd + t * (a.cols / 32) + b * 8;
+    const int* xs = a.xs + t * (a.cols / 16) + b * 16;
     Act x;
-    x.q = __ldg(reinterpret_cast<const uint4*>(a.xq + t * a.cols + col));
-    x.d = __ldg(a.xd + t * (a.cols / 32) + b * 8 + g / 2);
-    x.s32 = 32 * __ldg(a.xs + t * (a.cols / 16) + col / 16);
+    x.qa = __ldg(reinterpret_cast<const uint4*>(xr + 16 * ga));
+    x.qb = __ldg(reinterpret_cast<const uint4*>(xr + 16 * gb));
+    x.da = __ldg(xd + ga / 2), x.db = __ldg(xd + gb / 2);
+    x.sa32 = 32 * __ldg(xs + ga), x.sb32 = 32 * __ldg(xs + gb);
     return x;
   }
   __device__ static Codes decode(const Raw& w, int lane) {
-    const int g = lane & 15, k = (g >> 1) & 3;
+    const int u = lane & 7, t = (u >> 1) & 1, k0 = u & 1;
     Codes c;
-    c.sc = static_cast<int8_t>(w.sc >> (8 * (g & 1)));
+    c.sa = static_cast<int8_t>(w.sc.x >> (8 * (2 * k0 + t)));  // scale 8h + 2k0 + t: byte 2k0 + t of the 8
+    c.sb = static_cast<int8_t>(w.sc.y >> (8 * (2 * k0 + t)));  // and 4 past it
     c.d = qblocks::fp16_to_f32(w.d);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const uint32_t ql = i == 0 ? w.ql.x : i == 1 ? w.ql.y : i == 2 ? w.ql.z : w.ql.w;
       const uint32_t qh = i == 0 ? w.qh.x : i == 1 ? w.qh.y : i == 2 ? w.qh.z : w.qh.w;
-      c.q[i] = static_cast<int>(((ql >> (4 * (k >> 1))) & 0x0f0f0f0fu) | (((qh >> (2 * k)) & 0x03030303u) << 4));
+      c.qa[i] = static_cast<int>((ql & 0x0f0f0f0fu) | (((qh >> (2 * k0)) & 0x03030303u) << 4));
+      c.qb[i] = static_cast<int>(((ql >> 4) & 0x0f0f0f0fu) | (((qh >> (2 * k0 + 4)) & 0x03030303u) << 4));
     }
     return c;
   }
   // The block's term in mmq's order (mmq.h, "the canonical order"): J_q = sc_2q isum_2q + sc_2q+1 isum_2q+1
-  // exact in int (this lane's group plus its partner's, lane ^ 1; |J| < 2^24, so exact in float too),
-  // p_q = xd_q J_q, inner = ((p_0 + p_1) + (p_2 + p_3)) + ((p_4 + p_5) + (p_6 + p_7)) by three butterfly
-  // steps within the half warp (every lane forms the same inner), acc = fma(d, inner, acc).
+  // exact in int (the lane's group plus its partner's, lane ^ 2: the other half of the 32-element group q;
+  // |J| < 2^24, so exact in float too), p_q = xd_q J_q; the pairs p_{4h} + p_{4h+1} and p_{4h+2} + p_{4h+3}
+  // with lane ^ 1 (float addition commutes, so both lanes form the same sums), their sum in the lane, and the
+  // two h halves with lane ^ 4: inner = ((p_0 + p_1) + (p_2 + p_3)) + ((p_4 + p_5) + (p_6 + p_7)) in every lane
+  // of the group; acc = fma(d, inner, acc).
   __device__ static void add(float& acc, const Codes& c, const Act& x, int lane) {
-    const unsigned half = 0xffffu << (lane & 16);
-    int j = c.sc * (dot4(c.q, x.q, 0) - x.s32);
-    j += __shfl_xor_sync(half, j, 1);
-    float p = __fmul_rn(x.d, static_cast<float>(j));
-    p = __fadd_rn(p, __shfl_xor_sync(half, p, 2));
-    p = __fadd_rn(p, __shfl_xor_sync(half, p, 4));
-    p = __fadd_rn(p, __shfl_xor_sync(half, p, 8));
-    acc = __fmaf_rn(c.d, p, acc);
+    const unsigned group = 0xffu << (lane & 24);
+    int ja = c.sa * (dot4(c.qa, x.qa, 0) - x.sa32), jb = c.sb * (dot4(c.qb, x.qb, 0) - x.sb32);
+    ja += __shfl_xor_sync(group, ja, 2);
+    jb += __shfl_xor_sync(group, jb, 2);
+    float pa = __fmul_rn(x.da, static_cast<float>(ja)), pb = __fmul_rn(x.db, static_cast<float>(jb));
+    pa = __fadd_rn(pa, __shfl_xor_sync(group, pa, 1));
+    pb = __fadd_rn(pb, __shfl_xor_sync(group, pb, 1));
+    float v = __fadd_rn(pa, pb);
+    v = __fadd_rn(v, __shfl_xor_sync(group, v, 4));
+    acc = __fmaf_rn(c.d, v, acc);
   }
 };
 

@@ -336,7 +336,7 @@ TEST_F(Mmq, token_outputs_do_not_depend_on_the_batch) {
 // The canonical order (mmq.h): gemv_q8 at one token and mmq with gemv_q8_parts(type, rows) parts form every
 // q4_K and q6_K sum in the same order, so a verify step's products on the tensor cores can equal plain
 // decoding's bit for bit. Row counts give each split of the one-token launch on this GPU (1, 2, 4 warps a
-// row group: 4, 8, 16 parts for q4_K, 2, 4, 8 for q6_K); past 8 parts mmq does not take the product.
+// row group: 4, 8, 16 parts for q4_K and q6_K); past 8 parts mmq does not take the product.
 TEST_F(Mmq, one_token_gemv_q8_equals_mmq_in_its_parts) {
   SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
   int sms = 0;
