@@ -1,6 +1,7 @@
 // Device decoding of ggml block formats and half floats, shared by the CUDA kernels (dequantize.cu,
 // matmul.cu). Each codec decodes one group of 16 consecutive elements of a block from its bytes (in
-// shared or global memory, any alignment) to f32, bit-identical with the CPU codecs of
+// shared or global memory, any alignment; q6_K from its device form, weight_form.h: the block's first 208
+// bytes and its d apart) to f32, bit-identical with the CPU codecs of
 // tensor/quant_legacy.cpp and tensor/quant_k.cpp: each float operation of the CPU codec appears here as an
 // explicitly rounded intrinsic (__fmul_rn, __fadd_rn, __fsub_rn) in the same order, so nvcc cannot fuse
 // a*b+c or a*b-c into an FMA; the fp16/bf16 conversions reproduce tensor/half.h bit for bit, NaN handling
