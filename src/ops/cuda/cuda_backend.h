@@ -191,8 +191,12 @@ class CudaBackend final : public Backend {
   uint64_t peak_live_ = 0;
   Scratch positions_, parents_, chunk_table_, rows_, workspace_, embed_rows_;
   Scratch top_k_;  // top_k_rows: its results, then the kernels' workspace (never used by a recording)
-  void* top_k_host_ = nullptr;  // pinned: top_k_rows' results on their way to the caller's arrays
-  size_t top_k_host_bytes_ = 0;
+  // Pinned memory that downloads (up to kStagedDownloadBytes) and top_k_rows' results pass through on their way
+  // to the caller's arrays; grown on demand (host_staging).
+  static constexpr size_t kStagedDownloadBytes = size_t{8} << 20;
+  Result<void*> host_staging(size_t bytes);
+  void* host_staging_ = nullptr;
+  size_t host_staging_bytes_ = 0;
   Q8Side q8_side_;
   int64_t q8_side_uses_ = 0;
   cuda::Q8Out q8_buf_;  // kQ8SideElems int8 codes, then their scales and half-block sums (one allocation)
