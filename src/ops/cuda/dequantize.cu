@@ -9,8 +9,8 @@
 // there and writes its 16 outputs (four 16-byte stores for f32, two for bf16/f16 when dst is 16-byte
 // aligned). f32/f16/bf16 sources are converted elementwise.
 //
-// q6_K sources are in the device form (weight_form.h, 16-byte aligned): one thread a group, straight from
-// global memory with 16-byte loads.
+// q6_K and q8_0 sources are in the device form (weight_form.h, 16-byte aligned): one thread a group, straight
+// from global memory with 16-byte loads.
 //
 // Exactness: the block codecs (ops/cuda/quant_blocks.cuh, shared with matmul.cu) repeat the CPU codecs'
 // float operations in the same order, each rounded on its own; the fp16/bf16 conversions reproduce
@@ -146,41 +146,57 @@ cudaError_t launch_blocks(const void* src, Out* dst, int64_t n, cudaStream_t str
   return cudaGetLastError();
 }
 
-// ---- q6_K device rows (weight_form.h): one thread a 16-element group, its 16 ql and 16 qh bytes two
-// 16-byte loads (the blocks are 16-byte aligned), its d from the row's scale array ----
+// ---- Split device rows (weight_form.h: q6_K, q8_0): one thread a 16-element group, its codes 16-byte loads
+// straight from global memory (the bodies are 16-byte aligned), its d from the row's scale array ----
 
-template <typename Out, bool kAlignedDst>
-__global__ void __launch_bounds__(kThreads, 4)
-    dequantize_q6k_kernel(const uint8_t* __restrict__ src, Out* __restrict__ dst, int64_t rows, int64_t blocks) {
-  pdl_begin();
-  const int64_t rb = q6k_row_bytes(blocks), groups = rows * blocks * (Q6_K::kElems / kGroup);
-  const int64_t stride = int64_t{gridDim.x} * kThreads;
-  for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < groups; i += stride) {
-    const int g = static_cast<int>(i % (Q6_K::kElems / kGroup));
-    const int64_t blk = i / (Q6_K::kElems / kGroup), r = blk / blocks, b = blk % blocks;
-    const uint8_t* row = src + r * rb;
-    const uint8_t* body = row + b * kQ6Body;
+// q6_K: the group's 16 ql and 16 qh bytes.
+struct SplitQ6 {
+  static constexpr int kElems = Q6_K::kElems, kBody = kQ6Body;
+  __device__ static void group(const uint8_t* body, uint32_t d_bits, int g, float (&y)[kGroup]) {
     const uint4 ql = *reinterpret_cast<const uint4*>(body + Q6_K::ql_offset(g));
     const uint4 qh = *reinterpret_cast<const uint4*>(body + Q6_K::qh_offset(g));
-    const float dsc = Q6_K::group_scale(body, load_u16(row + q6k_d_offset(blocks, b)), g);
-    float y[kGroup];
+    const float dsc = Q6_K::group_scale(body, d_bits, g);
     Q6_K::decode_group(reinterpret_cast<const uint8_t*>(&ql), reinterpret_cast<const uint8_t*>(&qh), g, dsc, y);
+  }
+};
+// q8_0: the group's 16 codes.
+struct SplitQ80 {
+  static constexpr int kElems = Q8_0::kElems, kBody = kQ80Body;
+  __device__ static void group(const uint8_t* body, uint32_t d_bits, int g, float (&y)[kGroup]) {
+    const uint4 q = *reinterpret_cast<const uint4*>(body + kGroup * g);
+    Q8_0::decode_group(reinterpret_cast<const uint8_t*>(&q), fp16_to_f32(d_bits), y);
+  }
+};
+
+template <typename F, typename Out, bool kAlignedDst>
+__global__ void __launch_bounds__(kThreads, 4)
+    dequantize_split_kernel(const uint8_t* __restrict__ src, Out* __restrict__ dst, int64_t rows, int64_t blocks) {
+  pdl_begin();
+  constexpr int kGroups = F::kElems / kGroup;
+  const int64_t rb = split_row_bytes(blocks, F::kBody), groups = rows * blocks * kGroups;
+  const int64_t stride = int64_t{gridDim.x} * kThreads;
+  for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < groups; i += stride) {
+    const int g = static_cast<int>(i % kGroups);
+    const int64_t blk = i / kGroups, r = blk / blocks, b = blk % blocks;
+    const uint8_t* row = src + r * rb;
+    float y[kGroup];
+    F::group(row + b * F::kBody, load_u16(row + split_d_offset(blocks, F::kBody, b)), g, y);
     store_group<Out, kAlignedDst>(dst + i * kGroup, y);
   }
 }
 
-template <typename Out>
-cudaError_t launch_q6k(const void* src, Out* dst, int64_t rows, int64_t cols, cudaStream_t stream) {
+template <typename F, typename Out>
+cudaError_t launch_split(const void* src, Out* dst, int64_t rows, int64_t cols, cudaStream_t stream) {
   if (reinterpret_cast<uintptr_t>(src) % 16 != 0) return cudaErrorInvalidValue;
   const int64_t groups = rows * (cols / kGroup);
   const int64_t ctas = (groups + kThreads - 1) / kThreads;
   const auto grid = static_cast<unsigned>(ctas < kMaxGrid ? ctas : kMaxGrid);
   const auto* s = static_cast<const uint8_t*>(src);
-  const int64_t blocks = cols / Q6_K::kElems;
+  const int64_t blocks = cols / F::kElems;
   if (reinterpret_cast<uintptr_t>(dst) % 16 == 0)
-    launch_pdl(dequantize_q6k_kernel<Out, true>, grid, dim3(kThreads), 0, stream, s, dst, rows, blocks);
+    launch_pdl(dequantize_split_kernel<F, Out, true>, grid, dim3(kThreads), 0, stream, s, dst, rows, blocks);
   else
-    launch_pdl(dequantize_q6k_kernel<Out, false>, grid, dim3(kThreads), 0, stream, s, dst, rows, blocks);
+    launch_pdl(dequantize_split_kernel<F, Out, false>, grid, dim3(kThreads), 0, stream, s, dst, rows, blocks);
   return cudaGetLastError();
 }
 
@@ -293,12 +309,12 @@ cudaError_t dispatch(DType type, const void* src, Out* dst, int64_t rows, int64_
     case kQ4_1: return launch_blocks<Q4_1>(src, dst, n, stream);
     case kQ5_0: return launch_blocks<Q5_0>(src, dst, n, stream);
     case kQ5_1: return launch_blocks<Q5_1>(src, dst, n, stream);
-    case kQ8_0: return launch_blocks<Q8_0>(src, dst, n, stream);
+    case kQ8_0: return launch_split<SplitQ80>(src, dst, rows, cols, stream);
     case kQ2_K: return launch_blocks<Q2_K>(src, dst, n, stream);
     case kQ3_K: return launch_blocks<Q3_K>(src, dst, n, stream);
     case kQ4_K: return launch_blocks<Q4_K>(src, dst, n, stream);
     case kQ5_K: return launch_blocks<Q5_K>(src, dst, n, stream);
-    case kQ6_K: return launch_q6k(src, dst, rows, cols, stream);
+    case kQ6_K: return launch_split<SplitQ6>(src, dst, rows, cols, stream);
     case kQ8_K: return launch_blocks<Q8_K>(src, dst, n, stream);
     default: return cudaErrorInvalidValue;
   }

@@ -112,10 +112,9 @@ __device__ __forceinline__ uint32_t byte_of(const uint32_t (&w)[kN]) {
 }
 
 // ---- Per-type tile decoders ----
-// kUnitBytes: a 256-column unit of a row (its stride); row_bytes(units): a row's bytes; kGranule: cp.async
-// size (16: the unit's granules, granule(row, unit, units, g); 4: the 4-byte words that hold the unit, which
-// stay inside the row when rows are 4-byte aligned); kCopy: granules a row and unit; kSlotBytes: the row's
-// slot in shared memory.
+// kUnitBytes: a 256-column unit of a row (its stride); row_bytes(units): a row's bytes; kCopy: the 16-byte
+// granules a row and unit copies by cp.async, granule(row, unit, units, g); kSlotBytes: the row's slot in
+// shared memory.
 // col(q, c): the unit column of logical chunk c in k-step q (0..3). prepare<q>(slot, unit, h, raw): the
 // bytes and scales of half h of k-step q; out<q, j>(raw): its output chunk j (8 bf16), logical chunk
 // chunk(h, j).
@@ -127,7 +126,7 @@ __device__ __forceinline__ uint32_t byte_of(const uint32_t (&w)[kN]) {
 // fl(fl((d*sc) * q) - dmin*m) equals fma(d*sc, q, -(dmin*m)).
 template <bool kHigh>
 struct GK4 {
-  static constexpr int kUnitBytes = kHigh ? 176 : 144, kGranule = 16, kCopy = kUnitBytes / 16;
+  static constexpr int kUnitBytes = kHigh ? 176 : 144, kCopy = kUnitBytes / 16;
   static constexpr int kSlotBytes = kUnitBytes;
   __host__ __device__ static constexpr int64_t row_bytes(int64_t units) { return units * kUnitBytes; }
   // Granule g of unit `unit` of a row of `units` units.
@@ -189,7 +188,7 @@ struct GK4 {
 // qh[32hh + l], scale 8hh + 2k + l/16. k-step q (hh = q>>1, t = q&1) takes l in 16t + [0, 16) for all k;
 // half h the 8 columns l = 16t + 8h + [0, 8): logical chunk 2k + h.
 struct GQ6K {
-  static constexpr int kUnitBytes = kQ6Body, kGranule = 16, kCopy = kQ6Body / 16 + 1, kSlotBytes = 16 * kCopy;
+  static constexpr int kUnitBytes = kQ6Body, kCopy = kQ6Body / 16 + 1, kSlotBytes = 16 * kCopy;
   __host__ __device__ static constexpr int64_t row_bytes(int64_t units) { return q6k_row_bytes(units); }
   __device__ static const uint8_t* granule(const uint8_t* row, int64_t unit, int64_t units, int g) {
     return g < kQ6Body / 16 ? row + unit * kUnitBytes + 16 * g : row + (q6k_d_offset(units, unit) & ~int64_t{15});
@@ -237,11 +236,17 @@ struct GQ6K {
   }
 };
 
-// q8_0: blocks of 32 (d@0 fp16, qs@2 int8), eight a unit; x = q * d. k-step q covers blocks 2q, 2q + 1;
-// half h decodes block 2q + h: columns 64q + 32h + [0, 32), logical chunks 4h + j.
+// q8_0 in the device form (weight_form.h): blocks of 32 int8 codes, 32 aligned bytes each, their fp16 d in the
+// row's scale array; eight blocks a unit, x = q * d. A unit's slot holds its 16 granules of codes and the
+// granule of the scale array with its 8 d's. k-step q covers blocks 2q, 2q + 1; half h decodes block 2q + h:
+// columns 64q + 32h + [0, 32), logical chunks 4h + j.
 struct GQ80 {
-  static constexpr int kUnitBytes = 272, kGranule = 4, kCopy = 68, kSlotBytes = 276;
-  __host__ __device__ static constexpr int64_t row_bytes(int64_t units) { return units * kUnitBytes; }
+  static constexpr int kUnitBytes = 8 * kQ80Body, kCopy = kUnitBytes / 16 + 1;
+  static constexpr int kSlotBytes = 16 * kCopy;
+  __host__ __device__ static constexpr int64_t row_bytes(int64_t units) { return q80_row_bytes(8 * units); }
+  __device__ static const uint8_t* granule(const uint8_t* row, int64_t unit, int64_t units, int g) {
+    return g < kUnitBytes / 16 ? row + unit * kUnitBytes + 16 * g : row + q80_d_offset(8 * units, 8 * unit);
+  }
   __device__ static constexpr int col(int q, int c) { return 64 * q + 8 * c; }
   __device__ static int chunk(int h, int j) { return 4 * h + j; }
   struct Raw {
@@ -250,16 +255,13 @@ struct GQ80 {
   };
   template <int kQ>
   __device__ static void prepare(const uint8_t* slot, int /*unit*/, int h, Raw& r) {
-    const uint8_t* p = slot + 34 * (2 * kQ + h);
-    r.d = half_f32(*reinterpret_cast<const uint16_t*>(p));
-    const uint8_t* a = p + 2;
-    const uint32_t off = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(a)) & 3u;
-    const auto* w = reinterpret_cast<const uint32_t*>(a - off);
-    uint32_t wv[9];
+    const int blk = 2 * kQ + h;
+    r.d = half_f32(*reinterpret_cast<const uint16_t*>(slot + kUnitBytes + 2 * blk));
+    const auto* w = reinterpret_cast<const uint4*>(slot + kQ80Body * blk);
+    const uint4 w0 = w[0], w1 = w[1];
+    const uint32_t wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
 #pragma unroll
-    for (int j = 0; j < 9; ++j) wv[j] = w[j];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) r.w[j] = __funnelshift_r(wv[j], wv[j + 1], 8 * off) ^ 0x80808080u;  // int8 + 128
+    for (int k = 0; k < 8; ++k) r.w[k] = wv[k] ^ 0x80808080u;  // int8 + 128
   }
   template <int kQ, int kJ>
   __device__ static uint4 out(const Raw& r) {
@@ -312,20 +314,10 @@ __global__ void __launch_bounds__(kThreads, Config<Q, BN>::kMinBlocks)
   // Raw W of local unit u into buffer `buf`.
   auto load_raw = [&](int u, int buf) {
     uint8_t* dst = raw + buf * (kBM * Q::kSlotBytes);
-    const int64_t ubyte = (u_begin + u) * Q::kUnitBytes;
-    if constexpr (Q::kGranule == 16) {
-      for (int i = tid; i < kBM * Q::kCopy; i += kThreads) {
-        const int r = i / Q::kCopy, g = i - r * Q::kCopy;
-        const int gr = row0 + r < rows ? row0 + r : rows - 1;
-        cp_async16(dst + r * Q::kSlotBytes + 16 * g, Q::granule(w + gr * rb, u_begin + u, units, g));
-      }
-    } else {
-      for (int r = warp; r < kBM; r += kThreads / 32) {
-        const int gr = row0 + r < rows ? row0 + r : rows - 1;
-        const uint8_t* src = w + gr * rb + (ubyte & ~int64_t{3});
-        uint8_t* d = dst + r * Q::kSlotBytes;
-        for (int g = lane; g < Q::kCopy; g += 32) cp_async4(d + 4 * g, src + 4 * g);
-      }
+    for (int i = tid; i < kBM * Q::kCopy; i += kThreads) {
+      const int r = i / Q::kCopy, g = i - r * Q::kCopy;
+      const int gr = row0 + r < rows ? row0 + r : rows - 1;
+      cp_async16(dst + r * Q::kSlotBytes + 16 * g, Q::granule(w + gr * rb, u_begin + u, units, g));
     }
   };
   // x: thread tid copies chunk c = tid % 8 of tokens tid / 8 + 32p.
@@ -482,7 +474,7 @@ constexpr TypeInfo kTypes[] = {
     {kQ4_K, 144, 16, 256},
     {kQ5_K, 176, 16, 256},
     {kQ6_K, kQ6Body, 16, 256},  // the device form (weight_form.h)
-    {kQ8_0, 272, 4, 256},
+    {kQ8_0, 8 * kQ80Body, 16, 256},  // the device form (weight_form.h)
 };
 
 const TypeInfo* find_type(DType type) {

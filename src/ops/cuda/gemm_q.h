@@ -1,6 +1,6 @@
 // Fused prefill GEMM of quantized weights (kernels in gemm_q.cu): y[n, rows] = x[n, cols] W^T with W in
-// its stored block type (q4_K, q5_K, q6_K in its device form (weight_form.h), q8_0), x already rounded to
-// bf16 and y f32.
+// its stored block type (q4_K, q5_K, q6_K and q8_0, the last two in their device form, weight_form.h), x
+// already rounded to bf16 and y f32.
 //
 // Each CTA computes 128 rows of W by `bn` tokens (64, 128 or 256): the raw blocks of W (one 256-element
 // unit of 128 rows at a time, double-buffered) and the bf16 rows of x (64 columns at a time, 4 stages)
@@ -40,7 +40,7 @@ struct GemmQPlan {
 bool gemm_q_supported(DType type);
 
 // Whether the fused kernel takes this weight: a supported type, cols a positive multiple of 256, rows >= 1,
-// and w aligned (16 bytes for q4_K/q5_K/q6_K, 4 for q8_0).
+// and w 16-byte aligned.
 bool gemm_q_applies(DType type, const void* w, int64_t rows, int64_t cols);
 
 // The split the kernel runs for `plan` (the requested one clamped so that no range is empty).

@@ -8,7 +8,7 @@
 // bounded by the R x NT accumulators a lane keeps in registers. Lanes per weight block and bytes per lane:
 //   q4_K, q5_K  8 lanes, 16 bytes of nibbles each (+ q5_K's 16 bytes of high bits), 16-byte loads
 //   q6_K        8 lanes, two 16-element groups each (16 bytes of ql, 16 of qh), 16-byte loads (the device form)
-//   q8_0        4 lanes,  8 codes each, 2-byte loads (34-byte blocks)
+//   q8_0        2 lanes, 16 codes each, 16-byte loads (the device form)
 //   q4_0        4 lanes,  4 bytes = 8 codes each, 2-byte loads (18-byte blocks)
 // Each lane accumulates exact int32 sums of code * xq with __dp4a, then applies the block scales in f32:
 // sum_i (ds q_i - ms) xd xq_i = xd (ds * sum q_i xq_i - ms * sum xq_i).
@@ -60,7 +60,7 @@ struct Args {
 
 // Global loads. Weights are read once: the 16-byte weight loads of K4 and q6_K skip L1 (ldw_u4:
 // L1::no_allocate), so that L1 keeps the activations every row of the SM reads again. The 2-byte weight loads
-// of the legacy types re-read their lines and go through L1.
+// of q4_0 re-read their lines and go through L1.
 using gemv_common::ldw_u4;
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint16_t*>(p)); }
 // 4 bytes at a 2-byte aligned address.
@@ -274,18 +274,22 @@ struct Q6K {
   }
 };
 
-// q8_0 (34 bytes) and q4_0 (18 bytes): 4 lanes per block. q8_0 lane j: codes [8j, 8j + 8); q4_0 lane j:
-// bytes [4j, 4j + 4) of qs = elements 4j + [0, 4) (low nibbles) and 16 + 4j + [0, 4) (high), code - 8.
-template <bool kQ8>
-struct Legacy {
-  static constexpr int kBytes = kQ8 ? 34 : 18, kElems = 32, kLanes = 4;
+// The launch shape of the 32-element types (q4_0, q8_0): four blocks in flight, every token's activation loads
+// hoisted (a few registers each), lanes summed in the butterfly order; 4 rows a warp from two tokens.
+struct Block32Shape {
   static constexpr int kInFlight = 4;
   static constexpr bool kHoistTokens = true;
   static constexpr bool kGroupParts = false;
   static constexpr int rows_a_warp(int nt) { return nt == 1 ? 2 : 4; }
   static constexpr int min_ctas(int nt, int /*split*/) { return nt == 1 ? 8 : 1; }
+};
+
+// q4_0 (18 bytes): 4 lanes per block, lane j: bytes [4j, 4j + 4) of qs = elements 4j + [0, 4) (low nibbles)
+// and 16 + 4j + [0, 4) (high), code - 8.
+struct Q40 : Block32Shape {
+  static constexpr int kBytes = 18, kElems = 32, kLanes = 4;
   struct Raw {
-    int q0, q1;  // q8_0: two words of codes; q4_0: q0 the word of nibbles
+    int q0;      // the word of nibbles
     uint32_t d;  // fp16
   };
   struct Codes {
@@ -294,52 +298,76 @@ struct Legacy {
   };
   struct Act {
     int x0, x1;
-    int m8;  // q4_0: 8 * the sum of the lane's 8 codes (the codes' -8 offset)
+    int m8;  // 8 * the sum of the lane's 8 codes (the codes' -8 offset)
     float d;
   };
   __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t /*blocks*/, int lane) {
-    const int j = lane & 3;
     const uint8_t* blk = rowp + b * kBytes;
     Raw w;
     w.d = ld_u16(blk);
-    if constexpr (kQ8) {
-      w.q0 = ld_i32_a2(blk + 2 + 8 * j);
-      w.q1 = ld_i32_a2(blk + 6 + 8 * j);
-    } else {
-      w.q0 = ld_i32_a2(blk + 2 + 4 * j);
-    }
+    w.q0 = ld_i32_a2(blk + 2 + 4 * (lane & 3));
     return w;
   }
   __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
     const int j = lane & 3;
     const int8_t* xr = a.xq + t * a.cols + b * 32;
     Act x;
-    if constexpr (kQ8) {
-      const uint2 v = __ldg(reinterpret_cast<const uint2*>(xr + 8 * j));
-      x.x0 = static_cast<int>(v.x), x.x1 = static_cast<int>(v.y);
-    } else {
-      x.x0 = __ldg(reinterpret_cast<const int*>(xr + 4 * j));
-      x.x1 = __ldg(reinterpret_cast<const int*>(xr + 16 + 4 * j));
-      x.m8 = 8 * __dp4a(x.x1, kOnes, __dp4a(x.x0, kOnes, 0));
-    }
+    x.x0 = __ldg(reinterpret_cast<const int*>(xr + 4 * j));
+    x.x1 = __ldg(reinterpret_cast<const int*>(xr + 16 + 4 * j));
+    x.m8 = 8 * __dp4a(x.x1, kOnes, __dp4a(x.x0, kOnes, 0));
     x.d = __ldg(a.xd + t * (a.cols / 32) + b);
     return x;
   }
-  __device__ static Codes decode(const Raw& w, int lane) {
+  __device__ static Codes decode(const Raw& w, int /*lane*/) {
     Codes c;
     c.d = qblocks::fp16_to_f32(w.d);
-    if constexpr (kQ8) {
-      c.q0 = w.q0, c.q1 = w.q1;
-    } else {
-      c.q0 = static_cast<int>(static_cast<uint32_t>(w.q0) & 0x0f0f0f0fu);
-      c.q1 = static_cast<int>((static_cast<uint32_t>(w.q0) >> 4) & 0x0f0f0f0fu);
-    }
+    c.q0 = static_cast<int>(static_cast<uint32_t>(w.q0) & 0x0f0f0f0fu);
+    c.q1 = static_cast<int>((static_cast<uint32_t>(w.q0) >> 4) & 0x0f0f0f0fu);
     return c;
   }
   __device__ static void add(float& acc, const Codes& c, const Act& x, int /*lane*/) {
-    int s = __dp4a(c.q1, x.x1, __dp4a(c.q0, x.x0, 0));
-    if constexpr (!kQ8) s -= x.m8;
+    const int s = __dp4a(c.q1, x.x1, __dp4a(c.q0, x.x0, 0)) - x.m8;
     acc = __fmaf_rn(x.d, __fmul_rn(c.d, static_cast<float>(s)), acc);
+  }
+};
+
+// q8_0 (the device form, weight_form.h: 32 aligned code bytes a block, d apart): 2 lanes per block, lane h
+// codes [16h, 16h + 16), one 16-byte load (skipping L1, as K4's).
+struct Q80 : Block32Shape {
+  static constexpr int kBytes = kQ80Body, kElems = 32, kLanes = 2;
+  struct Raw {
+    uint4 q;
+    uint32_t d;  // fp16
+  };
+  struct Codes {
+    int q[4];
+    float d;
+  };
+  struct Act {
+    uint4 x;
+    float d;
+  };
+  __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t blocks, int lane) {
+    Raw w;
+    w.q = ldw_u4(rowp + b * kBytes + 16 * (lane & 1));
+    w.d = ld_u16(rowp + q80_d_offset(blocks, b));
+    return w;
+  }
+  __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
+    Act x;
+    x.x = __ldg(reinterpret_cast<const uint4*>(a.xq + t * a.cols + b * 32 + 16 * (lane & 1)));
+    x.d = __ldg(a.xd + t * (a.cols / 32) + b);
+    return x;
+  }
+  __device__ static Codes decode(const Raw& w, int /*lane*/) {
+    Codes c;
+    c.d = qblocks::fp16_to_f32(w.d);
+    c.q[0] = static_cast<int>(w.q.x), c.q[1] = static_cast<int>(w.q.y);
+    c.q[2] = static_cast<int>(w.q.z), c.q[3] = static_cast<int>(w.q.w);
+    return c;
+  }
+  __device__ static void add(float& acc, const Codes& c, const Act& x, int /*lane*/) {
+    acc = __fmaf_rn(x.d, __fmul_rn(c.d, static_cast<float>(dot4(c.q, x.x, 0))), acc);
   }
 };
 
@@ -563,7 +591,7 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
   uintptr_t walign = 2;
   switch (id) {
     case qblocks::kQ4_0: elems = 32, bytes = 18; break;
-    case qblocks::kQ8_0: elems = 32, bytes = 34; break;
+    case qblocks::kQ8_0: elems = 32, bytes = kQ80Body, walign = 16; break;  // the device form
     case qblocks::kQ4_K: elems = 256, bytes = 144, walign = 16; break;
     case qblocks::kQ5_K: elems = 256, bytes = 176, walign = 16; break;
     case qblocks::kQ6_K: elems = 256, bytes = kQ6Body, walign = 16; break;  // the device form
@@ -574,9 +602,12 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
   if (split != 0 && split != 1 && split != 2 && split != 4) return cudaErrorInvalidValue;
   if (xq == nullptr || xd == nullptr || xs == nullptr || !aligned(xq, 16) || !aligned(xd, 4) || !aligned(xs, 4))
     return cudaErrorInvalidValue;
-  const int64_t rb = id == qblocks::kQ6_K ? q6k_row_bytes(cols / elems) : cols / elems * bytes;
-  if (walign == 16 && rb % 16 != 0) return cudaErrorInvalidValue;  // never: 144, 176 and q6k_row_bytes
-  if (walign == 16 && id != qblocks::kQ6_K && !aligned(xs, 16)) return cudaErrorInvalidValue;  // K4: 4 sums a load
+  const int64_t rb = id == qblocks::kQ6_K   ? q6k_row_bytes(cols / elems)
+                     : id == qblocks::kQ8_0 ? q80_row_bytes(cols / elems)
+                                            : cols / elems * bytes;
+  if (walign == 16 && rb % 16 != 0) return cudaErrorInvalidValue;  // never: 144, 176 and the split forms'
+  const bool k4 = id == qblocks::kQ4_K || id == qblocks::kQ5_K;
+  if (k4 && !aligned(xs, 16)) return cudaErrorInvalidValue;  // K4 loads a chunk's 4 sums at once
   Args a{};
   a.cols = cols;
   a.rb = rb;
@@ -598,8 +629,8 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
   a.split = split != 0 ? split : gemv_auto_split(a.total_rows);
   a.prefetch = pdl_mode() == 2 && pdl_enabled() ? 1 : 0;
   switch (id) {
-    case qblocks::kQ4_0: return launch<Legacy<false>>(a, stream);
-    case qblocks::kQ8_0: return launch<Legacy<true>>(a, stream);
+    case qblocks::kQ4_0: return launch<Q40>(a, stream);
+    case qblocks::kQ8_0: return launch<Q80>(a, stream);
     case qblocks::kQ4_K: return launch<K4<false>>(a, stream);
     case qblocks::kQ5_K: return launch<K4<true>>(a, stream);
     case qblocks::kQ6_K: return launch<Q6K>(a, stream);

@@ -58,10 +58,11 @@ struct Q8Part {
 // Enqueues y_p = x' W_p^T for every part (all of `type`, all cols wide) in one launch. x' = (xq, xd, xs)
 // from quantize_q8_rows, n in [1, kQ8MaxTokens]. cudaErrorInvalidValue (nothing enqueued) for an
 // unsupported type, a bad shape, more than kQ8MaxParts parts, a null or misaligned pointer (w: 16 bytes
-// for q4_K, q5_K and q6_K (its device form, weight_form.h), 2 bytes for the others; y, xd 4 bytes; xs 16
-// bytes for q4_K and q5_K, else 4; xq 16 bytes). Parts with 0 rows are skipped. split: the warps a row's blocks are divided among (1, 2 or 4; 0:
-// gemv_auto_split of the parts' total rows, what every caller but the token-exact one wants: that one runs
-// some parts of a group elsewhere and keeps the split of the whole group, which fixes the summation order).
+// for q4_K, q5_K, q6_K and q8_0 (their device form, weight_form.h), 2 bytes for q4_0; y, xd 4 bytes; xs 16
+// bytes for q4_K and q5_K, else 4; xq 16 bytes). Parts with 0 rows are skipped. split: the warps a row's
+// blocks are divided among (1, 2 or 4; 0: gemv_auto_split of the parts' total rows, what every caller but the
+// token-exact one wants: that one runs some parts of a group elsewhere and keeps the split of the whole group,
+// which fixes the summation order).
 cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, const int8_t* xq, const float* xd,
                     const int* xs, int64_t n, cudaStream_t stream = nullptr, int split = 0);
 

@@ -10,12 +10,10 @@
 //     L1::no_allocate load, R rows a warp group by token count, R * U loads in flight a lane; below);
 //   - f32 (and f16/bf16 otherwise) with 16-byte aligned rows: 16-byte loads straight into registers, 4 in
 //     flight per lane; otherwise element loads.
-//   - q6_K (the device form, weight_form.h): a lane a 16-element group, loaded straight from global memory;
+//   - q6_K and q8_0 (the device form, weight_form.h): a lane a 16-element group, loaded straight from global
+//     memory;
 //   - every other block type: the warp copies a chunk of whole blocks (any alignment) to its own shared
-//     memory with 16-byte loads, then decodes from there: q8_0 one block per lane, the rest with the
-//     exact group codecs of quant_blocks.cuh.
-// Byte codes become floats by the 2^23 trick (a byte placed in the mantissa of 2^23, minus 2^23), exact
-// and cheaper than an integer-to-float conversion.
+//     memory with 16-byte loads, then decodes from there with the exact group codecs of quant_blocks.cuh.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -45,12 +43,6 @@ struct Args {
   int split;
   bool x_vec;  // x rows 16-byte aligned: float4 loads
 };
-
-// Byte k (compile-time) of `word` (0..255) minus kOffset as a float, exactly.
-template <int k, int kOffset = 0>
-__device__ __forceinline__ float byte_f(uint32_t word) {
-  return __int_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | k)) - (8388608.0f + kOffset);
-}
 
 // acc[t] += dot(w[0..16), x[t, col..col+16)) for t < n.
 template <int NT>
@@ -289,53 +281,11 @@ __device__ __forceinline__ int stage_bytes(const uint8_t* src, int len, uint4* s
   return static_cast<int>(ub - base);
 }
 
-// q8_0, one block per lane, from the stage (block starts even: the caller checks W is 2-byte aligned).
-// The block's scale multiplies its partial sums: sum_b d_b * sum_i q_i x_i.
-struct Q8_0Lane {
-  static constexpr int kElems = 32, kBytes = 34, kChunkBlocks = 32;
-  static constexpr bool kLaneBlocks = true;
-  template <int NT>
-  __device__ static void block_dot(const Args& a, const uint8_t* b, int64_t col, float (&acc)[NT]) {
-    const float d = fp16_to_f32(*reinterpret_cast<const uint16_t*>(b));
-    const auto* q16 = reinterpret_cast<const uint16_t*>(b + 2);
-    float w[32];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {  // 4 codes per step, offset by 128 (sign bit flipped) for byte_f
-      const uint32_t v = (uint32_t{q16[2 * i]} | (uint32_t{q16[2 * i + 1]} << 16)) ^ 0x80808080u;
-      w[4 * i + 0] = byte_f<0, 128>(v);
-      w[4 * i + 1] = byte_f<1, 128>(v);
-      w[4 * i + 2] = byte_f<2, 128>(v);
-      w[4 * i + 3] = byte_f<3, 128>(v);
-    }
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      if (t >= a.n) break;
-      const float* xp = a.x + t * a.cols + col;
-      float s = 0.0f;
-      if (a.x_vec) {
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float4 v = __ldg(reinterpret_cast<const float4*>(xp) + k);
-          s = fmaf(w[4 * k], v.x, s);
-          s = fmaf(w[4 * k + 1], v.y, s);
-          s = fmaf(w[4 * k + 2], v.z, s);
-          s = fmaf(w[4 * k + 3], v.w, s);
-        }
-      } else {
-#pragma unroll
-        for (int k = 0; k < 32; ++k) s = fmaf(w[k], __ldg(xp + k), s);
-      }
-      acc[t] = fmaf(d, s, acc[t]);
-    }
-  }
-};
-
 // Any block codec: each lane decodes 16-element groups with the exact codec, then dots them.
 template <typename Codec>
 struct GroupLanes {
   static constexpr int kElems = Codec::kElems, kBytes = Codec::kBytes;
   static constexpr int kChunkBlocks = Codec::kElems == 32 ? 32 : 4;  // 64 groups: 2 per lane
-  static constexpr bool kLaneBlocks = false;
 };
 
 template <typename Kind>
@@ -355,17 +305,12 @@ struct Staged {
       const int nb = static_cast<int>(blocks - first < Kind::kChunkBlocks ? blocks - first : Kind::kChunkBlocks);
       const int off = stage_bytes(rowp + first * Kind::kBytes, nb * Kind::kBytes, sm.w, lane);
       __syncwarp();
-      if constexpr (Kind::kLaneBlocks) {
-        if (lane < nb) Kind::template block_dot<NT>(a, sbytes + off + lane * Kind::kBytes,
-                                                    (first + lane) * Kind::kElems, acc);
-      } else {
-        using Codec = typename Kind::Codec;
-        constexpr int kGroups = Codec::kElems / kGroup;
-        for (int g = lane; g < nb * kGroups; g += 32) {
-          float w[kGroup];
-          Codec::decode(sbytes + off + (g / kGroups) * Codec::kBytes, g % kGroups, w);
-          dot16<NT>(a, first * Codec::kElems + int64_t{g} * kGroup, w, acc);
-        }
+      using Codec = typename Kind::Codec;
+      constexpr int kGroups = Codec::kElems / kGroup;
+      for (int g = lane; g < nb * kGroups; g += 32) {
+        float w[kGroup];
+        Codec::decode(sbytes + off + (g / kGroups) * Codec::kBytes, g % kGroups, w);
+        dot16<NT>(a, first * Codec::kElems + int64_t{g} * kGroup, w, acc);
       }
       __syncwarp();  // the stage is refilled next
     }
@@ -396,6 +341,26 @@ struct Q6Rows {
       const float dsc = Q6_K::group_scale(body, load_u16(rowp + q6k_d_offset(blocks, b)), g);
       float w[kGroup];
       Q6_K::decode_group(reinterpret_cast<const uint8_t*>(&ql), reinterpret_cast<const uint8_t*>(&qh), g, dsc, w);
+      dot16<NT>(a, i * kGroup, w, acc);
+    }
+  }
+};
+
+// q8_0 device rows (weight_form.h): a lane a 16-element half block at a time, its codes one 16-byte load
+// straight from global memory, its d from the row's scale array.
+struct Q80Rows {
+  struct Smem {};
+  template <int NT>
+  __device__ static void row_dot(const Args& a, int64_t row, int part, int lane, Smem& /*unused*/,
+                                 float (&acc)[NT]) {
+    const uint8_t* rowp = a.w + row * a.rb;
+    const int64_t blocks = a.cols / Q8_0::kElems;
+    for (int64_t i = int64_t{part} * 32 + lane; i < 2 * blocks; i += int64_t{a.split} * 32) {
+      const int64_t b = i / 2;
+      const uint4 q = __ldg(reinterpret_cast<const uint4*>(rowp + b * kQ80Body + kGroup * (i % 2)));
+      float w[kGroup];
+      Q8_0::decode_group(reinterpret_cast<const uint8_t*>(&q), fp16_to_f32(load_u16(rowp + q80_d_offset(blocks, b))),
+                         w);
       dot16<NT>(a, i * kGroup, w, acc);
     }
   }
@@ -503,9 +468,10 @@ cudaError_t gemv(DType type, const void* w, int64_t rows, int64_t cols, const fl
   if (rows > INT64_MAX / n / 4) return cudaErrorInvalidValue;
   if (cols == 0) return cudaMemsetAsync(y, 0, static_cast<size_t>(n * rows) * sizeof(float), stream);
   if (w == nullptr || x == nullptr || reinterpret_cast<uintptr_t>(x) % 4 != 0) return cudaErrorInvalidValue;
-  const int64_t rb = id == kQ6_K ? q6k_row_bytes(cols / layout->elems) : cols / layout->elems * layout->bytes;
+  const int64_t blocks = cols / layout->elems;
+  const int64_t rb = id == kQ6_K ? q6k_row_bytes(blocks) : id == kQ8_0 ? q80_row_bytes(blocks) : blocks * layout->bytes;
   if (cols > INT64_MAX / n || rows > INT64_MAX / rb) return cudaErrorInvalidValue;
-  if (id == kQ6_K && reinterpret_cast<uintptr_t>(w) % 16 != 0) return cudaErrorInvalidValue;
+  if ((id == kQ6_K || id == kQ8_0) && reinterpret_cast<uintptr_t>(w) % 16 != 0) return cudaErrorInvalidValue;
 
   Args a{static_cast<const uint8_t*>(w), rows, cols, rb, x, static_cast<int>(n), y, 0, false};
   a.x_vec = aligned16(x) && cols % 4 == 0;
@@ -518,9 +484,7 @@ cudaError_t gemv(DType type, const void* w, int64_t rows, int64_t cols, const fl
     case kQ4_1: return launch<Staged<Generic<Q4_1>>>(a, stream);
     case kQ5_0: return launch<Staged<Generic<Q5_0>>>(a, stream);
     case kQ5_1: return launch<Staged<Generic<Q5_1>>>(a, stream);
-    case kQ8_0:
-      if (reinterpret_cast<uintptr_t>(w) % 2 == 0) return launch<Staged<Q8_0Lane>>(a, stream);
-      return launch<Staged<Generic<Q8_0>>>(a, stream);
+    case kQ8_0: return launch<Q80Rows>(a, stream);
     case kQ2_K: return launch<Staged<Generic<Q2_K>>>(a, stream);
     case kQ3_K: return launch<Staged<Generic<Q3_K>>>(a, stream);
     case kQ4_K: return launch<Staged<Generic<Q4_K>>>(a, stream);

@@ -1,7 +1,7 @@
 // Device decoding of ggml block formats and half floats, shared by the CUDA kernels (dequantize.cu,
 // matmul.cu). Each codec decodes one group of 16 consecutive elements of a block from its bytes (in
-// shared or global memory, any alignment; q6_K from its device form, weight_form.h: the block's first 208
-// bytes and its d apart) to f32, bit-identical with the CPU codecs of
+// shared or global memory, any alignment; q6_K and q8_0 from their device form, weight_form.h: the block's
+// body and its d apart) to f32, bit-identical with the CPU codecs of
 // tensor/quant_legacy.cpp and tensor/quant_k.cpp: each float operation of the CPU codec appears here as an
 // explicitly rounded intrinsic (__fmul_rn, __fadd_rn, __fsub_rn) in the same order, so nvcc cannot fuse
 // a*b+c or a*b-c into an FMA; the fp16/bf16 conversions reproduce tensor/half.h bit for bit, NaN handling
@@ -137,13 +137,16 @@ struct Q5_1 {  // d@0 m@2 qh@4 qs@8: x = q * d + m
   }
 };
 
-struct Q8_0 {  // d@0 qs@2 (int8): x = q * d
-  static constexpr int kElems = 32, kBytes = 34;
-  __device__ static void decode(const uint8_t* b, int g, float (&y)[kGroup]) {
-    const float d = fp16_to_f32(load_u16(b));
-    const uint8_t* qs = b + 2 + kGroup * g;
+// q8_0 in the device form (weight_form.h): a block's 32 codes (int8) and its d (fp16) apart: x = q * d.
+struct Q8_0 {
+  static constexpr int kElems = 32, kBytes = 32;
+  // Group g's 16 values from its 16 codes (at 16 g of the block's codes) and the block's scale.
+  __device__ static void decode_group(const uint8_t* qs, float d, float (&y)[kGroup]) {
 #pragma unroll
     for (int l = 0; l < kGroup; ++l) y[l] = __fmul_rn(i2f(static_cast<int8_t>(qs[l])), d);
+  }
+  __device__ static void decode(const uint8_t* b, uint32_t d_bits, int g, float (&y)[kGroup]) {
+    decode_group(b + kGroup * g, fp16_to_f32(d_bits), y);
   }
 };
 

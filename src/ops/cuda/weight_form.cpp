@@ -4,41 +4,59 @@
 #include <climits>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 
 #include "tensor/dtype.h"
 
 namespace dflash::cuda {
 
 static_assert(offsetof(BlockQ6_K, d) == kQ6Body && sizeof(BlockQ6_K) == kQ6Body + 2);
+static_assert(offsetof(BlockQ8_0, qs) == 2 && sizeof(BlockQ8_0) == kQ80Body + 2);
+
+namespace {
+
+// A split form's facts: elements a block, body bytes, where the body and d sit in the stored block.
+struct Split {
+  int64_t elems;
+  int body, body_at, d_at;
+};
+std::optional<Split> split_of(DType type) {
+  if (type == DType::kQ6_K) return Split{kQK_K, kQ6Body, 0, kQ6Body};
+  if (type == DType::kQ8_0) return Split{kQK, kQ80Body, 2, 0};
+  return std::nullopt;
+}
+
+}  // namespace
 
 int64_t device_row_bytes(DType type, int64_t cols) {
   if (cols < 0) return -1;
-  if (type == DType::kQ6_K) return cols % kQK_K == 0 ? q6k_row_bytes(cols / kQK_K) : -1;
+  if (const auto sp = split_of(type)) return cols % sp->elems == 0 ? split_row_bytes(cols / sp->elems, sp->body) : -1;
   const auto rb = row_bytes(type, static_cast<uint64_t>(cols));
   if (!rb.ok() || *rb > static_cast<uint64_t>(INT64_MAX)) return -1;
   return static_cast<int64_t>(*rb);
 }
 
-int device_weight_align(DType type) { return type == DType::kQ6_K ? 16 : 1; }
+int device_weight_align(DType type) { return split_of(type) ? 16 : 1; }
 
 bool to_device_form(DType type, const void* src, int64_t rows, int64_t cols, void* dst) {
   const int64_t drb = device_row_bytes(type, cols);
   if (drb < 0 || rows < 0) return false;
   const auto* s = static_cast<const uint8_t*>(src);
   auto* d = static_cast<uint8_t*>(dst);
-  if (type != DType::kQ6_K) {
+  const auto sp = split_of(type);
+  if (!sp) {
     std::memcpy(d, s, static_cast<size_t>(drb) * static_cast<size_t>(rows));
     return true;
   }
-  const int64_t blocks = cols / kQK_K, srb = blocks * static_cast<int64_t>(sizeof(BlockQ6_K));
+  const int64_t blocks = cols / sp->elems, stored = sp->body + 2, srb = blocks * stored;
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* in = s + r * srb;
     uint8_t* out = d + r * drb;
-    std::memset(out + q6k_d_offset(blocks, 0), 0, static_cast<size_t>(drb - kQ6Body * blocks));
+    std::memset(out + split_d_offset(blocks, sp->body, 0), 0, static_cast<size_t>(drb - sp->body * blocks));
     for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* blk = in + b * static_cast<int64_t>(sizeof(BlockQ6_K));
-      std::memcpy(out + b * kQ6Body, blk, kQ6Body);
-      std::memcpy(out + q6k_d_offset(blocks, b), blk + kQ6Body, 2);
+      const uint8_t* blk = in + b * stored;
+      std::memcpy(out + b * sp->body, blk + sp->body_at, static_cast<size_t>(sp->body));
+      std::memcpy(out + split_d_offset(blocks, sp->body, b), blk + sp->d_at, 2);
     }
   }
   return true;

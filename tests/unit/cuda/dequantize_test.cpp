@@ -257,8 +257,8 @@ TEST_F(CudaDequantize, unaligned_source_and_destination_match_cpu) {
     for (Out out : kOuts)
       for (int64_t src_offset : {1, 2, 3, 6, 15, 16, 48})
         for (int64_t dst_offset : {0, 1, 3}) {
-          // q6_K's device form is 16-byte aligned (the others are refused: q6k_source_must_be_aligned).
-          if (t == DType::kQ6_K && src_offset % 16 != 0) continue;
+          // q6_K's and q8_0's device forms are 16-byte aligned (other offsets are refused: bad_shapes_...).
+          if (cuda::device_weight_align(t) == 16 && src_offset % 16 != 0) continue;
           check_random({t, out, 3, 7 * elems_per_block(t), src_offset, dst_offset}, rng_);
           if (HasFailure()) return;  // one failing case is enough to read
         }
@@ -390,19 +390,21 @@ TEST_F(CudaDequantize, bad_shapes_and_null_pointers_are_errors_and_write_nothing
       EXPECT_NE(st.message().find(b.message), std::string::npos) << st.message();
       expect_nothing_written(dst);
     }
-  // q6_K's device form (ops/cuda/weight_form.h) is 16-byte aligned: any other source address is refused.
-  for (Out out : kOuts) {
-    PoisonedOutput dst(out, 512, 0);
-    DF_ASSERT_CUDA(dst.buffer.error());
-    DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dst.buffer.get()), dst.words, poison_word(out)));
-    for (int64_t offset : {2, 8}) {
-      EXPECT_EQ(dequantize_raw(DType::kQ6_K, src.get() + offset, dst.dst(), out, 2, 256), cudaErrorInvalidValue);
-      const Status st = dequantize_on_device(DType::kQ6_K, src.get() + offset, dst.dst(), out, 2, 256);
-      EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument) << st.to_string();
-      EXPECT_NE(st.message().find("16-byte aligned"), std::string::npos) << st.message();
+  // q6_K's and q8_0's device forms (ops/cuda/weight_form.h) are 16-byte aligned: any other source address is
+  // refused.
+  for (DType t : {DType::kQ6_K, DType::kQ8_0})
+    for (Out out : kOuts) {
+      PoisonedOutput dst(out, 512, 0);
+      DF_ASSERT_CUDA(dst.buffer.error());
+      DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dst.buffer.get()), dst.words, poison_word(out)));
+      for (int64_t offset : {2, 8}) {
+        EXPECT_EQ(dequantize_raw(t, src.get() + offset, dst.dst(), out, 2, 256), cudaErrorInvalidValue);
+        const Status st = dequantize_on_device(t, src.get() + offset, dst.dst(), out, 2, 256);
+        EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument) << st.to_string();
+        EXPECT_NE(st.message().find("16-byte aligned"), std::string::npos) << st.message();
+      }
+      expect_nothing_written(dst);
     }
-    expect_nothing_written(dst);
-  }
   // A null destination is refused too (nothing to inspect).
   EXPECT_EQ(cuda::dequantize_rows(DType::kQ4_0, src.get(), static_cast<float*>(nullptr), 1, 32),
             cudaErrorInvalidValue);
@@ -435,8 +437,9 @@ TEST(CudaDequantizeTypes, supported_types_are_those_of_the_cpu_codecs) {
 }
 
 // Host-only: the device form (ops/cuda/weight_form.h). A q6_K row keeps each block's first 208 bytes in block
-// order, then the blocks' d, then zeros to a multiple of 16 bytes; every other type is copied as it is.
-TEST(CudaWeightForm, q6k_rows_hold_each_block_body_then_the_scales) {
+// order, then the blocks' d, then zeros to a multiple of 16 bytes; q8_0 the same with its 32 codes; every other
+// type is copied as it is.
+TEST(CudaWeightForm, split_rows_hold_each_block_body_then_the_scales) {
   std::mt19937 rng(test::fresh_seed());
   for (int64_t blocks : {1, 2, 7, 8, 9, 16, 20, 68}) {
     const int64_t rows = 3, cols = 256 * blocks, stored_rb = 210 * blocks;
@@ -455,6 +458,21 @@ TEST(CudaWeightForm, q6k_rows_hold_each_block_body_then_the_scales) {
       }
       for (int64_t i = 208 * blocks + 2 * blocks; i < rb; ++i) ASSERT_EQ(out[i], 0) << "padding byte " << i;
     }
+  }
+  // q8_0: each block's 32 codes, then the d's.
+  {
+    const int64_t blocks = 9, rb = cuda::device_row_bytes(DType::kQ8_0, 32 * blocks);
+    EXPECT_EQ(rb, 32 * blocks + 32);
+    const auto stored = test::random_blocks(DType::kQ8_0, 2 * blocks, rng);
+    std::vector<uint8_t> dev(static_cast<size_t>(2 * rb), 0xaa);
+    ASSERT_TRUE(cuda::to_device_form(DType::kQ8_0, stored.data(), 2, 32 * blocks, dev.data()));
+    for (int64_t r = 0; r < 2; ++r)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* in = stored.data() + (r * blocks + b) * 34;
+        ASSERT_EQ(std::memcmp(dev.data() + r * rb + 32 * b, in + 2, 32), 0) << "row " << r << " block " << b;
+        ASSERT_EQ(std::memcmp(dev.data() + r * rb + cuda::q80_d_offset(blocks, b), in, 2), 0) << "block " << b;
+      }
+    EXPECT_EQ(cuda::device_weight_align(DType::kQ8_0), 16);
   }
   // Other types: the stored bytes, the stored row size.
   const auto q4 = test::random_blocks(DType::kQ4_K, 6, rng);

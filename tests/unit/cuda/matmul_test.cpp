@@ -325,7 +325,7 @@ class CudaMatmul : public testing::Test {
   static bool uses_q8(const Case& c) {
     if (c.split >= 0 || c.plan.bn > 0 || !cuda::gemv_q8_supported(c.type) || c.n > cuda::kGemvMaxTokens) return false;
     if (c.path == cuda::MatmulPath::kGemvQ8) return true;
-    const bool k4 = c.type == DType::kQ4_K || c.type == DType::kQ5_K || c.type == DType::kQ6_K;
+    const bool k4 = c.type == DType::kQ4_K || c.type == DType::kQ5_K || cuda::device_weight_align(c.type) == 16;
     return c.path == cuda::MatmulPath::kAuto && c.w_offset % (k4 ? 16 : 2) == 0;
   }
 
@@ -357,11 +357,12 @@ TEST_F(CudaMatmul, gemv_many_rows_unaligned_weights_and_every_split_match_cpu) {
   for (DType t : kTypes) {
     const int64_t cols = cols_for(t)[1];
     for (int64_t n : {1, 5}) check({t, 4500, cols, n});  // enough rows for one warp per row
-    // q6_K's device form must be 16-byte aligned (other offsets are refused: q6k_weights_must_be_aligned).
-    const bool q6 = t == DType::kQ6_K;
-    for (int64_t off : q6 ? std::vector<int64_t>{16, 48} : std::vector<int64_t>{1, 2, 8})
+    // q6_K's and q8_0's device forms must be 16-byte aligned (other offsets are refused:
+    // argument_errors_write_nothing).
+    const bool split = cuda::device_weight_align(t) == 16;
+    for (int64_t off : split ? std::vector<int64_t>{16, 48} : std::vector<int64_t>{1, 2, 8})
       check({t, 37, cols_for(t)[2], 3, cuda::MatmulPath::kGemv, off});
-    for (int64_t off : q6 ? std::vector<int64_t>{32} : std::vector<int64_t>{1, 2, 16})
+    for (int64_t off : split ? std::vector<int64_t>{32} : std::vector<int64_t>{1, 2, 16})
       check({t, 37, cols_for(t)[2], 3, cuda::MatmulPath::kAuto, off});
     for (int split : {1, 2, 4}) check({t, 13, cols_for(t)[2], 3, cuda::MatmulPath::kAuto, 0, split});
     if (HasFailure()) return;
@@ -430,7 +431,7 @@ TEST_F(CudaMatmul, gemm_fallbacks_slabs_and_bf16_weights_match_cpu) {
   SCOPED_TRACE(seed_note());
   check({DType::kQ4_K, 70, 512, 33, cuda::MatmulPath::kGemmBf16, 4});   // 4-byte aligned: no fused kernel
   check({DType::kQ6_K, 70, 768, 33, cuda::MatmulPath::kGemmBf16});      // device rows of an odd unit count
-  check({DType::kQ8_0, 70, 512, 33, cuda::MatmulPath::kGemmBf16, 2});   // 2-byte aligned
+  check({DType::kQ4_0, 70, 512, 33, cuda::MatmulPath::kGemmBf16, 2});   // no fused kernel for q4_0
   check({DType::kBF16, 70, 1000, 33, cuda::MatmulPath::kGemmBf16});     // cuBLAS on W directly
   check({DType::kBF16, 70, 1000, 33, cuda::MatmulPath::kGemmBf16, 1});  // misaligned: copied first
   check({DType::kBF16, 5, 40, 2, cuda::MatmulPath::kGemmBf16});
@@ -771,12 +772,17 @@ TEST_F(CudaMatmul, argument_errors_write_nothing) {
   // The fused GEMM: misaligned weights, a type or a row length it does not take.
   EXPECT_FALSE(cuda::matmul(DType::kQ4_K, w.get() + 4, 2, 256, xp, 3, yp, nullptr, cuda::MatmulPath::kGemmFused).ok());
   EXPECT_FALSE(cuda::matmul(DType::kQ2_K, w.get(), 2, 256, xp, 3, yp, nullptr, cuda::MatmulPath::kGemmFused).ok());
-  // q6_K's device form (ops/cuda/weight_form.h) is 16-byte aligned: any other address is refused on every path.
+  // q6_K's and q8_0's device forms (ops/cuda/weight_form.h) are 16-byte aligned: any other address is refused on
+  // every path.
   EXPECT_FALSE(cuda::matmul(DType::kQ6_K, w.get() + 2, 2, 256, xp, 3, yp, nullptr, cuda::MatmulPath::kGemmFused).ok());
   EXPECT_FALSE(cuda::matmul(DType::kQ6_K, w.get() + 8, 2, 256, xp, 1, yp).ok());
   EXPECT_FALSE(cuda::matmul(DType::kQ6_K, w.get() + 2, 2, 256, xp, 1, yp, nullptr, cuda::MatmulPath::kGemv).ok());
   EXPECT_EQ(cuda::gemv(DType::kQ6_K, w.get() + 2, 2, 256, xp, 1, yp), cudaErrorInvalidValue);
   EXPECT_FALSE(cuda::gemm_q_applies(DType::kQ6_K, w.get() + 4, 2, 256));
+  EXPECT_FALSE(cuda::matmul(DType::kQ8_0, w.get() + 2, 2, 256, xp, 1, yp).ok());
+  EXPECT_FALSE(cuda::matmul(DType::kQ8_0, w.get() + 2, 2, 256, xp, 3, yp, nullptr, cuda::MatmulPath::kGemmFused).ok());
+  EXPECT_EQ(cuda::gemv(DType::kQ8_0, w.get() + 8, 2, 256, xp, 1, yp), cudaErrorInvalidValue);
+  EXPECT_FALSE(cuda::gemm_q_applies(DType::kQ8_0, w.get() + 4, 2, 256));
   const cuda::GemmQPlan plan{64, 1};
   const auto* xbp = reinterpret_cast<const __nv_bfloat16*>(x.get());
   EXPECT_EQ(cuda::gemm_q(DType::kQ4_K, w.get(), 2, 256, xbp, 0, yp, plan, nullptr), cudaErrorInvalidValue);
