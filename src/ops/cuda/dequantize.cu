@@ -9,8 +9,8 @@
 // there and writes its 16 outputs (four 16-byte stores for f32, two for bf16/f16 when dst is 16-byte
 // aligned). f32/f16/bf16 sources are converted elementwise.
 //
-// q6_K and q8_0 sources are in the device form (weight_form.h, 16-byte aligned): one thread a group, straight
-// from global memory with 16-byte loads.
+// q6_K, q8_0 and q4_0 sources are in the device form (weight_form.h, 16-byte aligned): one thread a group,
+// straight from global memory with 16-byte loads.
 //
 // Exactness: the block codecs (ops/cuda/quant_blocks.cuh, shared with matmul.cu) repeat the CPU codecs'
 // float operations in the same order, each rounded on its own; the fp16/bf16 conversions reproduce
@@ -146,7 +146,7 @@ cudaError_t launch_blocks(const void* src, Out* dst, int64_t n, cudaStream_t str
   return cudaGetLastError();
 }
 
-// ---- Split device rows (weight_form.h: q6_K, q8_0): one thread a 16-element group, its codes 16-byte loads
+// ---- Split device rows (weight_form.h: q6_K, q8_0, q4_0): one thread a 16-element group, its codes 16-byte loads
 // straight from global memory (the bodies are 16-byte aligned), its d from the row's scale array ----
 
 // q6_K: the group's 16 ql and 16 qh bytes.
@@ -165,6 +165,15 @@ struct SplitQ80 {
   __device__ static void group(const uint8_t* body, uint32_t d_bits, int g, float (&y)[kGroup]) {
     const uint4 q = *reinterpret_cast<const uint4*>(body + kGroup * g);
     Q8_0::decode_group(reinterpret_cast<const uint8_t*>(&q), fp16_to_f32(d_bits), y);
+  }
+};
+
+// q4_0: nibble g of the block's 16 code bytes.
+struct SplitQ40 {
+  static constexpr int kElems = Q4_0::kElems, kBody = kQ40Body;
+  __device__ static void group(const uint8_t* body, uint32_t d_bits, int g, float (&y)[kGroup]) {
+    const uint4 q = *reinterpret_cast<const uint4*>(body);
+    Q4_0::decode_group(reinterpret_cast<const uint8_t*>(&q), g, fp16_to_f32(d_bits), y);
   }
 };
 
@@ -305,7 +314,7 @@ cudaError_t dispatch(DType type, const void* src, Out* dst, int64_t rows, int64_
     case kF32: return launch_plain<kF32>(src, dst, n, stream);
     case kF16: return launch_plain<kF16>(src, dst, n, stream);
     case kBF16: return launch_plain<kBF16>(src, dst, n, stream);
-    case kQ4_0: return launch_blocks<Q4_0>(src, dst, n, stream);
+    case kQ4_0: return launch_split<SplitQ40>(src, dst, rows, cols, stream);
     case kQ4_1: return launch_blocks<Q4_1>(src, dst, n, stream);
     case kQ5_0: return launch_blocks<Q5_0>(src, dst, n, stream);
     case kQ5_1: return launch_blocks<Q5_1>(src, dst, n, stream);

@@ -8,8 +8,8 @@
 // and the GPU make different default NaNs).
 //
 // Layout: a rows x cols tensor, rows contiguous: row r of the source starts at r * row_bytes(type, cols)
-// (q6_K and q8_0: the device form, weight_form.h), row r of the destination at r * cols elements. Any source
-// alignment is accepted, except for q6_K and q8_0 (16 bytes).
+// (q6_K, q8_0 and q4_0: the device form, weight_form.h), row r of the destination at r * cols elements. Any
+// source alignment is accepted, except for those three (16 bytes).
 //
 // This header is included by nvcc-compiled kernels, so it must not pull in base/status.h (fmt); DType
 // is declared opaquely here. The Status-returning wrappers with argument messages are in

@@ -9,7 +9,7 @@
 //   q4_K, q5_K  8 lanes, 16 bytes of nibbles each (+ q5_K's 16 bytes of high bits), 16-byte loads
 //   q6_K        8 lanes, two 16-element groups each (16 bytes of ql, 16 of qh), 16-byte loads (the device form)
 //   q8_0        2 lanes, 16 codes each, 16-byte loads (the device form)
-//   q4_0        4 lanes,  4 bytes = 8 codes each, 2-byte loads (18-byte blocks)
+//   q4_0        2 lanes,  8 bytes = 16 codes each, 8-byte loads (the device form)
 // Each lane accumulates exact int32 sums of code * xq with __dp4a, then applies the block scales in f32:
 // sum_i (ds q_i - ms) xd xq_i = xd (ds * sum q_i xq_i - ms * sum xq_i).
 //
@@ -58,15 +58,11 @@ struct Args {
   int prefetch;  // 1: prefetch the first weight blocks into L2 before the PDL wait (launch.cuh, DFLASH_PDL=2)
 };
 
-// Global loads. Weights are read once: the 16-byte weight loads of K4 and q6_K skip L1 (ldw_u4:
-// L1::no_allocate), so that L1 keeps the activations every row of the SM reads again. The 2-byte weight loads
-// of q4_0 re-read their lines and go through L1.
+// Global loads. Weights are read once: the 16-byte weight loads of K4, q6_K and q8_0 skip L1 (ldw_u4:
+// L1::no_allocate), so that L1 keeps the activations every row of the SM reads again. q4_0's 8-byte loads (two
+// lanes a 16-byte body) and the blocks' 2-byte scales go through L1.
 using gemv_common::ldw_u4;
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint16_t*>(p)); }
-// 4 bytes at a 2-byte aligned address.
-__device__ __forceinline__ int ld_i32_a2(const uint8_t* p) {
-  return static_cast<int>(ld_u16(p) | (ld_u16(p + 2) << 16));
-}
 __device__ __forceinline__ int dot4(const int (&q)[4], const uint4& v, int acc) {
   acc = __dp4a(q[0], static_cast<int>(v.x), acc);
   acc = __dp4a(q[1], static_cast<int>(v.y), acc);
@@ -284,49 +280,51 @@ struct Block32Shape {
   static constexpr int min_ctas(int nt, int /*split*/) { return nt == 1 ? 8 : 1; }
 };
 
-// q4_0 (18 bytes): 4 lanes per block, lane j: bytes [4j, 4j + 4) of qs = elements 4j + [0, 4) (low nibbles)
-// and 16 + 4j + [0, 4) (high), code - 8.
+// q4_0 (the device form, weight_form.h: 16 aligned code bytes a block, d apart): 2 lanes per block, lane h
+// bytes [8h, 8h + 8) of qs = elements 8h + [0, 8) (low nibbles) and 16 + 8h + [0, 8) (high), code - 8.
 struct Q40 : Block32Shape {
-  static constexpr int kBytes = 18, kElems = 32, kLanes = 4;
+  static constexpr int kBytes = kQ40Body, kElems = 32, kLanes = 2;
   struct Raw {
-    int q0;      // the word of nibbles
+    uint2 q;     // 8 bytes of nibbles
     uint32_t d;  // fp16
   };
   struct Codes {
-    int q0, q1;
+    int lo[2], hi[2];
     float d;
   };
   struct Act {
-    int x0, x1;
-    int m8;  // 8 * the sum of the lane's 8 codes (the codes' -8 offset)
+    uint2 lo, hi;
+    int m8;  // 8 * the sum of the lane's 16 codes (the codes' -8 offset)
     float d;
   };
-  __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t /*blocks*/, int lane) {
-    const uint8_t* blk = rowp + b * kBytes;
+  __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t blocks, int lane) {
     Raw w;
-    w.d = ld_u16(blk);
-    w.q0 = ld_i32_a2(blk + 2 + 4 * (lane & 3));
+    w.q = __ldg(reinterpret_cast<const uint2*>(rowp + b * kBytes + 8 * (lane & 1)));
+    w.d = ld_u16(rowp + q40_d_offset(blocks, b));
     return w;
   }
   __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
-    const int j = lane & 3;
-    const int8_t* xr = a.xq + t * a.cols + b * 32;
+    const int8_t* xr = a.xq + t * a.cols + b * 32 + 8 * (lane & 1);
     Act x;
-    x.x0 = __ldg(reinterpret_cast<const int*>(xr + 4 * j));
-    x.x1 = __ldg(reinterpret_cast<const int*>(xr + 16 + 4 * j));
-    x.m8 = 8 * __dp4a(x.x1, kOnes, __dp4a(x.x0, kOnes, 0));
+    x.lo = __ldg(reinterpret_cast<const uint2*>(xr));
+    x.hi = __ldg(reinterpret_cast<const uint2*>(xr + 16));
+    const int s = __dp4a(static_cast<int>(x.hi.y), kOnes,
+                         __dp4a(static_cast<int>(x.hi.x), kOnes,
+                                __dp4a(static_cast<int>(x.lo.y), kOnes, __dp4a(static_cast<int>(x.lo.x), kOnes, 0))));
+    x.m8 = 8 * s;
     x.d = __ldg(a.xd + t * (a.cols / 32) + b);
     return x;
   }
   __device__ static Codes decode(const Raw& w, int /*lane*/) {
     Codes c;
     c.d = qblocks::fp16_to_f32(w.d);
-    c.q0 = static_cast<int>(static_cast<uint32_t>(w.q0) & 0x0f0f0f0fu);
-    c.q1 = static_cast<int>((static_cast<uint32_t>(w.q0) >> 4) & 0x0f0f0f0fu);
+    c.lo[0] = static_cast<int>(w.q.x & 0x0f0f0f0fu), c.lo[1] = static_cast<int>(w.q.y & 0x0f0f0f0fu);
+    c.hi[0] = static_cast<int>((w.q.x >> 4) & 0x0f0f0f0fu), c.hi[1] = static_cast<int>((w.q.y >> 4) & 0x0f0f0f0fu);
     return c;
   }
   __device__ static void add(float& acc, const Codes& c, const Act& x, int /*lane*/) {
-    const int s = __dp4a(c.q1, x.x1, __dp4a(c.q0, x.x0, 0)) - x.m8;
+    int s = __dp4a(c.lo[0], static_cast<int>(x.lo.x), __dp4a(c.lo[1], static_cast<int>(x.lo.y), 0));
+    s = __dp4a(c.hi[0], static_cast<int>(x.hi.x), __dp4a(c.hi[1], static_cast<int>(x.hi.y), s)) - x.m8;
     acc = __fmaf_rn(x.d, __fmul_rn(c.d, static_cast<float>(s)), acc);
   }
 };
@@ -588,13 +586,13 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
                     const int* xs, int64_t n, cudaStream_t stream, int split) {
   const uint32_t id = static_cast<uint32_t>(type);
   int64_t elems = 0, bytes = 0;
-  uintptr_t walign = 2;
+  constexpr uintptr_t walign = 16;  // every type: 16-byte loads, or a split device form (weight_form.h)
   switch (id) {
-    case qblocks::kQ4_0: elems = 32, bytes = 18; break;
-    case qblocks::kQ8_0: elems = 32, bytes = kQ80Body, walign = 16; break;  // the device form
-    case qblocks::kQ4_K: elems = 256, bytes = 144, walign = 16; break;
-    case qblocks::kQ5_K: elems = 256, bytes = 176, walign = 16; break;
-    case qblocks::kQ6_K: elems = 256, bytes = kQ6Body, walign = 16; break;  // the device form
+    case qblocks::kQ4_0: elems = 32, bytes = kQ40Body; break;  // the device form
+    case qblocks::kQ8_0: elems = 32, bytes = kQ80Body; break;  // the device form
+    case qblocks::kQ4_K: elems = 256, bytes = 144; break;
+    case qblocks::kQ5_K: elems = 256, bytes = 176; break;
+    case qblocks::kQ6_K: elems = 256, bytes = kQ6Body; break;  // the device form
     default: return cudaErrorInvalidValue;
   }
   if (n_parts < 0 || n_parts > kQ8MaxParts || (n_parts > 0 && parts == nullptr)) return cudaErrorInvalidValue;
@@ -604,8 +602,9 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
     return cudaErrorInvalidValue;
   const int64_t rb = id == qblocks::kQ6_K   ? q6k_row_bytes(cols / elems)
                      : id == qblocks::kQ8_0 ? q80_row_bytes(cols / elems)
+                     : id == qblocks::kQ4_0 ? q40_row_bytes(cols / elems)
                                             : cols / elems * bytes;
-  if (walign == 16 && rb % 16 != 0) return cudaErrorInvalidValue;  // never: 144, 176 and the split forms'
+  if (rb % walign != 0) return cudaErrorInvalidValue;  // never: 144, 176 and the split forms'
   const bool k4 = id == qblocks::kQ4_K || id == qblocks::kQ5_K;
   if (k4 && !aligned(xs, 16)) return cudaErrorInvalidValue;  // K4 loads a chunk's 4 sums at once
   Args a{};

@@ -58,7 +58,7 @@ struct Q8Part {
 // Enqueues y_p = x' W_p^T for every part (all of `type`, all cols wide) in one launch. x' = (xq, xd, xs)
 // from quantize_q8_rows, n in [1, kQ8MaxTokens]. cudaErrorInvalidValue (nothing enqueued) for an
 // unsupported type, a bad shape, more than kQ8MaxParts parts, a null or misaligned pointer (w: 16 bytes
-// for q4_K, q5_K, q6_K and q8_0 (their device form, weight_form.h), 2 bytes for q4_0; y, xd 4 bytes; xs 16
+// for every type (q6_K, q8_0 and q4_0 in their device form, weight_form.h); y, xd 4 bytes; xs 16
 // bytes for q4_K and q5_K, else 4; xq 16 bytes). Parts with 0 rows are skipped. split: the warps a row's
 // blocks are divided among (1, 2 or 4; 0: gemv_auto_split of the parts' total rows, what every caller but the
 // token-exact one wants: that one runs some parts of a group elsewhere and keeps the split of the whole group,

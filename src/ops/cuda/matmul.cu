@@ -10,8 +10,8 @@
 //     L1::no_allocate load, R rows a warp group by token count, R * U loads in flight a lane; below);
 //   - f32 (and f16/bf16 otherwise) with 16-byte aligned rows: 16-byte loads straight into registers, 4 in
 //     flight per lane; otherwise element loads.
-//   - q6_K and q8_0 (the device form, weight_form.h): a lane a 16-element group, loaded straight from global
-//     memory;
+//   - q6_K, q8_0 and q4_0 (the device form, weight_form.h): a lane a 16-element group, loaded straight from
+//     global memory;
 //   - every other block type: the warp copies a chunk of whole blocks (any alignment) to its own shared
 //     memory with 16-byte loads, then decodes from there with the exact group codecs of quant_blocks.cuh.
 #include <cuda_bf16.h>
@@ -346,21 +346,37 @@ struct Q6Rows {
   }
 };
 
-// q8_0 device rows (weight_form.h): a lane a 16-element half block at a time, its codes one 16-byte load
-// straight from global memory, its d from the row's scale array.
-struct Q80Rows {
+// The 32-element split forms (weight_form.h: q8_0, q4_0): a lane a 16-element half block at a time, its codes one
+// 16-byte load straight from global memory, its d from the row's scale array. F::half decodes half h of a block
+// from its body and d.
+struct Q80Half {
+  static constexpr int kBody = kQ80Body;
+  __device__ static void half(const uint8_t* body, int h, float d, float (&w)[kGroup]) {
+    const uint4 q = __ldg(reinterpret_cast<const uint4*>(body + kGroup * h));
+    Q8_0::decode_group(reinterpret_cast<const uint8_t*>(&q), d, w);
+  }
+};
+struct Q40Half {
+  static constexpr int kBody = kQ40Body;
+  __device__ static void half(const uint8_t* body, int h, float d, float (&w)[kGroup]) {
+    const uint4 q = __ldg(reinterpret_cast<const uint4*>(body));  // the low (h = 0) or high nibbles
+    Q4_0::decode_group(reinterpret_cast<const uint8_t*>(&q), h, d, w);
+  }
+};
+
+template <typename F>
+struct Block32Rows {
   struct Smem {};
   template <int NT>
   __device__ static void row_dot(const Args& a, int64_t row, int part, int lane, Smem& /*unused*/,
                                  float (&acc)[NT]) {
     const uint8_t* rowp = a.w + row * a.rb;
-    const int64_t blocks = a.cols / Q8_0::kElems;
+    const int64_t blocks = a.cols / 32;
     for (int64_t i = int64_t{part} * 32 + lane; i < 2 * blocks; i += int64_t{a.split} * 32) {
       const int64_t b = i / 2;
-      const uint4 q = __ldg(reinterpret_cast<const uint4*>(rowp + b * kQ80Body + kGroup * (i % 2)));
       float w[kGroup];
-      Q8_0::decode_group(reinterpret_cast<const uint8_t*>(&q), fp16_to_f32(load_u16(rowp + q80_d_offset(blocks, b))),
-                         w);
+      F::half(rowp + b * F::kBody, static_cast<int>(i % 2),
+              fp16_to_f32(load_u16(rowp + split_d_offset(blocks, F::kBody, b))), w);
       dot16<NT>(a, i * kGroup, w, acc);
     }
   }
@@ -469,9 +485,13 @@ cudaError_t gemv(DType type, const void* w, int64_t rows, int64_t cols, const fl
   if (cols == 0) return cudaMemsetAsync(y, 0, static_cast<size_t>(n * rows) * sizeof(float), stream);
   if (w == nullptr || x == nullptr || reinterpret_cast<uintptr_t>(x) % 4 != 0) return cudaErrorInvalidValue;
   const int64_t blocks = cols / layout->elems;
-  const int64_t rb = id == kQ6_K ? q6k_row_bytes(blocks) : id == kQ8_0 ? q80_row_bytes(blocks) : blocks * layout->bytes;
+  const bool split_form = id == kQ6_K || id == kQ8_0 || id == kQ4_0;  // weight_form.h
+  const int64_t rb = id == kQ6_K   ? q6k_row_bytes(blocks)
+                     : id == kQ8_0 ? q80_row_bytes(blocks)
+                     : id == kQ4_0 ? q40_row_bytes(blocks)
+                                   : blocks * layout->bytes;
   if (cols > INT64_MAX / n || rows > INT64_MAX / rb) return cudaErrorInvalidValue;
-  if ((id == kQ6_K || id == kQ8_0) && reinterpret_cast<uintptr_t>(w) % 16 != 0) return cudaErrorInvalidValue;
+  if (split_form && reinterpret_cast<uintptr_t>(w) % 16 != 0) return cudaErrorInvalidValue;
 
   Args a{static_cast<const uint8_t*>(w), rows, cols, rb, x, static_cast<int>(n), y, 0, false};
   a.x_vec = aligned16(x) && cols % 4 == 0;
@@ -480,11 +500,11 @@ cudaError_t gemv(DType type, const void* w, int64_t rows, int64_t cols, const fl
     case kF32: return launch_plain<kF32>(a, stream);
     case kF16: return launch_plain<kF16>(a, stream);
     case kBF16: return launch_plain<kBF16>(a, stream);
-    case kQ4_0: return launch<Staged<Generic<Q4_0>>>(a, stream);
+    case kQ4_0: return launch<Block32Rows<Q40Half>>(a, stream);
     case kQ4_1: return launch<Staged<Generic<Q4_1>>>(a, stream);
     case kQ5_0: return launch<Staged<Generic<Q5_0>>>(a, stream);
     case kQ5_1: return launch<Staged<Generic<Q5_1>>>(a, stream);
-    case kQ8_0: return launch<Q80Rows>(a, stream);
+    case kQ8_0: return launch<Block32Rows<Q80Half>>(a, stream);
     case kQ2_K: return launch<Staged<Generic<Q2_K>>>(a, stream);
     case kQ3_K: return launch<Staged<Generic<Q3_K>>>(a, stream);
     case kQ4_K: return launch<Staged<Generic<Q4_K>>>(a, stream);

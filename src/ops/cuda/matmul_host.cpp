@@ -236,17 +236,15 @@ Status check_args(DType wtype, const void* w, int64_t rows, int64_t cols, const 
   return Status();
 }
 
-// The weight alignment gemv_q8 needs: 16 bytes for the k-quants' 16-byte loads and the split device forms.
-int q8_weight_align(DType wtype) {
-  return wtype == DType::kQ4_K || wtype == DType::kQ5_K || device_weight_align(wtype) == 16 ? 16 : 2;
-}
+// The weight alignment gemv_q8 needs (every type it takes: the k-quants' 16-byte loads, the split device forms).
+constexpr uintptr_t kQ8WeightAlign = 16;
 
 bool q8_applies(DType wtype, const void* w, int64_t cols, int64_t n, MatmulPath path) {
   if (path != MatmulPath::kAuto && path != MatmulPath::kGemvQ8 && path != MatmulPath::kTokenExact) return false;
   if (n > (path == MatmulPath::kTokenExact ? kMmqMaxTokens : kGemvMaxTokens) || cols == 0 ||
       !gemv_q8_supported(wtype))
     return false;
-  return reinterpret_cast<uintptr_t>(w) % static_cast<uintptr_t>(q8_weight_align(wtype)) == 0;
+  return reinterpret_cast<uintptr_t>(w) % kQ8WeightAlign == 0;
 }
 
 // One group's gemv_q8 launches, in slices of at most kQ8MaxTokens tokens (split 0: the launch's own).
@@ -346,7 +344,7 @@ Status run_one(DType wtype, const void* w, int64_t rows, int64_t cols, const flo
   }
   if (path == MatmulPath::kGemvQ8)
     return invalid_argument("matmul {}: the integer-dot GEMV needs {}-byte aligned weights", name,
-                            q8_weight_align(wtype));
+                            kQ8WeightAlign);
   if (path == MatmulPath::kTokenExact) {  // the f32 GEMV computes every token as a one-token call does
     Status st;
     for (int64_t t0 = 0; st.ok() && t0 < n; t0 += kGemvMaxTokens) {

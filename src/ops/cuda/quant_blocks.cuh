@@ -1,7 +1,7 @@
 // Device decoding of ggml block formats and half floats, shared by the CUDA kernels (dequantize.cu,
 // matmul.cu). Each codec decodes one group of 16 consecutive elements of a block from its bytes (in
-// shared or global memory, any alignment; q6_K and q8_0 from their device form, weight_form.h: the block's
-// body and its d apart) to f32, bit-identical with the CPU codecs of
+// shared or global memory, any alignment; q6_K, q8_0 and q4_0 from their device form, weight_form.h: the
+// block's body and its d apart) to f32, bit-identical with the CPU codecs of
 // tensor/quant_legacy.cpp and tensor/quant_k.cpp: each float operation of the CPU codec appears here as an
 // explicitly rounded intrinsic (__fmul_rn, __fadd_rn, __fsub_rn) in the same order, so nvcc cannot fuse
 // a*b+c or a*b-c into an FMA; the fp16/bf16 conversions reproduce tensor/half.h bit for bit, NaN handling
@@ -90,13 +90,16 @@ __device__ __forceinline__ void k4_scales_mins(int c, uint32_t s0, uint32_t s1, 
 }
 
 // Group g of a legacy block: low nibbles of qs[0..15] (g = 0) or high nibbles (g = 1).
-struct Q4_0 {  // d@0 qs@2: x = (q - 8) * d
-  static constexpr int kElems = 32, kBytes = 18;
-  __device__ static void decode(const uint8_t* b, int g, float (&y)[kGroup]) {
-    const float d = fp16_to_f32(load_u16(b));
-    const uint8_t* qs = b + 2;
+// q4_0 in the device form (weight_form.h): a block's 16 code bytes (qs) and its d (fp16) apart: x = (q - 8) * d.
+struct Q4_0 {
+  static constexpr int kElems = 32, kBytes = 16;
+  // Group g's 16 values (nibble g of the 16 qs bytes) and the block's scale.
+  __device__ static void decode_group(const uint8_t* qs, int g, float d, float (&y)[kGroup]) {
 #pragma unroll
     for (int l = 0; l < kGroup; ++l) y[l] = __fmul_rn(i2f(((qs[l] >> (4 * g)) & 0x0f) - 8), d);
+  }
+  __device__ static void decode(const uint8_t* b, uint32_t d_bits, int g, float (&y)[kGroup]) {
+    decode_group(b, g, fp16_to_f32(d_bits), y);
   }
 };
 

@@ -12,6 +12,7 @@ namespace dflash::cuda {
 
 static_assert(offsetof(BlockQ6_K, d) == kQ6Body && sizeof(BlockQ6_K) == kQ6Body + 2);
 static_assert(offsetof(BlockQ8_0, qs) == 2 && sizeof(BlockQ8_0) == kQ80Body + 2);
+static_assert(offsetof(BlockQ4_0, qs) == 2 && sizeof(BlockQ4_0) == kQ40Body + 2);
 
 namespace {
 
@@ -23,6 +24,7 @@ struct Split {
 std::optional<Split> split_of(DType type) {
   if (type == DType::kQ6_K) return Split{kQK_K, kQ6Body, 0, kQ6Body};
   if (type == DType::kQ8_0) return Split{kQK, kQ80Body, 2, 0};
+  if (type == DType::kQ4_0) return Split{kQK, kQ40Body, 2, 0};
   return std::nullopt;
 }
 

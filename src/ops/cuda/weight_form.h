@@ -1,11 +1,11 @@
 // The device form of weights: how the CUDA kernels find a weight's bytes in device memory.
 //
 // Every type is kept as GGUF stores it (rows of ggml blocks, row r at r * row_bytes(type, cols)) except
-// q6_K and q8_0, whose blocks (210 and 34 bytes, an fp16 scale d and the codes) sit at 2-byte alignment, which
-// held their kernels to 2- and 4-byte loads (the decode GEMVs at 0.5-0.6 and 0.3-0.4 of the copy rate). Their
-// device rows are "split": each block's body (all but d: q6_K's ql[128], qh[64], scales[16], 208 bytes; q8_0's
-// qs[32], 32 bytes; whole 16-byte words either way) one after another, then the blocks' d, then zeros up to a
-// multiple of 16 bytes:
+// q6_K, q8_0 and q4_0, whose blocks (210, 34 and 18 bytes, an fp16 scale d and the codes) sit at 2-byte
+// alignment, which held their kernels to 2- and 4-byte loads (the decode GEMVs at 0.3-0.6 of the copy rate).
+// Their device rows are "split": each block's body (all but d: q6_K's ql[128], qh[64], scales[16], 208 bytes;
+// q8_0's qs[32], 32 bytes; q4_0's qs[16], 16 bytes; whole 16-byte words) one after another, then the blocks'
+// d, then zeros up to a multiple of 16 bytes:
 //   block b's body at body b, its d at body blocks + 2 b, row bytes body blocks + round_up(2 blocks, 16).
 // A row grows by at most 14 bytes. Every CUDA kernel that reads these types (ops/cuda: gemv_q8, mmq, matmul,
 // gemm_q, dequantize) takes this form, and requires such weights 16-byte aligned; CudaBackend::pack_weight
@@ -24,6 +24,7 @@ namespace dflash::cuda {
 
 constexpr int kQ6Body = 208;  // bytes of a q6_K block a device row keeps together (all but d)
 constexpr int kQ80Body = 32;  // of a q8_0 block
+constexpr int kQ40Body = 16;  // of a q4_0 block
 
 // Bytes of a split device row of `blocks` blocks of `body` bytes, and the offset of block b's d in it.
 constexpr int64_t split_row_bytes(int64_t blocks, int body) { return body * blocks + (2 * blocks + 15) / 16 * 16; }
@@ -32,12 +33,14 @@ constexpr int64_t q6k_row_bytes(int64_t blocks) { return split_row_bytes(blocks,
 constexpr int64_t q6k_d_offset(int64_t blocks, int64_t b) { return split_d_offset(blocks, kQ6Body, b); }
 constexpr int64_t q80_row_bytes(int64_t blocks) { return split_row_bytes(blocks, kQ80Body); }
 constexpr int64_t q80_d_offset(int64_t blocks, int64_t b) { return split_d_offset(blocks, kQ80Body, b); }
+constexpr int64_t q40_row_bytes(int64_t blocks) { return split_row_bytes(blocks, kQ40Body); }
+constexpr int64_t q40_d_offset(int64_t blocks, int64_t b) { return split_d_offset(blocks, kQ40Body, b); }
 
 // Bytes of a device row of `cols` elements of `type`; -1 for a type without a known layout or cols not a
 // whole number of its blocks (or negative).
 int64_t device_row_bytes(DType type, int64_t cols);
 
-// Alignment the kernels require of a weight of `type` in device form (bytes): 16 for q6_K and q8_0, else 1.
+// Alignment the kernels require of a weight of `type` in device form (bytes): 16 for the split forms, else 1.
 int device_weight_align(DType type);
 
 // Writes `rows` rows of `cols` elements of `type` from the stored form `src` (rows * row_bytes bytes) in

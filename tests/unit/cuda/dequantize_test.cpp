@@ -257,7 +257,7 @@ TEST_F(CudaDequantize, unaligned_source_and_destination_match_cpu) {
     for (Out out : kOuts)
       for (int64_t src_offset : {1, 2, 3, 6, 15, 16, 48})
         for (int64_t dst_offset : {0, 1, 3}) {
-          // q6_K's and q8_0's device forms are 16-byte aligned (other offsets are refused: bad_shapes_...).
+          // The split device forms are 16-byte aligned (other offsets are refused: bad_shapes_...).
           if (cuda::device_weight_align(t) == 16 && src_offset % 16 != 0) continue;
           check_random({t, out, 3, 7 * elems_per_block(t), src_offset, dst_offset}, rng_);
           if (HasFailure()) return;  // one failing case is enough to read
@@ -390,9 +390,9 @@ TEST_F(CudaDequantize, bad_shapes_and_null_pointers_are_errors_and_write_nothing
       EXPECT_NE(st.message().find(b.message), std::string::npos) << st.message();
       expect_nothing_written(dst);
     }
-  // q6_K's and q8_0's device forms (ops/cuda/weight_form.h) are 16-byte aligned: any other source address is
-  // refused.
-  for (DType t : {DType::kQ6_K, DType::kQ8_0})
+  // The split device forms (ops/cuda/weight_form.h: q6_K, q8_0, q4_0) are 16-byte aligned: any other source
+  // address is refused.
+  for (DType t : {DType::kQ6_K, DType::kQ8_0, DType::kQ4_0})
     for (Out out : kOuts) {
       PoisonedOutput dst(out, 512, 0);
       DF_ASSERT_CUDA(dst.buffer.error());
@@ -459,20 +459,21 @@ TEST(CudaWeightForm, split_rows_hold_each_block_body_then_the_scales) {
       for (int64_t i = 208 * blocks + 2 * blocks; i < rb; ++i) ASSERT_EQ(out[i], 0) << "padding byte " << i;
     }
   }
-  // q8_0: each block's 32 codes, then the d's.
-  {
-    const int64_t blocks = 9, rb = cuda::device_row_bytes(DType::kQ8_0, 32 * blocks);
-    EXPECT_EQ(rb, 32 * blocks + 32);
-    const auto stored = test::random_blocks(DType::kQ8_0, 2 * blocks, rng);
+  // q8_0 and q4_0: each block's codes (after its d in the stored block), then the d's.
+  for (const auto& [t, body] : {std::pair<DType, int64_t>{DType::kQ8_0, 32}, {DType::kQ4_0, 16}}) {
+    const int64_t blocks = 9, rb = cuda::device_row_bytes(t, 32 * blocks);
+    EXPECT_EQ(rb, body * blocks + 32);
+    const auto stored = test::random_blocks(t, 2 * blocks, rng);
     std::vector<uint8_t> dev(static_cast<size_t>(2 * rb), 0xaa);
-    ASSERT_TRUE(cuda::to_device_form(DType::kQ8_0, stored.data(), 2, 32 * blocks, dev.data()));
+    ASSERT_TRUE(cuda::to_device_form(t, stored.data(), 2, 32 * blocks, dev.data()));
     for (int64_t r = 0; r < 2; ++r)
       for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* in = stored.data() + (r * blocks + b) * 34;
-        ASSERT_EQ(std::memcmp(dev.data() + r * rb + 32 * b, in + 2, 32), 0) << "row " << r << " block " << b;
-        ASSERT_EQ(std::memcmp(dev.data() + r * rb + cuda::q80_d_offset(blocks, b), in, 2), 0) << "block " << b;
+        const uint8_t* in = stored.data() + (r * blocks + b) * (body + 2);
+        const uint8_t* out = dev.data() + r * rb;
+        ASSERT_EQ(std::memcmp(out + body * b, in + 2, static_cast<size_t>(body)), 0) << "row " << r << " block " << b;
+        ASSERT_EQ(std::memcmp(out + cuda::split_d_offset(blocks, static_cast<int>(body), b), in, 2), 0) << b;
       }
-    EXPECT_EQ(cuda::device_weight_align(DType::kQ8_0), 16);
+    EXPECT_EQ(cuda::device_weight_align(t), 16);
   }
   // Other types: the stored bytes, the stored row size.
   const auto q4 = test::random_blocks(DType::kQ4_K, 6, rng);
@@ -487,7 +488,7 @@ TEST(CudaWeightForm, split_rows_hold_each_block_body_then_the_scales) {
   EXPECT_EQ(cuda::device_row_bytes(static_cast<DType>(99), 256), -1);
   EXPECT_FALSE(cuda::to_device_form(DType::kQ6_K, q4.data(), 1, 300, q4_dev.data()));
   EXPECT_EQ(cuda::device_weight_align(DType::kQ6_K), 16);
-  EXPECT_EQ(cuda::device_weight_align(DType::kQ4_0), 1);
+  EXPECT_EQ(cuda::device_weight_align(DType::kQ4_1), 1);
 }
 
 }  // namespace
