@@ -79,13 +79,8 @@ __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// 8 bytes at a 2-byte aligned shared-memory address, through the three words that hold them.
-__device__ __forceinline__ uint2 load8_a2(const uint8_t* p) {
-  const uint32_t off = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p)) & 3u;
-  const auto* w = reinterpret_cast<const uint32_t*>(p - off);
-  const uint32_t w0 = w[0], w1 = w[1], w2 = w[2];
-  return make_uint2(__funnelshift_r(w0, w1, 8 * off), __funnelshift_r(w1, w2, 8 * off));
-}
+// 8 bytes at an 8-byte aligned shared-memory address.
+__device__ __forceinline__ uint2 load8(const uint8_t* p) { return *reinterpret_cast<const uint2*>(p); }
 
 template <int N>
 using IC = std::integral_constant<int, N>;
@@ -206,15 +201,15 @@ struct GQ6K {
     const uint8_t* b = slot;
     constexpr int hh = kQ >> 1, t = kQ & 1;
     const float d = half_f32(*reinterpret_cast<const uint16_t*>(b + kQ6Body + 2 * (unit & 7)));
-    const uint2 s8 = load8_a2(b + 192 + 8 * hh);
+    const uint2 s8 = load8(b + 192 + 8 * hh);
     const uint32_t sw[2] = {s8.x, s8.y};
     static_for<4>([&](auto k) {
       constexpr int kk = decltype(k)::value;
       r.dsc[kk] = __fmul_rn(d, static_cast<float>(static_cast<int8_t>(byte_of<2 * kk + t>(sw))));
     });
     const int l = 16 * t + 8 * h;
-    const uint2 ql0 = load8_a2(b + 64 * hh + l), ql1 = load8_a2(b + 64 * hh + 32 + l);
-    const uint2 qh = load8_a2(b + 128 + 32 * hh + l);
+    const uint2 ql0 = load8(b + 64 * hh + l), ql1 = load8(b + 64 * hh + 32 + l);
+    const uint2 qh = load8(b + 128 + 32 * hh + l);
     r.a0[0] = ql0.x, r.a0[1] = ql0.y, r.a1[0] = ql1.x, r.a1[1] = ql1.y, r.hb[0] = qh.x, r.hb[1] = qh.y;
   }
   template <int kQ, int kJ>  // kJ = k

@@ -1,8 +1,10 @@
 // y[n, rows] = x[n, cols] W^T on the GPU, W [rows, cols] device-resident in its stored type (rows
-// contiguous, ggml block layouts), x and y device f32. Status API with argument messages.
+// contiguous, ggml block layouts; q6_K, q8_0 and q4_0 in the split device form of weight_form.h), x and y
+// device f32. Status API with argument messages.
 //
 // Three paths:
-//   - integer-dot GEMV (n <= 16, q4_0, q8_0, q4_K, q5_K, q6_K: decode, speculative verify): gemv_q8.h.
+//   - integer-dot GEMV (n <= 16, q4_0, q8_0, q4_K, q5_K, q6_K: decode, speculative verify): gemv_q8.h, and
+//     mmq.h for q4_K and q6_K weights of kExactMmqMinRows+ rows from kExactMmqFromTokens tokens (same bits).
 //     The activations are quantized to int8 per 32-element block first (scratch from the stream-ordered
 //     allocator); the result matches the CPU matmul of those dequantized activations to float rounding.
 //   - f32 GEMV (n <= kGemvMaxTokens = 16, every type): matmul.h. f32 accumulation of the CPU codecs'
@@ -10,7 +12,7 @@
 //   - GEMM (larger n: prefill): x is rounded to bf16 and multiplied by W's bf16 values (dequantize.h:
 //     bit-identical with fp32_to_bf16 of the CPU value) with f32 accumulation and f32 output, by one of
 //       * the fused kernel (gemm_q.h; q4_K, q5_K, q6_K, q8_0): W decoded to bf16 in shared memory, tile
-//         by tile, and multiplied there with tensor-core mma; W is read once in its stored form;
+//         by tile, and multiplied there with tensor-core mma; W is read once, as it is in device memory;
 //       * cuBLAS (cublasGemmEx, bf16 in, f32 out) on W itself for bf16 weights, and for the other types
 //         on W dequantized to bf16 in balanced slabs of rows of at most 128 MiB.
 //     kGemmBf16 (and kAuto above 16 tokens) picks the fused kernel where it applies and was measured
