@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "ops/backend.h"
 #include "ops/cpu/ops.h"
 #include "ops_test_util.h"
 #include "tensor/quant.h"
@@ -138,6 +139,26 @@ TEST(EmbeddingLookup, RowsMatchDequantizeAndBadIdsFail) {
     const std::vector<int32_t> neg = {-1};
     EXPECT_FALSE(embedding_lookup(w.view, neg, out.data()).ok());
   }
+}
+
+// Backend::weight_bytes / pack_weight (what Weights::to_backend uploads): on the CPU the stored bytes as they are,
+// and an impossible shape is an error, not an allocation.
+TEST(BackendWeights, the_default_form_is_the_stored_bytes) {
+  SeededRng s;
+  CpuBackend be(1);
+  for (DType t : {DType::kF32, DType::kBF16, DType::kQ8_0, DType::kQ6_K}) {
+    SCOPED_TRACE(dtype_name(t));
+    Weight w = make_weight(t, 3, 256, s.rng);
+    const auto bytes = be.weight_bytes(w.view);
+    ASSERT_TRUE(bytes.ok()) << bytes.status().to_string();
+    EXPECT_EQ(*bytes, *row_bytes(t, 256) * 3);
+    std::vector<uint8_t> packed(*bytes, 0xaa);
+    ASSERT_TRUE(be.pack_weight(w.view, packed.data()).ok());
+    EXPECT_EQ(0, std::memcmp(packed.data(), w.view.data, *bytes));
+  }
+  EXPECT_FALSE(be.weight_bytes(WeightView{DType::kQ4_K, 2, 100, nullptr}).ok());  // not whole blocks
+  EXPECT_FALSE(be.weight_bytes(WeightView{DType::kF32, int64_t{1} << 62, int64_t{1} << 20, nullptr}).ok());
+  EXPECT_FALSE(be.weight_bytes(WeightView{DType::kF32, -1, 32, nullptr}).ok());
 }
 
 }  // namespace
