@@ -67,7 +67,8 @@ class Backend {
   virtual Status copy(float* dst, const float* src, int64_t n) = 0;
   // A weight's bytes in this backend's memory (Weights::to_backend): weight_bytes() of them, written by
   // pack_weight() into host memory and then uploaded. A device backend may keep a type in a form of its own
-  // (CUDA: q6_K rows with aligned blocks, ops/cuda/weight_form.h); the default is the stored bytes as they are.
+  // (CUDA: q6_K, q8_0 and q4_0 rows with aligned blocks, ops/cuda/weight_form.h); the default is the stored
+  // bytes as they are.
   virtual Result<uint64_t> weight_bytes(const cpu::WeightView& w) const;
   virtual Status pack_weight(const cpu::WeightView& w, void* dst) const;
   // n floats from `src` in backend `from`'s memory into `dst` in this one's, without a host hop (CUDA devices:

@@ -62,7 +62,7 @@ class CudaBackend final : public Backend {
   Status upload(float* dst, const float* src, int64_t n) override;
   Status download(float* dst, const float* src, int64_t n) override;
   Status copy(float* dst, const float* src, int64_t n) override;
-  // Weights in the kernels' device form (ops/cuda/weight_form.h: q6_K rows with aligned blocks).
+  // Weights in the kernels' device form (ops/cuda/weight_form.h: q6_K, q8_0 and q4_0 rows with aligned blocks).
   Result<uint64_t> weight_bytes(const cpu::WeightView& w) const override;
   Status pack_weight(const cpu::WeightView& w, void* dst) const override;
 

@@ -107,7 +107,7 @@ __device__ __forceinline__ uint32_t byte_of(const uint32_t (&w)[kN]) {
 }
 
 // ---- Per-type tile decoders ----
-// kUnitBytes: a 256-column unit of a row (its stride); row_bytes(units): a row's bytes; kCopy: the 16-byte
+// kUnitBytes: a 256-column unit of a row (its stride); kCopy: the 16-byte
 // granules a row and unit copies by cp.async, granule(row, unit, units, g); kSlotBytes: the row's slot in
 // shared memory.
 // col(q, c): the unit column of logical chunk c in k-step q (0..3). prepare<q>(slot, unit, h, raw): the
@@ -123,7 +123,6 @@ template <bool kHigh>
 struct GK4 {
   static constexpr int kUnitBytes = kHigh ? 176 : 144, kCopy = kUnitBytes / 16;
   static constexpr int kSlotBytes = kUnitBytes;
-  __host__ __device__ static constexpr int64_t row_bytes(int64_t units) { return units * kUnitBytes; }
   // Granule g of unit `unit` of a row of `units` units.
   __device__ static const uint8_t* granule(const uint8_t* row, int64_t unit, int64_t /*units*/, int g) {
     return row + unit * kUnitBytes + 16 * g;
@@ -184,7 +183,6 @@ struct GK4 {
 // half h the 8 columns l = 16t + 8h + [0, 8): logical chunk 2k + h.
 struct GQ6K {
   static constexpr int kUnitBytes = kQ6Body, kCopy = kQ6Body / 16 + 1, kSlotBytes = 16 * kCopy;
-  __host__ __device__ static constexpr int64_t row_bytes(int64_t units) { return q6k_row_bytes(units); }
   __device__ static const uint8_t* granule(const uint8_t* row, int64_t unit, int64_t units, int g) {
     return g < kQ6Body / 16 ? row + unit * kUnitBytes + 16 * g : row + (q6k_d_offset(units, unit) & ~int64_t{15});
   }
@@ -238,7 +236,6 @@ struct GQ6K {
 struct GQ80 {
   static constexpr int kUnitBytes = 8 * kQ80Body, kCopy = kUnitBytes / 16 + 1;
   static constexpr int kSlotBytes = 16 * kCopy;
-  __host__ __device__ static constexpr int64_t row_bytes(int64_t units) { return q80_row_bytes(8 * units); }
   __device__ static const uint8_t* granule(const uint8_t* row, int64_t unit, int64_t units, int g) {
     return g < kUnitBytes / 16 ? row + unit * kUnitBytes + 16 * g : row + q80_d_offset(8 * units, 8 * unit);
   }
@@ -461,29 +458,23 @@ __global__ void __launch_bounds__(256) reduce_splits_kernel(const float* __restr
 
 // ---- Host side ----
 
-struct TypeInfo {
-  uint32_t id;
-  int unit_bytes, align, cols_multiple;
-};
-constexpr TypeInfo kTypes[] = {
-    {kQ4_K, 144, 16, 256},
-    {kQ5_K, 176, 16, 256},
-    {kQ6_K, kQ6Body, 16, 256},  // the device form (weight_form.h)
-    {kQ8_0, 8 * kQ80Body, 16, 256},  // the device form (weight_form.h)
-};
+// The types with a fused kernel; each takes rows of whole 256-column units, 16-byte aligned (q4_K and q5_K
+// blocks are 144 and 176 bytes; q6_K and q8_0 in their device form, weight_form.h).
+constexpr uint32_t kTypes[] = {kQ4_K, kQ5_K, kQ6_K, kQ8_0};
+constexpr uintptr_t kWeightAlign = 16;
 
-const TypeInfo* find_type(DType type) {
-  for (const auto& t : kTypes)
-    if (t.id == static_cast<uint32_t>(type)) return &t;
-  return nullptr;
+bool known_type(DType type) {
+  for (uint32_t t : kTypes)
+    if (t == static_cast<uint32_t>(type)) return true;
+  return false;
 }
 
+// rb: the bytes of a weight row in device memory (device_row_bytes, weight_form.h).
 template <class Q, int BN>
-cudaError_t launch(const void* w, int64_t rows, int64_t cols, const __nv_bfloat16* xb, int64_t n, float* out,
-                   int units_per_split, int split, cudaStream_t stream) {
+cudaError_t launch(const void* w, int64_t rb, int64_t rows, int64_t cols, const __nv_bfloat16* xb, int64_t n,
+                   float* out, int units_per_split, int split, cudaStream_t stream) {
   using C = Config<Q, BN>;
   if (const cudaError_t e = allow_dynamic_smem<gemm_q_kernel<Q, BN>>(C::kSmem); e != cudaSuccess) return e;
-  const int64_t rb = Q::row_bytes(cols / kUnit);
   const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((rows + kBM - 1) / kBM),
                   static_cast<unsigned>(split));
   gemm_q_kernel<Q, BN><<<grid, kThreads, C::kSmem, stream>>>(static_cast<const uint8_t*>(w), rb,
@@ -493,24 +484,23 @@ cudaError_t launch(const void* w, int64_t rows, int64_t cols, const __nv_bfloat1
 }
 
 template <class Q>
-cudaError_t launch_bn(int bn, const void* w, int64_t rows, int64_t cols, const __nv_bfloat16* xb, int64_t n,
-                      float* out, int units_per_split, int split, cudaStream_t stream) {
+cudaError_t launch_bn(int bn, const void* w, int64_t rb, int64_t rows, int64_t cols, const __nv_bfloat16* xb,
+                      int64_t n, float* out, int units_per_split, int split, cudaStream_t stream) {
   switch (bn) {
-    case 64: return launch<Q, 64>(w, rows, cols, xb, n, out, units_per_split, split, stream);
-    case 128: return launch<Q, 128>(w, rows, cols, xb, n, out, units_per_split, split, stream);
-    default: return launch<Q, 256>(w, rows, cols, xb, n, out, units_per_split, split, stream);
+    case 64: return launch<Q, 64>(w, rb, rows, cols, xb, n, out, units_per_split, split, stream);
+    case 128: return launch<Q, 128>(w, rb, rows, cols, xb, n, out, units_per_split, split, stream);
+    default: return launch<Q, 256>(w, rb, rows, cols, xb, n, out, units_per_split, split, stream);
   }
 }
 
 }  // namespace
 
-bool gemm_q_supported(DType type) { return find_type(type) != nullptr; }
+bool gemm_q_supported(DType type) { return known_type(type); }
 
 bool gemm_q_applies(DType type, const void* w, int64_t rows, int64_t cols) {
-  const TypeInfo* t = find_type(type);
-  if (t == nullptr || w == nullptr || rows < 1 || cols < 1 || cols % t->cols_multiple != 0) return false;
+  if (!known_type(type) || w == nullptr || rows < 1 || cols < 1 || cols % kUnit != 0) return false;
   if (rows > int64_t{65535} * kBM || cols > INT_MAX) return false;
-  return reinterpret_cast<uintptr_t>(w) % static_cast<uintptr_t>(t->align) == 0;
+  return reinterpret_cast<uintptr_t>(w) % kWeightAlign == 0;
 }
 
 int gemm_q_effective_split(int64_t cols, const GemmQPlan& plan) {
@@ -582,12 +572,14 @@ cudaError_t gemm_q(DType type, const void* w, int64_t rows, int64_t cols, const 
   const int per = static_cast<int>((units + split - 1) / split);
   if (split > 1 && ws == nullptr) return cudaErrorInvalidValue;
   float* out = split > 1 ? ws : y;
+  const int64_t rb = device_row_bytes(type, cols);  // weight_form.h
+  if (rb <= 0) return cudaErrorInvalidValue;
   cudaError_t e = cudaErrorInvalidValue;
   switch (static_cast<uint32_t>(type)) {
-    case kQ4_K: e = launch_bn<GK4<false>>(plan.bn, w, rows, cols, xb, n, out, per, split, stream); break;
-    case kQ5_K: e = launch_bn<GK4<true>>(plan.bn, w, rows, cols, xb, n, out, per, split, stream); break;
-    case kQ6_K: e = launch_bn<GQ6K>(plan.bn, w, rows, cols, xb, n, out, per, split, stream); break;
-    case kQ8_0: e = launch_bn<GQ80>(plan.bn, w, rows, cols, xb, n, out, per, split, stream); break;
+    case kQ4_K: e = launch_bn<GK4<false>>(plan.bn, w, rb, rows, cols, xb, n, out, per, split, stream); break;
+    case kQ5_K: e = launch_bn<GK4<true>>(plan.bn, w, rb, rows, cols, xb, n, out, per, split, stream); break;
+    case kQ6_K: e = launch_bn<GQ6K>(plan.bn, w, rb, rows, cols, xb, n, out, per, split, stream); break;
+    case kQ8_0: e = launch_bn<GQ80>(plan.bn, w, rb, rows, cols, xb, n, out, per, split, stream); break;
     default: return cudaErrorInvalidValue;
   }
   if (e != cudaSuccess || split <= 1) return e;

@@ -585,14 +585,14 @@ cudaError_t quantize_q8_rows(const float* x, int64_t n, int64_t cols, int8_t* xq
 cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, const int8_t* xq, const float* xd,
                     const int* xs, int64_t n, cudaStream_t stream, int split) {
   const uint32_t id = static_cast<uint32_t>(type);
-  int64_t elems = 0, bytes = 0;
+  int64_t elems = 0;
   constexpr uintptr_t walign = 16;  // every type: 16-byte loads, or a split device form (weight_form.h)
   switch (id) {
-    case qblocks::kQ4_0: elems = 32, bytes = kQ40Body; break;  // the device form
-    case qblocks::kQ8_0: elems = 32, bytes = kQ80Body; break;  // the device form
-    case qblocks::kQ4_K: elems = 256, bytes = 144; break;
-    case qblocks::kQ5_K: elems = 256, bytes = 176; break;
-    case qblocks::kQ6_K: elems = 256, bytes = kQ6Body; break;  // the device form
+    case qblocks::kQ4_0:
+    case qblocks::kQ8_0: elems = 32; break;
+    case qblocks::kQ4_K:
+    case qblocks::kQ5_K:
+    case qblocks::kQ6_K: elems = 256; break;
     default: return cudaErrorInvalidValue;
   }
   if (n_parts < 0 || n_parts > kQ8MaxParts || (n_parts > 0 && parts == nullptr)) return cudaErrorInvalidValue;
@@ -600,11 +600,8 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
   if (split != 0 && split != 1 && split != 2 && split != 4) return cudaErrorInvalidValue;
   if (xq == nullptr || xd == nullptr || xs == nullptr || !aligned(xq, 16) || !aligned(xd, 4) || !aligned(xs, 4))
     return cudaErrorInvalidValue;
-  const int64_t rb = id == qblocks::kQ6_K   ? q6k_row_bytes(cols / elems)
-                     : id == qblocks::kQ8_0 ? q80_row_bytes(cols / elems)
-                     : id == qblocks::kQ4_0 ? q40_row_bytes(cols / elems)
-                                            : cols / elems * bytes;
-  if (rb % walign != 0) return cudaErrorInvalidValue;  // never: 144, 176 and the split forms'
+  const int64_t rb = device_row_bytes(type, cols);  // weight_form.h
+  if (rb <= 0 || rb % walign != 0) return cudaErrorInvalidValue;  // never: 144, 176 and the split forms'
   const bool k4 = id == qblocks::kQ4_K || id == qblocks::kQ5_K;
   if (k4 && !aligned(xs, 16)) return cudaErrorInvalidValue;  // K4 loads a chunk's 4 sums at once
   Args a{};

@@ -408,14 +408,14 @@ cudaError_t launch(const Args& a, cudaStream_t stream) {
   });
 }
 
+// Elements a block of each type the GEMV takes (a row's bytes: device_row_bytes, weight_form.h).
 struct Layout {
   uint32_t id;
-  int64_t elems, bytes;  // per block
+  int64_t elems;
 };
 constexpr Layout kLayouts[] = {
-    {kF32, 1, 4},      {kF16, 1, 2},      {kBF16, 1, 2},     {kQ4_0, 32, 18},   {kQ4_1, 32, 20},
-    {kQ5_0, 32, 22},   {kQ5_1, 32, 24},   {kQ8_0, 32, 34},   {kQ2_K, 256, 84},  {kQ3_K, 256, 110},
-    {kQ4_K, 256, 144}, {kQ5_K, 256, 176}, {kQ6_K, 256, 210}, {kQ8_K, 256, 292},
+    {kF32, 1},    {kF16, 1},    {kBF16, 1},   {kQ4_0, 32},  {kQ4_1, 32},  {kQ5_0, 32},  {kQ5_1, 32},
+    {kQ8_0, 32},  {kQ2_K, 256}, {kQ3_K, 256}, {kQ4_K, 256}, {kQ5_K, 256}, {kQ6_K, 256}, {kQ8_K, 256},
 };
 
 const Layout* find_layout(uint32_t id) {
@@ -484,14 +484,10 @@ cudaError_t gemv(DType type, const void* w, int64_t rows, int64_t cols, const fl
   if (rows > INT64_MAX / n / 4) return cudaErrorInvalidValue;
   if (cols == 0) return cudaMemsetAsync(y, 0, static_cast<size_t>(n * rows) * sizeof(float), stream);
   if (w == nullptr || x == nullptr || reinterpret_cast<uintptr_t>(x) % 4 != 0) return cudaErrorInvalidValue;
-  const int64_t blocks = cols / layout->elems;
-  const bool split_form = id == kQ6_K || id == kQ8_0 || id == kQ4_0;  // weight_form.h
-  const int64_t rb = id == kQ6_K   ? q6k_row_bytes(blocks)
-                     : id == kQ8_0 ? q80_row_bytes(blocks)
-                     : id == kQ4_0 ? q40_row_bytes(blocks)
-                                   : blocks * layout->bytes;
-  if (cols > INT64_MAX / n || rows > INT64_MAX / rb) return cudaErrorInvalidValue;
-  if (split_form && reinterpret_cast<uintptr_t>(w) % 16 != 0) return cudaErrorInvalidValue;
+  const int64_t rb = device_row_bytes(type, cols);  // weight_form.h
+  if (rb <= 0 || cols > INT64_MAX / n || rows > INT64_MAX / rb) return cudaErrorInvalidValue;
+  if (reinterpret_cast<uintptr_t>(w) % static_cast<uintptr_t>(device_weight_align(type)) != 0)
+    return cudaErrorInvalidValue;
 
   Args a{static_cast<const uint8_t*>(w), rows, cols, rb, x, static_cast<int>(n), y, 0, false};
   a.x_vec = aligned16(x) && cols % 4 == 0;

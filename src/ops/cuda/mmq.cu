@@ -492,7 +492,8 @@ cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, cons
   if (cols <= 0 || cols % 256 != 0 || n < 1 || n > kMmqMaxTokens || cols > INT64_MAX / 64) return cudaErrorInvalidValue;
   if (split != 0 && split != 1 && split != 2 && split != 4 && split != 8) return cudaErrorInvalidValue;
   if (xp == nullptr || !aligned(xp, 16)) return cudaErrorInvalidValue;
-  const int64_t rb = id == qblocks::kQ4_K ? cols / 256 * 144 : q6k_row_bytes(cols / 256);
+  const int64_t rb = device_row_bytes(type, cols);  // weight_form.h
+  if (rb <= 0) return cudaErrorInvalidValue;
   int64_t total = 0;
   for (int p = 0; p < n_parts; ++p) {
     const Q8Part& q = parts[p];
