@@ -10,7 +10,8 @@
 // aligned). f32/f16/bf16 sources are converted elementwise.
 //
 // q6_K, q8_0 and q4_0 sources are in the device form (weight_form.h, 16-byte aligned): one thread a group,
-// straight from global memory with 16-byte loads.
+// straight from global memory with 16-byte loads. q3_K's padded device form takes the block kernel (112-byte
+// blocks).
 //
 // Exactness: the block codecs (ops/cuda/quant_blocks.cuh, shared with matmul.cu) repeat the CPU codecs'
 // float operations in the same order, each rounded on its own; the fp16/bf16 conversions reproduce
@@ -320,7 +321,7 @@ cudaError_t dispatch(DType type, const void* src, Out* dst, int64_t rows, int64_
     case kQ5_1: return launch_blocks<Q5_1>(src, dst, n, stream);
     case kQ8_0: return launch_split<SplitQ80>(src, dst, rows, cols, stream);
     case kQ2_K: return launch_blocks<Q2_K>(src, dst, n, stream);
-    case kQ3_K: return launch_blocks<Q3_K>(src, dst, n, stream);
+    case kQ3_K: return launch_blocks<Padded<Q3_K, kQ3Stride>>(src, dst, n, stream);  // weight_form.h
     case kQ4_K: return launch_blocks<Q4_K>(src, dst, n, stream);
     case kQ5_K: return launch_blocks<Q5_K>(src, dst, n, stream);
     case kQ6_K: return launch_split<SplitQ6>(src, dst, rows, cols, stream);

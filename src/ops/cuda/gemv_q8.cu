@@ -10,6 +10,7 @@
 //   q6_K        8 lanes, two 16-element groups each (16 bytes of ql, 16 of qh), 16-byte loads (the device form)
 //   q8_0        2 lanes, 16 codes each, 16-byte loads (the device form)
 //   q4_0        2 lanes,  8 bytes = 16 codes each, 8-byte loads (the device form)
+//   q3_K        8 lanes, 8 bytes of qs and 8 of hmask each, 8-byte loads (the padded device form)
 // Each lane accumulates exact int32 sums of code * xq with __dp4a, then applies the block scales in f32:
 // sum_i (ds q_i - ms) xd xq_i = xd (ds * sum q_i xq_i - ms * sum xq_i).
 //
@@ -267,6 +268,84 @@ struct Q6K {
     float v = __fadd_rn(pa, pb);
     v = __fadd_rn(v, __shfl_xor_sync(group, v, 4));
     acc = __fmaf_rn(c.d, v, acc);
+  }
+};
+
+// q3_K (the padded device form, weight_form.h: 112-byte aligned blocks): lane u = lane % 8 of a block (h = u / 4,
+// v = u % 4) holds qs bytes [32h + 8v, +8) and hmask bytes [8v, +8), i.e. the elements 128h + 32j + 8v + [0, 8)
+// of the four 32-element groups j (2 bits 2j of each qs byte, the high bit: hmask bit 4h + j; code = q - 4
+// where that bit is clear), whose 6-bit scales are 8h + 2j + v / 2 (scales and d: one 16-byte word at byte
+// 96). The codes are formed signed in place (q | 0xfc where the bit is clear), so no activation sums are needed.
+// Each lane adds its own terms, fma(xd_j, ds_j * isum_j, acc), j = 0..3 (ds_j = d (sc_j - 32) rounded, as the
+// CPU codec's); lanes and parts are summed by store_rows.
+struct Q3K {
+  static constexpr int kBytes = kQ3Stride, kElems = 256, kLanes = 8;
+  static constexpr int kInFlight = 2;
+  static constexpr bool kHoistTokens = false;  // Act is 12 registers, as K4's
+  static constexpr bool kGroupParts = false;
+  static constexpr int rows_a_warp(int nt) { return nt == 8 ? 4 : 2; }
+  static constexpr int min_ctas(int nt, int /*split*/) { return nt == 1 ? 7 : 1; }  // 8 spills
+  struct Raw {
+    uint2 qs, hm;
+    uint4 hdr;  // scales[12], d, two zero bytes
+  };
+  struct Codes {
+    int q[4][2];  // group j's 8 signed codes
+    float ds[4];
+  };
+  struct Act {
+    uint2 x[4];  // group j's 8 activation codes
+    float d[4];
+  };
+  __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t /*blocks*/, int lane) {
+    const int u = lane & 7, h = u >> 2, v = u & 3;
+    const uint8_t* blk = rowp + b * kBytes;
+    Raw w;
+    w.qs = __ldg(reinterpret_cast<const uint2*>(blk + 32 + 32 * h + 8 * v));
+    w.hm = __ldg(reinterpret_cast<const uint2*>(blk + 8 * v));
+    w.hdr = ldw_u4(blk + 96);
+    return w;
+  }
+  __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
+    const int u = lane & 7, h = u >> 2, v = u & 3;
+    const int8_t* xr = a.xq + t * a.cols + b * 256 + 128 * h + 8 * v;
+    const float* xd = a.xd + t * (a.cols / 32) + b * 8 + 4 * h;
+    Act x;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      x.x[j] = __ldg(reinterpret_cast<const uint2*>(xr + 32 * j));
+      x.d[j] = __ldg(xd + j);
+    }
+    return x;
+  }
+  __device__ static Codes decode(const Raw& w, int lane) {
+    const int u = lane & 7, h = u >> 2, s = (u & 3) >> 1;
+    Codes c;
+    const float d = qblocks::fp16_to_f32(w.hdr.w & 0xffffu);
+    const uint32_t nh[2] = {~w.hm.x, ~w.hm.y}, qs[2] = {w.qs.x, w.qs.y};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      // Scale k = 8h + 2j + s: low 4 bits from byte 2j + s (nibble h), high 2 from byte 8 + 2(j % 2) + s, bits
+      // 2(2h + j / 2).
+      const uint32_t lo_word = j < 2 ? w.hdr.x : w.hdr.y;
+      const int lo = static_cast<int>((lo_word >> (8 * (2 * (j & 1) + s) + 4 * h)) & 0xfu);
+      const int hi = static_cast<int>((w.hdr.z >> (8 * (2 * (j & 1) + s) + 2 * (2 * h + (j >> 1)))) & 3u);
+      c.ds[j] = __fmul_rn(d, static_cast<float>((lo | (hi << 4)) - 32));
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint32_t q = (qs[i] >> (2 * j)) & 0x03030303u;
+        const uint32_t clear = (nh[i] >> (4 * h + j)) & 0x01010101u;  // 1 where the high bit is clear: q - 4
+        c.q[j][i] = static_cast<int>(q | (clear * 0xfcu));
+      }
+    }
+    return c;
+  }
+  __device__ static void add(float& acc, const Codes& c, const Act& x, int /*lane*/) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int s = __dp4a(c.q[j][1], static_cast<int>(x.x[j].y), __dp4a(c.q[j][0], static_cast<int>(x.x[j].x), 0));
+      acc = __fmaf_rn(x.d[j], __fmul_rn(c.ds[j], static_cast<float>(s)), acc);
+    }
   }
 };
 
@@ -563,6 +642,7 @@ bool gemv_q8_supported(DType type) {
   switch (static_cast<uint32_t>(type)) {
     case qblocks::kQ4_0:
     case qblocks::kQ8_0:
+    case qblocks::kQ3_K:
     case qblocks::kQ4_K:
     case qblocks::kQ5_K:
     case qblocks::kQ6_K: return true;
@@ -590,6 +670,7 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
   switch (id) {
     case qblocks::kQ4_0:
     case qblocks::kQ8_0: elems = 32; break;
+    case qblocks::kQ3_K:
     case qblocks::kQ4_K:
     case qblocks::kQ5_K:
     case qblocks::kQ6_K: elems = 256; break;
@@ -627,6 +708,7 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
   switch (id) {
     case qblocks::kQ4_0: return launch<Q40>(a, stream);
     case qblocks::kQ8_0: return launch<Q80>(a, stream);
+    case qblocks::kQ3_K: return launch<Q3K>(a, stream);
     case qblocks::kQ4_K: return launch<K4<false>>(a, stream);
     case qblocks::kQ5_K: return launch<K4<true>>(a, stream);
     case qblocks::kQ6_K: return launch<Q6K>(a, stream);

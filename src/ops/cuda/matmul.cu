@@ -502,7 +502,7 @@ cudaError_t gemv(DType type, const void* w, int64_t rows, int64_t cols, const fl
     case kQ5_1: return launch<Staged<Generic<Q5_1>>>(a, stream);
     case kQ8_0: return launch<Block32Rows<Q80Half>>(a, stream);
     case kQ2_K: return launch<Staged<Generic<Q2_K>>>(a, stream);
-    case kQ3_K: return launch<Staged<Generic<Q3_K>>>(a, stream);
+    case kQ3_K: return launch<Staged<Generic<Padded<Q3_K, kQ3Stride>>>>(a, stream);  // weight_form.h
     case kQ4_K: return launch<Staged<Generic<Q4_K>>>(a, stream);
     case kQ5_K: return launch<Staged<Generic<Q5_K>>>(a, stream);
     case kQ6_K: return launch<Q6Rows>(a, stream);

@@ -187,6 +187,13 @@ struct Q3_K {  // hmask@0[32] qs@32[64] scales@96[12] d@108: x = (d*(sc-32)) * (
   }
 };
 
+// A codec over a padded device form (weight_form.h: q3_K): its blocks kStride bytes apart, each the stored
+// block's bytes first.
+template <typename C, int kStride>
+struct Padded : C {
+  static constexpr int kBytes = kStride;
+};
+
 // q4_K / q5_K: group g lies in 32-element sub-block j = g/2 (64-element chunk c = j/2, nibble j&1) at
 // offset 16*(g&1); the 6-bit (scale, min) of j come from the 12 packed bytes at offset 4.
 template <bool kHighBits>

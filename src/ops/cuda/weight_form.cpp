@@ -13,6 +13,7 @@ namespace dflash::cuda {
 static_assert(offsetof(BlockQ6_K, d) == kQ6Body && sizeof(BlockQ6_K) == kQ6Body + 2);
 static_assert(offsetof(BlockQ8_0, qs) == 2 && sizeof(BlockQ8_0) == kQ80Body + 2);
 static_assert(offsetof(BlockQ4_0, qs) == 2 && sizeof(BlockQ4_0) == kQ40Body + 2);
+static_assert(sizeof(BlockQ3_K) + 2 == kQ3Stride && kQ3Stride % 16 == 0);
 
 namespace {
 
@@ -28,23 +29,45 @@ std::optional<Split> split_of(DType type) {
   return std::nullopt;
 }
 
+// A padded form's facts: elements a block, its stored bytes, and the stride its blocks keep in a device row.
+struct Padded {
+  int64_t elems;
+  int stored, stride;
+};
+std::optional<Padded> padded_of(DType type) {
+  if (type == DType::kQ3_K) return Padded{kQK_K, static_cast<int>(sizeof(BlockQ3_K)), kQ3Stride};
+  return std::nullopt;
+}
+
 }  // namespace
 
 int64_t device_row_bytes(DType type, int64_t cols) {
   if (cols < 0) return -1;
   if (const auto sp = split_of(type)) return cols % sp->elems == 0 ? split_row_bytes(cols / sp->elems, sp->body) : -1;
+  if (const auto pd = padded_of(type)) {
+    if (cols % pd->elems != 0 || cols / pd->elems > INT64_MAX / pd->stride) return -1;
+    return cols / pd->elems * pd->stride;
+  }
   const auto rb = row_bytes(type, static_cast<uint64_t>(cols));
   if (!rb.ok() || *rb > static_cast<uint64_t>(INT64_MAX)) return -1;
   return static_cast<int64_t>(*rb);
 }
 
-int device_weight_align(DType type) { return split_of(type) ? 16 : 1; }
+int device_weight_align(DType type) { return split_of(type) || padded_of(type) ? 16 : 1; }
 
 bool to_device_form(DType type, const void* src, int64_t rows, int64_t cols, void* dst) {
   const int64_t drb = device_row_bytes(type, cols);
   if (drb < 0 || rows < 0) return false;
   const auto* s = static_cast<const uint8_t*>(src);
   auto* d = static_cast<uint8_t*>(dst);
+  if (const auto pd = padded_of(type)) {
+    const int64_t blocks = rows * (cols / pd->elems);  // rows are whole blocks, so the blocks run on
+    for (int64_t b = 0; b < blocks; ++b) {
+      std::memcpy(d + b * pd->stride, s + b * pd->stored, static_cast<size_t>(pd->stored));
+      std::memset(d + b * pd->stride + pd->stored, 0, static_cast<size_t>(pd->stride - pd->stored));
+    }
+    return true;
+  }
   const auto sp = split_of(type);
   if (!sp) {
     std::memcpy(d, s, static_cast<size_t>(drb) * static_cast<size_t>(rows));

@@ -7,9 +7,12 @@
 // q8_0's qs[32], 32 bytes; q4_0's qs[16], 16 bytes; whole 16-byte words) one after another, then the blocks'
 // d, then zeros up to a multiple of 16 bytes:
 //   block b's body at body b, its d at body blocks + 2 b, row bytes body blocks + round_up(2 blocks, 16).
-// A row grows by at most 14 bytes. Every CUDA kernel that reads these types (ops/cuda: gemv_q8, mmq, matmul,
-// gemm_q, dequantize) takes this form, and requires such weights 16-byte aligned; CudaBackend::pack_weight
-// writes it when weights are copied to the device (Weights::to_backend).
+// A row grows by at most 14 bytes. q3_K's 110-byte blocks are "padded" instead: each block's stored bytes
+// (hmask[32], qs[64], scales[12], d) then two zero bytes, 112 bytes a block (1.8% more), so that every block
+// and its scales + d (one 16-byte word at offset 96) are 16-byte aligned.
+// Every CUDA kernel that reads these types (ops/cuda: gemv_q8, mmq, matmul, gemm_q, dequantize) takes this
+// form, and requires such weights 16-byte aligned; CudaBackend::pack_weight writes it when weights are
+// copied to the device (Weights::to_backend).
 //
 // Included by nvcc-compiled code: no base/status.h.
 #pragma once
@@ -25,6 +28,7 @@ namespace dflash::cuda {
 constexpr int kQ6Body = 208;  // bytes of a q6_K block a device row keeps together (all but d)
 constexpr int kQ80Body = 32;  // of a q8_0 block
 constexpr int kQ40Body = 16;  // of a q4_0 block
+constexpr int kQ3Stride = 112;  // bytes a q3_K block takes in a device row (padded: its 110 bytes, 2 zeros)
 
 // Bytes of a split device row of `blocks` blocks of `body` bytes, and the offset of block b's d in it.
 constexpr int64_t split_row_bytes(int64_t blocks, int body) { return body * blocks + (2 * blocks + 15) / 16 * 16; }
@@ -40,7 +44,8 @@ constexpr int64_t q40_d_offset(int64_t blocks, int64_t b) { return split_d_offse
 // whole number of its blocks (or negative).
 int64_t device_row_bytes(DType type, int64_t cols);
 
-// Alignment the kernels require of a weight of `type` in device form (bytes): 16 for the split forms, else 1.
+// Alignment the kernels require of a weight of `type` in device form (bytes): 16 for the split and padded
+// forms, else 1.
 int device_weight_align(DType type);
 
 // Writes `rows` rows of `cols` elements of `type` from the stored form `src` (rows * row_bytes bytes) in

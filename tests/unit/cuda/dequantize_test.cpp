@@ -437,8 +437,8 @@ TEST(CudaDequantizeTypes, supported_types_are_those_of_the_cpu_codecs) {
 }
 
 // Host-only: the device form (ops/cuda/weight_form.h). A q6_K row keeps each block's first 208 bytes in block
-// order, then the blocks' d, then zeros to a multiple of 16 bytes; q8_0 the same with its 32 codes; every other
-// type is copied as it is.
+// order, then the blocks' d, then zeros to a multiple of 16 bytes; q8_0 the same with its 32 codes; q3_K keeps
+// its blocks, each padded to 112 bytes; every other type is copied as it is.
 TEST(CudaWeightForm, split_rows_hold_each_block_body_then_the_scales) {
   std::mt19937 rng(test::fresh_seed());
   for (int64_t blocks : {1, 2, 7, 8, 9, 16, 20, 68}) {
@@ -474,6 +474,21 @@ TEST(CudaWeightForm, split_rows_hold_each_block_body_then_the_scales) {
         ASSERT_EQ(std::memcmp(out + cuda::split_d_offset(blocks, static_cast<int>(body), b), in, 2), 0) << b;
       }
     EXPECT_EQ(cuda::device_weight_align(t), 16);
+  }
+  // q3_K (padded): each block's 110 stored bytes, then two zero bytes, 112 bytes a block.
+  {
+    const int64_t blocks = 5, rows = 2, rb = cuda::device_row_bytes(DType::kQ3_K, 256 * blocks);
+    EXPECT_EQ(rb, 112 * blocks);
+    const auto stored = test::random_blocks(DType::kQ3_K, rows * blocks, rng);
+    std::vector<uint8_t> dev(static_cast<size_t>(rows * rb), 0xaa);
+    ASSERT_TRUE(cuda::to_device_form(DType::kQ3_K, stored.data(), rows, 256 * blocks, dev.data()));
+    for (int64_t b = 0; b < rows * blocks; ++b) {
+      ASSERT_EQ(std::memcmp(dev.data() + 112 * b, stored.data() + 110 * b, 110), 0) << "block " << b;
+      ASSERT_EQ(dev[static_cast<size_t>(112 * b + 110)], 0);
+      ASSERT_EQ(dev[static_cast<size_t>(112 * b + 111)], 0);
+    }
+    EXPECT_EQ(cuda::device_weight_align(DType::kQ3_K), 16);
+    EXPECT_EQ(cuda::device_row_bytes(DType::kQ3_K, 300), -1);
   }
   // Other types: the stored bytes, the stored row size.
   const auto q4 = test::random_blocks(DType::kQ4_K, 6, rng);
