@@ -9,7 +9,7 @@
 // there and writes its 16 outputs (four 16-byte stores for f32, two for bf16/f16 when dst is 16-byte
 // aligned). f32/f16/bf16 sources are converted elementwise.
 //
-// q6_K, q8_0 and q4_0 sources are in the device form (weight_form.h, 16-byte aligned): one thread a group,
+// q6_K, q8_0, q4_0 and q2_K sources are in the device form (weight_form.h, 16-byte aligned): one thread a group,
 // straight from global memory with 16-byte loads. q3_K's padded device form takes the block kernel (112-byte
 // blocks).
 //
@@ -147,12 +147,12 @@ cudaError_t launch_blocks(const void* src, Out* dst, int64_t n, cudaStream_t str
   return cudaGetLastError();
 }
 
-// ---- Split device rows (weight_form.h: q6_K, q8_0, q4_0): one thread a 16-element group, its codes 16-byte loads
-// straight from global memory (the bodies are 16-byte aligned), its d from the row's scale array ----
+// ---- Split device rows (weight_form.h: q6_K, q8_0, q4_0, q2_K): one thread a 16-element group, its codes
+// 16-byte loads straight from global memory (the bodies are 16-byte aligned), its d from the row's scale array ----
 
 // q6_K: the group's 16 ql and 16 qh bytes.
 struct SplitQ6 {
-  static constexpr int kElems = Q6_K::kElems, kBody = kQ6Body;
+  static constexpr int kElems = Q6_K::kElems, kBody = kQ6Body, kDBytes = 2;
   __device__ static void group(const uint8_t* body, uint32_t d_bits, int g, float (&y)[kGroup]) {
     const uint4 ql = *reinterpret_cast<const uint4*>(body + Q6_K::ql_offset(g));
     const uint4 qh = *reinterpret_cast<const uint4*>(body + Q6_K::qh_offset(g));
@@ -162,7 +162,7 @@ struct SplitQ6 {
 };
 // q8_0: the group's 16 codes.
 struct SplitQ80 {
-  static constexpr int kElems = Q8_0::kElems, kBody = kQ80Body;
+  static constexpr int kElems = Q8_0::kElems, kBody = kQ80Body, kDBytes = 2;
   __device__ static void group(const uint8_t* body, uint32_t d_bits, int g, float (&y)[kGroup]) {
     const uint4 q = *reinterpret_cast<const uint4*>(body + kGroup * g);
     Q8_0::decode_group(reinterpret_cast<const uint8_t*>(&q), fp16_to_f32(d_bits), y);
@@ -171,10 +171,19 @@ struct SplitQ80 {
 
 // q4_0: nibble g of the block's 16 code bytes.
 struct SplitQ40 {
-  static constexpr int kElems = Q4_0::kElems, kBody = kQ40Body;
+  static constexpr int kElems = Q4_0::kElems, kBody = kQ40Body, kDBytes = 2;
   __device__ static void group(const uint8_t* body, uint32_t d_bits, int g, float (&y)[kGroup]) {
     const uint4 q = *reinterpret_cast<const uint4*>(body);
     Q4_0::decode_group(reinterpret_cast<const uint8_t*>(&q), g, fp16_to_f32(d_bits), y);
+  }
+};
+
+// q2_K: the group's 16 qs bytes and its scale byte; d_bits holds the block's (d, dmin) pair.
+struct SplitQ2 {
+  static constexpr int kElems = Q2_K::kElems, kBody = kQ2Body, kDBytes = 4;
+  __device__ static void group(const uint8_t* body, uint32_t dm_bits, int g, float (&y)[kGroup]) {
+    const uint4 q = *reinterpret_cast<const uint4*>(body + Q2_K::qs_offset(g));
+    Q2_K::decode_group(reinterpret_cast<const uint8_t*>(&q), body[g], dm_bits, g, y);
   }
 };
 
@@ -183,14 +192,15 @@ __global__ void __launch_bounds__(kThreads, 4)
     dequantize_split_kernel(const uint8_t* __restrict__ src, Out* __restrict__ dst, int64_t rows, int64_t blocks) {
   pdl_begin();
   constexpr int kGroups = F::kElems / kGroup;
-  const int64_t rb = split_row_bytes(blocks, F::kBody), groups = rows * blocks * kGroups;
+  const int64_t rb = split_row_bytes(blocks, F::kBody, F::kDBytes), groups = rows * blocks * kGroups;
   const int64_t stride = int64_t{gridDim.x} * kThreads;
   for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < groups; i += stride) {
     const int g = static_cast<int>(i % kGroups);
     const int64_t blk = i / kGroups, r = blk / blocks, b = blk % blocks;
     const uint8_t* row = src + r * rb;
     float y[kGroup];
-    F::group(row + b * F::kBody, load_u16(row + split_d_offset(blocks, F::kBody, b)), g, y);
+    const uint8_t* dp = row + split_d_offset(blocks, F::kBody, b, F::kDBytes);
+    F::group(row + b * F::kBody, F::kDBytes == 4 ? load_u32(dp) : load_u16(dp), g, y);
     store_group<Out, kAlignedDst>(dst + i * kGroup, y);
   }
 }
@@ -320,7 +330,7 @@ cudaError_t dispatch(DType type, const void* src, Out* dst, int64_t rows, int64_
     case kQ5_0: return launch_blocks<Q5_0>(src, dst, n, stream);
     case kQ5_1: return launch_blocks<Q5_1>(src, dst, n, stream);
     case kQ8_0: return launch_split<SplitQ80>(src, dst, rows, cols, stream);
-    case kQ2_K: return launch_blocks<Q2_K>(src, dst, n, stream);
+    case kQ2_K: return launch_split<SplitQ2>(src, dst, rows, cols, stream);
     case kQ3_K: return launch_blocks<Padded<Q3_K, kQ3Stride>>(src, dst, n, stream);  // weight_form.h
     case kQ4_K: return launch_blocks<Q4_K>(src, dst, n, stream);
     case kQ5_K: return launch_blocks<Q5_K>(src, dst, n, stream);

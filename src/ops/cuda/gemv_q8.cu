@@ -11,6 +11,7 @@
 //   q8_0        2 lanes, 16 codes each, 16-byte loads (the device form)
 //   q4_0        2 lanes,  8 bytes = 16 codes each, 8-byte loads (the device form)
 //   q3_K        8 lanes, 8 bytes of qs and 8 of hmask each, 8-byte loads (the padded device form)
+//   q2_K        8 lanes, 8 bytes of qs each, an 8-byte load (the device form)
 // Each lane accumulates exact int32 sums of code * xq with __dp4a, then applies the block scales in f32:
 // sum_i (ds q_i - ms) xd xq_i = xd (ds * sum q_i xq_i - ms * sum xq_i).
 //
@@ -271,6 +272,25 @@ struct Q6K {
   }
 };
 
+// The activations of q2_K's and q3_K's lane u = lane % 8 of a block (h = u / 4, v = u % 4): elements
+// 128h + 32j + 8v + [0, 8) of the block's four 32-element groups j, with their groups' scales.
+struct LowBitAct {
+  uint2 x[4];  // group j's 8 activation codes
+  float d[4];
+};
+__device__ __forceinline__ LowBitAct low_bit_act(const Args& a, int t, int64_t b, int lane) {
+  const int u = lane & 7, h = u >> 2, v = u & 3;
+  const int8_t* xr = a.xq + t * a.cols + b * 256 + 128 * h + 8 * v;
+  const float* xd = a.xd + t * (a.cols / 32) + b * 8 + 4 * h;
+  LowBitAct x;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    x.x[j] = __ldg(reinterpret_cast<const uint2*>(xr + 32 * j));
+    x.d[j] = __ldg(xd + j);
+  }
+  return x;
+}
+
 // q3_K (the padded device form, weight_form.h: 112-byte aligned blocks): lane u = lane % 8 of a block (h = u / 4,
 // v = u % 4) holds qs bytes [32h + 8v, +8) and hmask bytes [8v, +8), i.e. the elements 128h + 32j + 8v + [0, 8)
 // of the four 32-element groups j (2 bits 2j of each qs byte, the high bit: hmask bit 4h + j; code = q - 4
@@ -293,10 +313,7 @@ struct Q3K {
     int q[4][2];  // group j's 8 signed codes
     float ds[4];
   };
-  struct Act {
-    uint2 x[4];  // group j's 8 activation codes
-    float d[4];
-  };
+  using Act = LowBitAct;
   __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t /*blocks*/, int lane) {
     const int u = lane & 7, h = u >> 2, v = u & 3;
     const uint8_t* blk = rowp + b * kBytes;
@@ -306,18 +323,7 @@ struct Q3K {
     w.hdr = ldw_u4(blk + 96);
     return w;
   }
-  __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
-    const int u = lane & 7, h = u >> 2, v = u & 3;
-    const int8_t* xr = a.xq + t * a.cols + b * 256 + 128 * h + 8 * v;
-    const float* xd = a.xd + t * (a.cols / 32) + b * 8 + 4 * h;
-    Act x;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      x.x[j] = __ldg(reinterpret_cast<const uint2*>(xr + 32 * j));
-      x.d[j] = __ldg(xd + j);
-    }
-    return x;
-  }
+  __device__ static Act act(const Args& a, int t, int64_t b, int lane) { return low_bit_act(a, t, b, lane); }
   __device__ static Codes decode(const Raw& w, int lane) {
     const int u = lane & 7, h = u >> 2, s = (u & 3) >> 1;
     Codes c;
@@ -349,10 +355,78 @@ struct Q3K {
   }
 };
 
+// q2_K (the split device form, weight_form.h: 80-byte aligned bodies, each block's (d, dmin) apart): lane u =
+// lane % 8 of a block (h = u / 4, v = u % 4) holds qs bytes [16 + 32h + 8v, +8), i.e. the elements
+// 128h + 32j + 8v + [0, 8) of the four 32-element groups j (bits 2j of each byte), whose scale bytes are
+// 8h + 2j + v / 2 (the 16 scale bytes: one 16-byte word). Each lane adds its own terms, j = 0..3:
+// fma(xd_j, fma(dl_j, isum_j, -(ml_j xsum_j)), acc) with dl_j = d (sc_j & 15), ml_j = dmin (sc_j >> 4) rounded
+// as the CPU codec's, xsum_j the exact sum of the lane's 8 activation codes; lanes and parts by store_rows.
+struct Q2K {
+  static constexpr int kBytes = kQ2Body, kElems = 256, kLanes = 8;
+  static constexpr int kInFlight = 2;
+  static constexpr bool kHoistTokens = false;
+  static constexpr bool kGroupParts = false;
+  static constexpr int rows_a_warp(int nt) { return nt == 8 ? 4 : 2; }
+  static constexpr int min_ctas(int nt, int /*split*/) { return nt == 1 ? 7 : 1; }
+  struct Raw {
+    uint2 qs;
+    uint4 sc;     // the block's 16 scale bytes
+    uint32_t dm;  // d, dmin (fp16, d low)
+  };
+  struct Codes {
+    int q[4][2];  // group j's 8 codes (0..3)
+    float dl[4], ml[4];
+  };
+  struct Act : LowBitAct {
+    float s[4];  // the sums of group j's 8 codes (exact)
+  };
+  __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t blocks, int lane) {
+    const int u = lane & 7, h = u >> 2, v = u & 3;
+    const uint8_t* blk = rowp + b * kBytes;
+    Raw w;
+    w.qs = __ldg(reinterpret_cast<const uint2*>(blk + 16 + 32 * h + 8 * v));
+    w.sc = ldw_u4(blk);
+    w.dm = __ldg(reinterpret_cast<const uint32_t*>(rowp + q2k_dm_offset(blocks, b)));
+    return w;
+  }
+  __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
+    Act x;
+    static_cast<LowBitAct&>(x) = low_bit_act(a, t, b, lane);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      x.s[j] = static_cast<float>(
+          __dp4a(static_cast<int>(x.x[j].y), kOnes, __dp4a(static_cast<int>(x.x[j].x), kOnes, 0)));
+    return x;
+  }
+  __device__ static Codes decode(const Raw& w, int lane) {
+    const int u = lane & 7, h = u >> 2, s = (u & 3) >> 1;
+    Codes c;
+    const float d = qblocks::fp16_to_f32(w.dm & 0xffffu), dmin = qblocks::fp16_to_f32(w.dm >> 16);
+    const uint32_t qs[2] = {w.qs.x, w.qs.y};
+    const uint32_t scw = h == 0 ? w.sc.x : w.sc.z, scw2 = h == 0 ? w.sc.y : w.sc.w;  // bytes 8h .. 8h + 8
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t sc = ((j < 2 ? scw : scw2) >> (8 * (2 * (j & 1) + s))) & 0xffu;  // byte 8h + 2j + s
+      c.dl[j] = __fmul_rn(d, static_cast<float>(sc & 0x0fu));
+      c.ml[j] = __fmul_rn(dmin, static_cast<float>(sc >> 4));
+#pragma unroll
+      for (int i = 0; i < 2; ++i) c.q[j][i] = static_cast<int>((qs[i] >> (2 * j)) & 0x03030303u);
+    }
+    return c;
+  }
+  __device__ static void add(float& acc, const Codes& c, const Act& x, int /*lane*/) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int s = __dp4a(c.q[j][1], static_cast<int>(x.x[j].y), __dp4a(c.q[j][0], static_cast<int>(x.x[j].x), 0));
+      acc = __fmaf_rn(x.d[j], __fmaf_rn(c.dl[j], static_cast<float>(s), -__fmul_rn(c.ml[j], x.s[j])), acc);
+    }
+  }
+};
+
 // The launch shape of the 32-element types (q4_0, q8_0): four blocks in flight, every token's activation loads
 // hoisted (a few registers each), lanes summed in the butterfly order; 4 rows a warp from two tokens.
 struct Block32Shape {
-  static constexpr int kInFlight = 4;
+  static constexpr int kInFlight = 2;
   static constexpr bool kHoistTokens = true;
   static constexpr bool kGroupParts = false;
   static constexpr int rows_a_warp(int nt) { return nt == 1 ? 2 : 4; }
@@ -642,6 +716,7 @@ bool gemv_q8_supported(DType type) {
   switch (static_cast<uint32_t>(type)) {
     case qblocks::kQ4_0:
     case qblocks::kQ8_0:
+    case qblocks::kQ2_K:
     case qblocks::kQ3_K:
     case qblocks::kQ4_K:
     case qblocks::kQ5_K:
@@ -670,6 +745,7 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
   switch (id) {
     case qblocks::kQ4_0:
     case qblocks::kQ8_0: elems = 32; break;
+    case qblocks::kQ2_K:
     case qblocks::kQ3_K:
     case qblocks::kQ4_K:
     case qblocks::kQ5_K:
@@ -708,6 +784,7 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
   switch (id) {
     case qblocks::kQ4_0: return launch<Q40>(a, stream);
     case qblocks::kQ8_0: return launch<Q80>(a, stream);
+    case qblocks::kQ2_K: return launch<Q2K>(a, stream);
     case qblocks::kQ3_K: return launch<Q3K>(a, stream);
     case qblocks::kQ4_K: return launch<K4<false>>(a, stream);
     case qblocks::kQ5_K: return launch<K4<true>>(a, stream);

@@ -28,7 +28,7 @@ constexpr int64_t kQ8Block = 32;      // activation elements per scale
 constexpr int kQ8MaxParts = 4;        // weights one grouped launch takes
 constexpr int64_t kQ8MaxTokens = 16;  // tokens per launch
 
-// Types with an integer-dot kernel: q4_0, q8_0, q4_K, q5_K, q6_K.
+// Types with an integer-dot kernel: q4_0, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K.
 bool gemv_q8_supported(DType type);
 
 // x [n, cols] f32 -> xq [n, cols] int8, xd [n, cols / 32] f32 and xs [n, cols / 16] int32, the sum of
@@ -58,7 +58,7 @@ struct Q8Part {
 // Enqueues y_p = x' W_p^T for every part (all of `type`, all cols wide) in one launch. x' = (xq, xd, xs)
 // from quantize_q8_rows, n in [1, kQ8MaxTokens]. cudaErrorInvalidValue (nothing enqueued) for an
 // unsupported type, a bad shape, more than kQ8MaxParts parts, a null or misaligned pointer (w: 16 bytes
-// for every type (q6_K, q8_0 and q4_0 in their device form, weight_form.h); y, xd 4 bytes; xs 16
+// for every type (q6_K, q8_0, q4_0, q2_K and q3_K in their device form, weight_form.h); y, xd 4 bytes; xs 16
 // bytes for q4_K and q5_K, else 4; xq 16 bytes). Parts with 0 rows are skipped. split: the warps a row's
 // blocks are divided among (1, 2 or 4; 0: gemv_auto_split of the parts' total rows, what every caller but the
 // token-exact one wants: that one runs some parts of a group elsewhere and keeps the split of the whole group,

@@ -10,7 +10,7 @@
 //     L1::no_allocate load, R rows a warp group by token count, R * U loads in flight a lane; below);
 //   - f32 (and f16/bf16 otherwise) with 16-byte aligned rows: 16-byte loads straight into registers, 4 in
 //     flight per lane; otherwise element loads.
-//   - q6_K, q8_0 and q4_0 (the device form, weight_form.h): a lane a 16-element group, loaded straight from
+//   - q6_K, q8_0, q4_0 and q2_K (the device form, weight_form.h): a lane a 16-element group, loaded straight from
 //     global memory;
 //   - every other block type: the warp copies a chunk of whole blocks (any alignment) to its own shared
 //     memory with 16-byte loads, then decodes from there with the exact group codecs of quant_blocks.cuh.
@@ -322,27 +322,44 @@ struct Generic : GroupLanes<C> {
   using Codec = C;
 };
 
-// q6_K device rows (weight_form.h): a lane a 16-element group at a time, its ql and qh bytes two 16-byte
-// loads straight from global memory (the blocks are aligned), its d from the row's scale array.
-struct Q6Rows {
+// The 256-element split forms (weight_form.h): a lane a 16-element group at a time, its codes 16-byte loads
+// straight from global memory (the bodies are aligned), its scales from the row's scale array. F::group
+// decodes group g of block b of the row at rowp (of `blocks` blocks).
+template <typename F>
+struct SplitGroupRows {
   struct Smem {};
   template <int NT>
   __device__ static void row_dot(const Args& a, int64_t row, int part, int lane, Smem& /*unused*/,
                                  float (&acc)[NT]) {
-    constexpr int kGroups = Q6_K::kElems / kGroup;
+    constexpr int kGroups = 256 / kGroup;
     const uint8_t* rowp = a.w + row * a.rb;
-    const int64_t blocks = a.cols / Q6_K::kElems;
+    const int64_t blocks = a.cols / 256;
     for (int64_t i = int64_t{part} * 32 + lane; i < blocks * kGroups; i += int64_t{a.split} * 32) {
-      const int64_t b = i / kGroups;
-      const int g = static_cast<int>(i % kGroups);
-      const uint8_t* body = rowp + b * kQ6Body;
-      const uint4 ql = __ldg(reinterpret_cast<const uint4*>(body + Q6_K::ql_offset(g)));
-      const uint4 qh = __ldg(reinterpret_cast<const uint4*>(body + Q6_K::qh_offset(g)));
-      const float dsc = Q6_K::group_scale(body, load_u16(rowp + q6k_d_offset(blocks, b)), g);
       float w[kGroup];
-      Q6_K::decode_group(reinterpret_cast<const uint8_t*>(&ql), reinterpret_cast<const uint8_t*>(&qh), g, dsc, w);
+      F::group(rowp, blocks, i / kGroups, static_cast<int>(i % kGroups), w);
       dot16<NT>(a, i * kGroup, w, acc);
     }
+  }
+};
+
+// q6_K: the group's 16 ql and 16 qh bytes, its d from the row's d array.
+struct Q6Group {
+  __device__ static void group(const uint8_t* rowp, int64_t blocks, int64_t b, int g, float (&w)[kGroup]) {
+    const uint8_t* body = rowp + b * kQ6Body;
+    const uint4 ql = __ldg(reinterpret_cast<const uint4*>(body + Q6_K::ql_offset(g)));
+    const uint4 qh = __ldg(reinterpret_cast<const uint4*>(body + Q6_K::qh_offset(g)));
+    const float dsc = Q6_K::group_scale(body, load_u16(rowp + q6k_d_offset(blocks, b)), g);
+    Q6_K::decode_group(reinterpret_cast<const uint8_t*>(&ql), reinterpret_cast<const uint8_t*>(&qh), g, dsc, w);
+  }
+};
+
+// q2_K: the group's 16 qs bytes and scale byte, the block's (d, dmin) from the row's array.
+struct Q2Group {
+  __device__ static void group(const uint8_t* rowp, int64_t blocks, int64_t b, int g, float (&w)[kGroup]) {
+    const uint8_t* body = rowp + b * kQ2Body;
+    const uint4 qs = __ldg(reinterpret_cast<const uint4*>(body + Q2_K::qs_offset(g)));
+    const uint32_t dm = load_u32(rowp + q2k_dm_offset(blocks, b));
+    Q2_K::decode_group(reinterpret_cast<const uint8_t*>(&qs), __ldg(body + g), dm, g, w);
   }
 };
 
@@ -501,11 +518,11 @@ cudaError_t gemv(DType type, const void* w, int64_t rows, int64_t cols, const fl
     case kQ5_0: return launch<Staged<Generic<Q5_0>>>(a, stream);
     case kQ5_1: return launch<Staged<Generic<Q5_1>>>(a, stream);
     case kQ8_0: return launch<Block32Rows<Q80Half>>(a, stream);
-    case kQ2_K: return launch<Staged<Generic<Q2_K>>>(a, stream);
+    case kQ2_K: return launch<SplitGroupRows<Q2Group>>(a, stream);
     case kQ3_K: return launch<Staged<Generic<Padded<Q3_K, kQ3Stride>>>>(a, stream);  // weight_form.h
     case kQ4_K: return launch<Staged<Generic<Q4_K>>>(a, stream);
     case kQ5_K: return launch<Staged<Generic<Q5_K>>>(a, stream);
-    case kQ6_K: return launch<Q6Rows>(a, stream);
+    case kQ6_K: return launch<SplitGroupRows<Q6Group>>(a, stream);
     case kQ8_K: return launch<Staged<Generic<Q8_K>>>(a, stream);
     default: return cudaErrorInvalidValue;
   }

@@ -157,14 +157,18 @@ struct Q8_0 {
 
 struct Q2_K {  // scales@0[16] qs@16[64] d@80 dmin@82: x = (d*sc) * q - dmin*m
   static constexpr int kElems = 256, kBytes = 84;
-  __device__ static void decode(const uint8_t* b, int g, float (&y)[kGroup]) {
-    const int h = g >> 3, s = (g >> 1) & 3, t = g & 1;
-    const uint32_t sc = b[g];
-    const float dl = __fmul_rn(fp16_to_f32(load_u16(b + 80)), i2f(sc & 0x0f));
-    const float ml = __fmul_rn(fp16_to_f32(load_u16(b + 82)), i2f(sc >> 4));
-    const uint8_t* qs = b + 16 + 32 * h + 16 * t;
+  // Group g = 8h + 2s + t: elements 128h + 32s + 16t + [0, 16), bits 2s of qs[32h + 16t + l], scale byte g.
+  __device__ static int qs_offset(int g) { return 16 + 32 * (g >> 3) + kGroup * (g & 1); }
+  // The group's 16 values from its 16 qs bytes, its scale byte and the block's (d, dmin) fp16 pair (d low).
+  __device__ static void decode_group(const uint8_t* qs, uint32_t sc, uint32_t dm_bits, int g, float (&y)[kGroup]) {
+    const int s = (g >> 1) & 3;
+    const float dl = __fmul_rn(fp16_to_f32(dm_bits & 0xffffu), i2f(sc & 0x0f));
+    const float ml = __fmul_rn(fp16_to_f32(dm_bits >> 16), i2f(sc >> 4));
 #pragma unroll
     for (int l = 0; l < kGroup; ++l) y[l] = __fsub_rn(__fmul_rn(dl, i2f((qs[l] >> (2 * s)) & 3)), ml);
+  }
+  __device__ static void decode(const uint8_t* b, int g, float (&y)[kGroup]) {
+    decode_group(b + qs_offset(g), b[g], load_u16(b + 80) | (load_u16(b + 82) << 16), g, y);
   }
 };
 

@@ -437,8 +437,9 @@ TEST(CudaDequantizeTypes, supported_types_are_those_of_the_cpu_codecs) {
 }
 
 // Host-only: the device form (ops/cuda/weight_form.h). A q6_K row keeps each block's first 208 bytes in block
-// order, then the blocks' d, then zeros to a multiple of 16 bytes; q8_0 the same with its 32 codes; q3_K keeps
-// its blocks, each padded to 112 bytes; every other type is copied as it is.
+// order, then the blocks' d, then zeros to a multiple of 16 bytes; q8_0, q4_0 and q2_K the same with their
+// bodies (q2_K: a 4-byte (d, dmin) entry a block); q3_K keeps its blocks, each padded to 112 bytes; every other
+// type is copied as it is.
 TEST(CudaWeightForm, split_rows_hold_each_block_body_then_the_scales) {
   std::mt19937 rng(test::fresh_seed());
   for (int64_t blocks : {1, 2, 7, 8, 9, 16, 20, 68}) {
@@ -474,6 +475,24 @@ TEST(CudaWeightForm, split_rows_hold_each_block_body_then_the_scales) {
         ASSERT_EQ(std::memcmp(out + cuda::split_d_offset(blocks, static_cast<int>(body), b), in, 2), 0) << b;
       }
     EXPECT_EQ(cuda::device_weight_align(t), 16);
+  }
+  // q2_K: each block's first 80 bytes (scales, qs), then the blocks' (d, dmin) pairs, then zeros.
+  {
+    const int64_t blocks = 7, rows = 2, rb = cuda::device_row_bytes(DType::kQ2_K, 256 * blocks);
+    EXPECT_EQ(rb, 80 * blocks + 32);
+    const auto stored = test::random_blocks(DType::kQ2_K, rows * blocks, rng);
+    std::vector<uint8_t> dev(static_cast<size_t>(rows * rb), 0xaa);
+    ASSERT_TRUE(cuda::to_device_form(DType::kQ2_K, stored.data(), rows, 256 * blocks, dev.data()));
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* out = dev.data() + r * rb;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* in = stored.data() + (r * blocks + b) * 84;
+        ASSERT_EQ(std::memcmp(out + 80 * b, in, 80), 0) << "row " << r << " block " << b;
+        ASSERT_EQ(std::memcmp(out + cuda::q2k_dm_offset(blocks, b), in + 80, 4), 0) << "row " << r << " block " << b;
+      }
+      for (int64_t i = 84 * blocks; i < rb; ++i) ASSERT_EQ(out[i], 0) << "padding byte " << i;
+    }
+    EXPECT_EQ(cuda::device_weight_align(DType::kQ2_K), 16);
   }
   // q3_K (padded): each block's 110 stored bytes, then two zero bytes, 112 bytes a block.
   {

@@ -357,8 +357,8 @@ TEST_F(CudaMatmul, gemv_many_rows_unaligned_weights_and_every_split_match_cpu) {
   for (DType t : kTypes) {
     const int64_t cols = cols_for(t)[1];
     for (int64_t n : {1, 5}) check({t, 4500, cols, n});  // enough rows for one warp per row
-    // The split and padded device forms (q6_K, q8_0, q4_0; q3_K) must be 16-byte aligned (other offsets are refused:
-    // argument_errors_write_nothing).
+    // The split and padded device forms (q6_K, q8_0, q4_0, q2_K; q3_K) must be 16-byte aligned (other offsets
+    // are refused: argument_errors_write_nothing).
     const bool split = cuda::device_weight_align(t) == 16;
     for (int64_t off : split ? std::vector<int64_t>{16, 48} : std::vector<int64_t>{1, 2, 8})
       check({t, 37, cols_for(t)[2], 3, cuda::MatmulPath::kGemv, off});
@@ -767,13 +767,13 @@ TEST_F(CudaMatmul, argument_errors_write_nothing) {
   EXPECT_FALSE(cuda::matmul(DType::kQ8_0, nullptr, 2, 32, xp, 1, yp).ok());
   EXPECT_EQ(cuda::gemv(DType::kQ8_0, w.get(), 2, 32, xp, 0, yp), cudaErrorInvalidValue);
   EXPECT_EQ(cuda::gemv(DType::kQ8_0, w.get(), 2, 32, xp, 1, yp, nullptr, 3), cudaErrorInvalidValue);
-  EXPECT_FALSE(cuda::matmul(DType::kQ2_K, w.get(), 2, 256, xp, 1, yp, nullptr, cuda::MatmulPath::kGemvQ8).ok());
+  EXPECT_FALSE(cuda::matmul(DType::kQ4_1, w.get(), 2, 256, xp, 1, yp, nullptr, cuda::MatmulPath::kGemvQ8).ok());
   EXPECT_FALSE(cuda::matmul(DType::kQ4_K, w.get() + 1, 2, 256, xp, 1, yp, nullptr, cuda::MatmulPath::kGemvQ8).ok());
   // The fused GEMM: misaligned weights, a type or a row length it does not take.
   EXPECT_FALSE(cuda::matmul(DType::kQ4_K, w.get() + 4, 2, 256, xp, 3, yp, nullptr, cuda::MatmulPath::kGemmFused).ok());
   EXPECT_FALSE(cuda::matmul(DType::kQ2_K, w.get(), 2, 256, xp, 3, yp, nullptr, cuda::MatmulPath::kGemmFused).ok());
-  // The split and padded device forms (ops/cuda/weight_form.h: q6_K, q8_0, q4_0; q3_K) are 16-byte aligned: any
-  // other address is refused on every path.
+  // The split and padded device forms (ops/cuda/weight_form.h: q6_K, q8_0, q4_0, q2_K; q3_K) are 16-byte aligned:
+  // any other address is refused on every path.
   EXPECT_FALSE(cuda::matmul(DType::kQ6_K, w.get() + 2, 2, 256, xp, 3, yp, nullptr, cuda::MatmulPath::kGemmFused).ok());
   EXPECT_FALSE(cuda::matmul(DType::kQ6_K, w.get() + 8, 2, 256, xp, 1, yp).ok());
   EXPECT_FALSE(cuda::matmul(DType::kQ6_K, w.get() + 2, 2, 256, xp, 1, yp, nullptr, cuda::MatmulPath::kGemv).ok());
@@ -786,6 +786,8 @@ TEST_F(CudaMatmul, argument_errors_write_nothing) {
   EXPECT_FALSE(cuda::matmul(DType::kQ4_0, w.get() + 2, 2, 256, xp, 1, yp).ok());
   EXPECT_EQ(cuda::gemv(DType::kQ4_0, w.get() + 8, 2, 256, xp, 1, yp), cudaErrorInvalidValue);
   EXPECT_FALSE(cuda::matmul(DType::kQ3_K, w.get() + 2, 2, 256, xp, 1, yp).ok());  // the padded form, as the split
+  EXPECT_FALSE(cuda::matmul(DType::kQ2_K, w.get() + 4, 2, 256, xp, 1, yp).ok());
+  EXPECT_EQ(cuda::gemv(DType::kQ2_K, w.get() + 8, 2, 256, xp, 1, yp), cudaErrorInvalidValue);
   EXPECT_EQ(cuda::gemv(DType::kQ3_K, w.get() + 8, 2, 256, xp, 1, yp), cudaErrorInvalidValue);
   const cuda::GemmQPlan plan{64, 1};
   const auto* xbp = reinterpret_cast<const __nv_bfloat16*>(x.get());
