@@ -1,4 +1,4 @@
-// Int8 tensor-core products of q4_K / q6_K weights with 1..32 tokens (mmq.h).
+// Int8 tensor-core products of q4_K / q5_K / q6_K weights with 1..32 tokens (mmq.h).
 //
 // Work split: a CTA of 8 warps; a warp owns T tiles of 16 consecutive rows (T = tiles_a_warp: 1, or 2 for
 // many tokens and rows, which then share each activation fragment) and all the launch's tokens (NT8 = ceil(n / 8)
@@ -103,12 +103,15 @@ __device__ __forceinline__ float half_bits(uint32_t h) {
 using qblocks::k4_scales_mins;
 
 // q4_K: d, dmin (fp16), 12 bytes of packed scales, 128 bytes of nibbles. Lane: rows i = 0 (g), 1 (g + 8).
-template <bool kNoAlloc>
+// q5_K (kHigh): the same, with qh[32] between the scales and the nibbles: element 64c + 32h + l's fifth bit is
+// bit 2c + h of qh[l], so the lane's 8 qh bytes (l = 8 tid + [0, 8)) serve all four chunks.
+template <bool kNoAlloc, bool kHigh = false>
 struct Q4K {
-  static constexpr int kBytes = 144;
+  static constexpr int kBytes = kHigh ? 176 : 144, kQs = kHigh ? 48 : 16;
   struct Raw {
     uint4 hdr[2];
     uint2 qs[2][4];  // row i, chunk c: qs bytes 32c + 8 tid + [0, 8)
+    uint2 qh[kHigh ? 2 : 1];  // row i: qh bytes 8 tid + [0, 8) (q5_K)
   };
   __device__ static Raw load(const uint8_t* const (&rowp)[2], int64_t b, int64_t /*blocks*/, int tid) {
     Raw r;
@@ -116,8 +119,9 @@ struct Q4K {
     for (int i = 0; i < 2; ++i) {
       const uint8_t* blk = rowp[i] + b * kBytes;
       r.hdr[i] = ldg_u4(blk);
+      if constexpr (kHigh) r.qh[i] = ldw_u2<kNoAlloc>(blk + 16 + 8 * tid);
 #pragma unroll
-      for (int c = 0; c < 4; ++c) r.qs[i][c] = ldw_u2<kNoAlloc>(blk + 16 + 32 * c + 8 * tid);
+      for (int c = 0; c < 4; ++c) r.qs[i][c] = ldw_u2<kNoAlloc>(blk + kQs + 32 * c + 8 * tid);
     }
     return r;
   }
@@ -156,6 +160,13 @@ struct Q4K {
           fa[u][h][1] = (r[u].qs[1][c].x >> (4 * h)) & kLowNibbles;
           fa[u][h][2] = (r[u].qs[0][c].y >> (4 * h)) & kLowNibbles;
           fa[u][h][3] = (r[u].qs[1][c].y >> (4 * h)) & kLowNibbles;
+          if constexpr (kHigh) {
+            const int bit = 2 * c + h;
+            fa[u][h][0] |= ((r[u].qh[0].x >> bit) & 0x01010101u) << 4;
+            fa[u][h][1] |= ((r[u].qh[1].x >> bit) & 0x01010101u) << 4;
+            fa[u][h][2] |= ((r[u].qh[0].y >> bit) & 0x01010101u) << 4;
+            fa[u][h][3] |= ((r[u].qh[1].y >> bit) & 0x01010101u) << 4;
+          }
         }
       }
 #pragma unroll
@@ -446,7 +457,7 @@ bool aligned(const void* p, uintptr_t al) { return reinterpret_cast<uintptr_t>(p
 
 bool mmq_supported(DType type) {
   const auto id = static_cast<uint32_t>(type);
-  return id == qblocks::kQ4_K || id == qblocks::kQ6_K;
+  return id == qblocks::kQ4_K || id == qblocks::kQ5_K || id == qblocks::kQ6_K;
 }
 
 void mmq_set_variant(int v) { g_variant = v; }
@@ -486,7 +497,7 @@ cudaError_t mmq_pack_x(DType type, const int8_t* xq, const float* xd, const int*
 cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, const void* xp, int64_t n,
                 cudaStream_t stream, int split) {
   const auto id = static_cast<uint32_t>(type);
-  if (id != qblocks::kQ4_K && id != qblocks::kQ6_K) return cudaErrorInvalidValue;
+  if (!mmq_supported(type)) return cudaErrorInvalidValue;
   constexpr uintptr_t walign = 16;  // q6_K: its device form (weight_form.h)
   if (parts == nullptr || n_parts < 1 || n_parts > kMaxParts) return cudaErrorInvalidValue;
   if (cols <= 0 || cols % 256 != 0 || n < 1 || n > kMmqMaxTokens || cols > INT64_MAX / 64) return cudaErrorInvalidValue;
@@ -528,6 +539,8 @@ cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, cons
   a.cta_begin[a.np] = static_cast<unsigned>(grid);
   const auto g = static_cast<unsigned>(grid);
   if (id == qblocks::kQ6_K) return launch<Q6K>(a, tiles, g, stream);
+  if (id == qblocks::kQ5_K)
+    return g_variant & 2 ? launch<Q4K<true, true>>(a, tiles, g, stream) : launch<Q4K<false, true>>(a, tiles, g, stream);
   return g_variant & 2 ? launch<Q4K<true>>(a, tiles, g, stream) : launch<Q4K<false>>(a, tiles, g, stream);
 }
 

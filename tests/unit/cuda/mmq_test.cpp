@@ -99,7 +99,8 @@ cudaError_t packed_mmq(DType t, const void* w, int64_t rows, int64_t cols, const
 // The weights of one block in double (exact), element order.
 void decode_block(DType t, const uint8_t* b, double (&w)[256], int (&code)[256], double (&ds)[16],
                   double (&ms)[16]) {
-  if (t == DType::kQ4_K) {
+  if (t == DType::kQ4_K || t == DType::kQ5_K) {  // q5_K: qh[32] at 16, the nibbles at 48
+    const bool high = t == DType::kQ5_K;
     const double d = fp16_to_fp32(static_cast<uint16_t>(b[0] | b[1] << 8));
     const double dmin = fp16_to_fp32(static_cast<uint16_t>(b[2] | b[3] << 8));
     const uint8_t* q = b + 4;
@@ -113,7 +114,8 @@ void decode_block(DType t, const uint8_t* b, double (&w)[256], int (&code)[256],
       }
       ds[j] = d * sc, ms[j] = dmin * m;
       for (int l = 0; l < 32; ++l) {
-        const int c = (b[16 + 32 * (j / 2) + l] >> (4 * (j % 2))) & 0xf;
+        int c = (b[(high ? 48 : 16) + 32 * (j / 2) + l] >> (4 * (j % 2))) & 0xf;
+        if (high) c |= ((b[16 + l] >> j) & 1) << 4;
         code[32 * j + l] = c;
         w[32 * j + l] = ds[j] * c - ms[j];
       }
@@ -133,10 +135,13 @@ void decode_block(DType t, const uint8_t* b, double (&w)[256], int (&code)[256],
   }
 }
 
+int64_t block_bytes(DType t) { return t == DType::kQ4_K ? 144 : t == DType::kQ5_K ? 176 : 210; }
+bool k4_like(DType t) { return t == DType::kQ4_K || t == DType::kQ5_K; }  // sub-block scales and mins
+
 // ref[t * rows + r] and the magnitudes of its terms.
 void reference(DType t, const std::vector<uint8_t>& wb, int64_t rows, int64_t cols, const Tokens& x, int64_t n,
                std::vector<double>& ref, std::vector<double>& mag) {
-  const int64_t bytes = t == DType::kQ4_K ? 144 : 210, nb = cols / 256;
+  const int64_t bytes = block_bytes(t), nb = cols / 256;
   ref.assign(n * rows, 0.0);
   mag.assign(n * rows, 0.0);
   double w[256], ds[16], ms[16];
@@ -152,7 +157,7 @@ void reference(DType t, const std::vector<uint8_t>& wb, int64_t rows, int64_t co
           double s = 0;
           for (int l = 0; l < 32; ++l) s += w[32 * g + l] * q[32 * g + l];
           sum += xd[g] * s;
-          if (t == DType::kQ4_K) {
+          if (k4_like(t)) {
             int64_t isum = 0, xsum = 0;
             for (int l = 0; l < 32; ++l) isum += int64_t{code[32 * g + l]} * q[32 * g + l], xsum += q[32 * g + l];
             m += std::fabs(xd[g]) * (std::fabs(ds[g] * isum) + std::fabs(ms[g] * xsum));
@@ -219,16 +224,16 @@ class Mmq : public ::testing::Test {
 };
 
 TEST_F(Mmq, host_decoder_matches_dequantize_row) {
-  for (DType t : {DType::kQ4_K, DType::kQ6_K}) {
+  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     const auto bytes = test::random_blocks(t, 64, rng_);
     std::vector<float> f(64 * 256);
     ASSERT_TRUE(dequantize_row(t, bytes.data(), f.data(), 64 * 256).ok());
     double w[256], ds[16], ms[16];
     int code[256];
     for (int b = 0; b < 64; ++b) {
-      decode_block(t, bytes.data() + b * (t == DType::kQ4_K ? 144 : 210), w, code, ds, ms);
+      decode_block(t, bytes.data() + b * block_bytes(t), w, code, ds, ms);
       for (int e = 0; e < 256; ++e) {
-        const int g = t == DType::kQ4_K ? e / 32 : e / 16;
+        const int g = k4_like(t) ? e / 32 : e / 16;
         const double tol = std::ldexp(1.0, -22) * (std::fabs(ds[g] * code[e]) + std::fabs(ms[g])) + 1e-45;
         ASSERT_NEAR(f[b * 256 + e], w[e], tol) << dtype_name(t) << " block " << b << " element " << e;
       }
@@ -249,7 +254,7 @@ TEST_F(Mmq, matches_the_double_reference) {
                         {1040, 4096, {1, 17}},
                         {9000, 4096, {3}},
                         {40000, 512, {1, 32}}};
-  for (DType t : {DType::kQ4_K, DType::kQ6_K})
+  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K})
     for (const Case& c : cases) {
       const auto wb = test::random_blocks(t, c.rows * c.cols / 256, rng_);
       Tokens x;
@@ -265,8 +270,8 @@ TEST_F(Mmq, extreme_scales) {
   SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
   const int64_t rows = 48, cols = 4096;
   const uint16_t halves[] = {0x7bff, 0xfbff, 0x0001, 0x8001, 0x0400, 0x0000, 0x3c00};
-  for (DType t : {DType::kQ4_K, DType::kQ6_K}) {
-    const int64_t bytes = t == DType::kQ4_K ? 144 : 210;
+  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    const int64_t bytes = block_bytes(t);
     auto wb = test::random_blocks(t, rows * cols / 256, rng_);
     for (int64_t b = 0; b < rows * cols / 256; ++b) {
       uint8_t* p = wb.data() + b * bytes;
@@ -275,7 +280,7 @@ TEST_F(Mmq, extreme_scales) {
       if (kind == 1) std::memset(p, 0x00, bytes);
       if (t == DType::kQ6_K && kind == 2) std::memset(p + 192, 0x80, 16);  // scales -128
       const uint16_t h0 = halves[rng_() % 7], h1 = halves[rng_() % 7];
-      if (t == DType::kQ4_K) {
+      if (k4_like(t)) {
         p[0] = h0 & 0xff, p[1] = h0 >> 8, p[2] = h1 & 0xff, p[3] = h1 >> 8;
       } else {
         p[208] = h0 & 0xff, p[209] = h0 >> 8;
@@ -301,7 +306,7 @@ TEST_F(Mmq, token_outputs_do_not_depend_on_the_batch) {
   };
   for (const Case c : {Case{3, 100, 4096}, Case{3, 100, 12288}, Case{0, 100, 4096}, Case{0, 100, 12288},
                        Case{3, 16400, 4096}})
-  for (DType t : {DType::kQ4_K, DType::kQ6_K}) {
+  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
       const int64_t rows = c.rows, cols = c.cols;
       cuda::mmq_set_variant(c.variant);
       const std::string what = std::string(dtype_name(t)) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
@@ -334,14 +339,14 @@ TEST_F(Mmq, token_outputs_do_not_depend_on_the_batch) {
 }
 
 // The canonical order (mmq.h): gemv_q8 at one token and mmq with gemv_q8_parts(type, rows) parts form every
-// q4_K and q6_K sum in the same order, so a verify step's products on the tensor cores can equal plain
+// q4_K, q5_K and q6_K sum in the same order, so a verify step's products on the tensor cores can equal plain
 // decoding's bit for bit. Row counts give each split of the one-token launch on this GPU (1, 2, 4 warps a
 // row group: 4, 8, 16 parts for q4_K and q6_K); past 8 parts mmq does not take the product.
 TEST_F(Mmq, one_token_gemv_q8_equals_mmq_in_its_parts) {
   SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  for (DType type : {DType::kQ4_K, DType::kQ6_K})
+  for (DType type : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K})
     for (int64_t rows : {int64_t{64 * sms + 16}, int64_t{16 * sms + 16}, int64_t{20 * sms}, int64_t{8 * sms + 3}})
       for (int64_t cols : {int64_t{4096}, int64_t{2560}}) {
         const int parts = cuda::gemv_q8_parts(type, rows);
@@ -374,7 +379,7 @@ TEST_F(Mmq, one_token_gemv_q8_equals_mmq_in_its_parts) {
 TEST_F(Mmq, grouped_launch_equals_one_launch_a_part) {
   SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
   const int64_t cols = 2560, rows[] = {700, 0, 37, 17000};
-  for (DType type : {DType::kQ4_K, DType::kQ6_K})
+  for (DType type : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K})
     for (int64_t n : {int64_t{5}, int64_t{23}, int64_t{32}}) {
       Tokens x;
       quantize(random_x(n, cols, rng_), n, cols, x);
@@ -442,7 +447,7 @@ TEST_F(Mmq, rejects_bad_arguments) {
   EXPECT_EQ(mmq(DType::kQ4_K, nullptr, 1, cols, xp, 4), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, w4, int64_t{INT_MAX} + 1, cols, xp, 4, yp), bad);  // rows at most INT_MAX
   EXPECT_EQ(mmq(DType::kQ8_0, w4, rows, cols, xp, 4, yp), bad);
-  EXPECT_EQ(mmq(DType::kQ5_K, w4, rows, cols, xp, 4, yp), bad);
+  EXPECT_EQ(mmq(DType::kQ3_K, w4, rows, cols, xp, 4, yp), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, w4, -1, cols, xp, 4, yp), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, 0, xp, 4, yp), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, 320, xp, 4, yp), bad);
