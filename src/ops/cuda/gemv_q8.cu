@@ -10,7 +10,7 @@
 //   q6_K        8 lanes, two 16-element groups each (16 bytes of ql, 16 of qh), 16-byte loads (the device form)
 //   q8_0        2 lanes, 16 codes each, 16-byte loads (the device form)
 //   q4_0        2 lanes,  8 bytes = 16 codes each, 8-byte loads (the device form)
-//   q3_K        8 lanes, 8 bytes of qs and 8 of hmask each, 8-byte loads (the padded device form)
+//   q3_K        8 lanes, two 16-element groups each (16 bytes of qs, 16 of hmask), 16-byte loads (padded form)
 //   q2_K        8 lanes, 8 bytes of qs each, an 8-byte load (the device form)
 // Each lane accumulates exact int32 sums of code * xq with __dp4a, then applies the block scales in f32:
 // sum_i (ds q_i - ms) xd xq_i = xd (ds * sum q_i xq_i - ms * sum xq_i).
@@ -81,6 +81,8 @@ __device__ __forceinline__ float fp16_bits_to_f32(uint32_t h) {
 }
 
 using qblocks::k4_scales_mins;
+using qblocks::q3k_codes;
+using qblocks::q3k_scale;
 
 // The block types. Each gives, for the lane's share of a block (kLanes lanes a block): Raw (its weight
 // bytes as loaded), Codes (decoded once per block and row), Act (one token's activation slice: codes,
@@ -187,6 +189,24 @@ struct K4 {
   }
 };
 
+// The block term of the types with 16-element scales (q6_K, q3_K) in mmq's order, from the lane's two scaled
+// integer dots ja, jb of groups a, b (Q6K's lane mapping) and their 32-element halves' xd: the exact J_q of
+// each 32-element group q (the lane's group plus its partner's, lane ^ 2; |J| < 2^24, so exact in float too),
+// p_q = xd_q J_q; the pairs p_{4h} + p_{4h+1} and p_{4h+2} + p_{4h+3} with lane ^ 1 (float addition commutes, so
+// both lanes form the same sums), their sum in the lane, and the two h halves with lane ^ 4: inner = ((p_0 +
+// p_1) + (p_2 + p_3)) + ((p_4 + p_5) + (p_6 + p_7)) in every lane of the group; acc = fma(d, inner, acc).
+__device__ __forceinline__ void add_q6_order(float& acc, float d, int ja, int jb, float da, float db, int lane) {
+  const unsigned group = 0xffu << (lane & 24);
+  ja += __shfl_xor_sync(group, ja, 2);
+  jb += __shfl_xor_sync(group, jb, 2);
+  float pa = __fmul_rn(da, static_cast<float>(ja)), pb = __fmul_rn(db, static_cast<float>(jb));
+  pa = __fadd_rn(pa, __shfl_xor_sync(group, pa, 1));
+  pb = __fadd_rn(pb, __shfl_xor_sync(group, pb, 1));
+  float v = __fadd_rn(pa, pb);
+  v = __fadd_rn(v, __shfl_xor_sync(group, v, 4));
+  acc = __fmaf_rn(d, v, acc);
+}
+
 // q6_K (the device form, weight_form.h: 208 aligned bytes a block, d apart): lane u = lane % 8 of a block
 // (h = u / 4, t = u / 2 % 2, k0 = u % 2) holds groups a = 8h + 2k0 + t and b = a + 4 (16-element groups g =
 // 8h + 2k + t: elements 16g + [0, 16), low nibbles from ql[64h + 16t + 32(k & 1)], nibble k / 2, bits 4-5
@@ -252,27 +272,14 @@ struct Q6K {
     }
     return c;
   }
-  // The block's term in mmq's order (mmq.h, "the canonical order"): J_q = sc_2q isum_2q + sc_2q+1 isum_2q+1
-  // exact in int (the lane's group plus its partner's, lane ^ 2: the other half of the 32-element group q;
-  // |J| < 2^24, so exact in float too), p_q = xd_q J_q; the pairs p_{4h} + p_{4h+1} and p_{4h+2} + p_{4h+3}
-  // with lane ^ 1 (float addition commutes, so both lanes form the same sums), their sum in the lane, and the
-  // two h halves with lane ^ 4: inner = ((p_0 + p_1) + (p_2 + p_3)) + ((p_4 + p_5) + (p_6 + p_7)) in every lane
-  // of the group; acc = fma(d, inner, acc).
+  // The block's term in mmq's order (mmq.h, "the canonical order"): add_q6_order of J = sc (isum - 32 xsum).
   __device__ static void add(float& acc, const Codes& c, const Act& x, int lane) {
-    const unsigned group = 0xffu << (lane & 24);
-    int ja = c.sa * (dot4(c.qa, x.qa, 0) - x.sa32), jb = c.sb * (dot4(c.qb, x.qb, 0) - x.sb32);
-    ja += __shfl_xor_sync(group, ja, 2);
-    jb += __shfl_xor_sync(group, jb, 2);
-    float pa = __fmul_rn(x.da, static_cast<float>(ja)), pb = __fmul_rn(x.db, static_cast<float>(jb));
-    pa = __fadd_rn(pa, __shfl_xor_sync(group, pa, 1));
-    pb = __fadd_rn(pb, __shfl_xor_sync(group, pb, 1));
-    float v = __fadd_rn(pa, pb);
-    v = __fadd_rn(v, __shfl_xor_sync(group, v, 4));
-    acc = __fmaf_rn(c.d, v, acc);
+    add_q6_order(acc, c.d, c.sa * (dot4(c.qa, x.qa, 0) - x.sa32), c.sb * (dot4(c.qb, x.qb, 0) - x.sb32), x.da, x.db,
+                 lane);
   }
 };
 
-// The activations of q2_K's and q3_K's lane u = lane % 8 of a block (h = u / 4, v = u % 4): elements
+// The activations of q2_K's lane u = lane % 8 of a block (h = u / 4, v = u % 4): elements
 // 128h + 32j + 8v + [0, 8) of the block's four 32-element groups j, with their groups' scales.
 struct LowBitAct {
   uint2 x[4];  // group j's 8 activation codes
@@ -291,67 +298,68 @@ __device__ __forceinline__ LowBitAct low_bit_act(const Args& a, int t, int64_t b
   return x;
 }
 
-// q3_K (the padded device form, weight_form.h: 112-byte aligned blocks): lane u = lane % 8 of a block (h = u / 4,
-// v = u % 4) holds qs bytes [32h + 8v, +8) and hmask bytes [8v, +8), i.e. the elements 128h + 32j + 8v + [0, 8)
-// of the four 32-element groups j (2 bits 2j of each qs byte, the high bit: hmask bit 4h + j; code = q - 4
-// where that bit is clear), whose 6-bit scales are 8h + 2j + v / 2 (scales and d: one 16-byte word at byte
-// 96). The codes are formed signed in place (q | 0xfc where the bit is clear), so no activation sums are needed.
-// Each lane adds its own terms, fma(xd_j, ds_j * isum_j, acc), j = 0..3 (ds_j = d (sc_j - 32) rounded, as the
-// CPU codec's); lanes and parts are summed by store_rows.
+// q3_K (the padded device form, weight_form.h: 112-byte aligned blocks) in q6_K's lane mapping and canonical
+// order: lane u = lane % 8 of a block (h = u / 4, t = u / 2 % 2, k0 = u % 2) holds the 16-element groups a =
+// 8h + 2k0 + t and b = a + 4 (group g = 8h + 2k + t: elements 128h + 32k + 16t + [0, 16), bits 2k of qs[32h +
+// 16t + l], the high bit: bit 4h + k of hmask[16t + l], code = q - 4 where it is clear; 6-bit scale g, minus
+// 32). Both groups read the same 16 qs and 16 hmask bytes; the codes are formed signed in place (q | 0xfc where
+// the bit is clear), so no activation sums are needed; the scales and d are one 16-byte word at byte 96.
 struct Q3K {
   static constexpr int kBytes = kQ3Stride, kElems = 256, kLanes = 8;
   static constexpr int kInFlight = 2;
-  static constexpr bool kHoistTokens = false;  // Act is 12 registers, as K4's
-  static constexpr bool kGroupParts = false;
+  static constexpr bool kHoistTokens = false;
+  static constexpr bool kGroupParts = true;  // each lane group's sum is a part of the canonical order
   static constexpr int rows_a_warp(int nt) { return nt == 8 ? 4 : 2; }
   static constexpr int min_ctas(int nt, int /*split*/) { return nt == 1 ? 7 : 1; }  // 8 spills
   struct Raw {
-    uint2 qs, hm;
+    uint4 qs, hm;
     uint4 hdr;  // scales[12], d, two zero bytes
   };
   struct Codes {
-    int q[4][2];  // group j's 8 signed codes
-    float ds[4];
+    int qa[4], qb[4];
+    int sa, sb;  // the groups' scales (-32..31)
+    float d;
   };
-  using Act = LowBitAct;
+  struct Act {
+    uint4 qa, qb;
+    float da, db;  // xd of the groups' 32-element halves
+  };
   __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t /*blocks*/, int lane) {
-    const int u = lane & 7, h = u >> 2, v = u & 3;
+    const int u = lane & 7, h = u >> 2, t = (u >> 1) & 1;
     const uint8_t* blk = rowp + b * kBytes;
     Raw w;
-    w.qs = __ldg(reinterpret_cast<const uint2*>(blk + 32 + 32 * h + 8 * v));
-    w.hm = __ldg(reinterpret_cast<const uint2*>(blk + 8 * v));
+    w.qs = ldw_u4(blk + 32 + 32 * h + 16 * t);
+    w.hm = ldw_u4(blk + 16 * t);
     w.hdr = ldw_u4(blk + 96);
     return w;
   }
-  __device__ static Act act(const Args& a, int t, int64_t b, int lane) { return low_bit_act(a, t, b, lane); }
+  __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
+    const int u = lane & 7, ga = 8 * (u >> 2) + 2 * (u & 1) + ((u >> 1) & 1), gb = ga + 4;
+    const int8_t* xr = a.xq + t * a.cols + b * 256;
+    const float* xd = a.xd + t * (a.cols / 32) + b * 8;
+    Act x;
+    x.qa = __ldg(reinterpret_cast<const uint4*>(xr + 16 * ga));
+    x.qb = __ldg(reinterpret_cast<const uint4*>(xr + 16 * gb));
+    x.da = __ldg(xd + ga / 2), x.db = __ldg(xd + gb / 2);
+    return x;
+  }
   __device__ static Codes decode(const Raw& w, int lane) {
-    const int u = lane & 7, h = u >> 2, s = (u & 3) >> 1;
+    const int u = lane & 7, h = u >> 2, t = (u >> 1) & 1, k0 = u & 1;
     Codes c;
-    const float d = qblocks::fp16_to_f32(w.hdr.w & 0xffffu);
-    const uint32_t nh[2] = {~w.hm.x, ~w.hm.y}, qs[2] = {w.qs.x, w.qs.y};
+    c.d = qblocks::fp16_to_f32(w.hdr.w & 0xffffu);
+    c.sa = q3k_scale(w.hdr, h, k0, t);
+    c.sb = q3k_scale(w.hdr, h, k0 + 2, t);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      // Scale k = 8h + 2j + s: low 4 bits from byte 2j + s (nibble h), high 2 from byte 8 + 2(j % 2) + s, bits
-      // 2(2h + j / 2).
-      const uint32_t lo_word = j < 2 ? w.hdr.x : w.hdr.y;
-      const int lo = static_cast<int>((lo_word >> (8 * (2 * (j & 1) + s) + 4 * h)) & 0xfu);
-      const int hi = static_cast<int>((w.hdr.z >> (8 * (2 * (j & 1) + s) + 2 * (2 * h + (j >> 1)))) & 3u);
-      c.ds[j] = __fmul_rn(d, static_cast<float>((lo | (hi << 4)) - 32));
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const uint32_t q = (qs[i] >> (2 * j)) & 0x03030303u;
-        const uint32_t clear = (nh[i] >> (4 * h + j)) & 0x01010101u;  // 1 where the high bit is clear: q - 4
-        c.q[j][i] = static_cast<int>(q | (clear * 0xfcu));
-      }
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t qs = i == 0 ? w.qs.x : i == 1 ? w.qs.y : i == 2 ? w.qs.z : w.qs.w;
+      const uint32_t nh = ~(i == 0 ? w.hm.x : i == 1 ? w.hm.y : i == 2 ? w.hm.z : w.hm.w);
+      c.qa[i] = q3k_codes(qs, nh, h, k0);
+      c.qb[i] = q3k_codes(qs, nh, h, k0 + 2);
     }
     return c;
   }
-  __device__ static void add(float& acc, const Codes& c, const Act& x, int /*lane*/) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int s = __dp4a(c.q[j][1], static_cast<int>(x.x[j].y), __dp4a(c.q[j][0], static_cast<int>(x.x[j].x), 0));
-      acc = __fmaf_rn(x.d[j], __fmul_rn(c.ds[j], static_cast<float>(s)), acc);
-    }
+  __device__ static void add(float& acc, const Codes& c, const Act& x, int lane) {
+    add_q6_order(acc, c.d, c.sa * dot4(c.qa, x.qa, 0), c.sb * dot4(c.qb, x.qb, 0), x.da, x.db, lane);
   }
 };
 
@@ -708,6 +716,7 @@ int gemv_q8_parts(DType type, int64_t total_rows) {
   const int groups = id == qblocks::kQ4_K ? 32 / K4<false>::kLanes
                      : id == qblocks::kQ5_K ? 32 / K4<true>::kLanes
                      : id == qblocks::kQ6_K ? 32 / Q6K::kLanes
+                     : id == qblocks::kQ3_K ? 32 / Q3K::kLanes
                                             : 0;
   return groups * gemv_auto_split(total_rows);
 }

@@ -1,4 +1,4 @@
-// Int8 tensor-core products of q4_K / q5_K / q6_K weights with 1..32 tokens (mmq.h).
+// Int8 tensor-core products of q3_K / q4_K / q5_K / q6_K weights with 1..32 tokens (mmq.h).
 //
 // Work split: a CTA of 8 warps; a warp owns T tiles of 16 consecutive rows (T = tiles_a_warp: 1, or 2 for
 // many tokens and rows, which then share each activation fragment) and all the launch's tokens (NT8 = ceil(n / 8)
@@ -206,32 +206,16 @@ struct Q4K {
   }
 };
 
-// q6_K in the device form (weight_form.h): a block's ql[128] (low nibbles), qh[64] (2 high bits each), int8
-// scales[16] at 208 aligned bytes, its d (fp16) in the row's scale array.
-// Group (q, j) (q = 4h + k: 32-element group, j: half of it) holds elements 128h + 32k + 16j + [0, 16):
-// nibble k / 2 of ql[64h + 32(k & 1) + 16j + l], bits 2k of qh[32h + 16j + l], scale scales[2q + j].
-struct Q6K {
-  static constexpr int kBytes = kQ6Body;
-  struct Raw {
-    uint32_t ql[2][8];  // row i, 16-byte segment s of ql: bytes 16s + 4 tid + [0, 4)
-    uint32_t qh[2][4];  // row i, segment s of qh
-    uint32_t sc[2][4];  // row i: the 16 scale bytes
-    uint32_t d[2];
-  };
+// The types with 16-element scales in q6_K's canonical order. Group (q, j) (q = 4h + k: 32-element group, j: half
+// of it) holds elements 128h + 32k + 16j + [0, 16), with scale 2q + j; S gives, for the lane's row i of its
+// tile: frag(r, i, q, j), the signed codes of elements 128h + 32k + 16j + 4 tid + [0, 4) (the A fragment of an
+// m16n8k16 step), scale(r, i, q, j) and d_bits(r, i).
+template <typename S>
+struct Q6Order {
+  static constexpr int kBytes = S::kBytes;
+  using Raw = typename S::Raw;
   __device__ static Raw load(const uint8_t* const (&rowp)[2], int64_t b, int64_t blocks, int tid) {
-    Raw r;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const uint8_t* blk = rowp[i] + b * kBytes;
-#pragma unroll
-      for (int s = 0; s < 8; ++s) r.ql[i][s] = ldg_u32(blk + 16 * s + 4 * tid);
-#pragma unroll
-      for (int s = 0; s < 4; ++s) r.qh[i][s] = ldg_u32(blk + 128 + 16 * s + 4 * tid);
-      const uint4 sc = ldg_u4(blk + 192);
-      r.sc[i][0] = sc.x, r.sc[i][1] = sc.y, r.sc[i][2] = sc.z, r.sc[i][3] = sc.w;
-      r.d[i] = ldg_u16(rowp[i] + q6k_d_offset(blocks, b));
-    }
-    return r;
+    return S::load(rowp, b, blocks, tid);
   }
   template <int NT8, int T>
   __device__ static void block(const Args& a, const Raw (&r)[T], int64_t b, int g, int tid,
@@ -241,24 +225,18 @@ struct Q6K {
     float even[T][NT8][4], pair[T][NT8][4], quad[T][NT8][4], inner[T][NT8][4];
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
-      const int h = q >> 2, k = q & 3;
       // A fragments of groups (q, 0) and (q, 1), and their scales, for both rows of each tile.
       uint32_t fa[T][2][2];
       int sc[T][2][2];
 #pragma unroll
       for (int u = 0; u < T; ++u)
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < 2; ++i)
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
-            const uint32_t lo = (r[u].ql[i][4 * h + 2 * (k & 1) + j] >> (4 * (k >> 1))) & kLowNibbles;
-            const uint32_t hi = ((r[u].qh[i][2 * h + j] >> (2 * k)) & 0x03030303u) << 4;
-            // code - 32 in each byte: bit 7 set first so that no byte borrows from the next.
-            fa[u][j][i] = (((lo | hi) | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
+            fa[u][j][i] = S::frag(r[u], i, q, j);
+            sc[u][i][j] = S::scale(r[u], i, q, j);
           }
-          const uint32_t w = r[u].sc[i][q >> 1] >> (16 * (q & 1));
-          sc[u][i][0] = static_cast<int8_t>(w & 0xffu), sc[u][i][1] = static_cast<int8_t>((w >> 8) & 0xffu);
-        }
 #pragma unroll
       for (int nt = 0; nt < NT8; ++nt) {
         // The lane's 8 code bytes of group q (its 16-byte piece of chunk q / 2: groups 2c, 2c + 1), and xd of
@@ -295,11 +273,86 @@ struct Q6K {
       for (int nt = 0; nt < NT8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float dd = half_bits(r[u].d[e >> 1]);
+          const float dd = half_bits(S::d_bits(r[u], e >> 1));
           acc[u][nt][e] = __fmaf_rn(dd, inner[u][nt][e], acc[u][nt][e]);
         }
   }
 };
+
+// q6_K in the device form (weight_form.h): a block's ql[128] (low nibbles), qh[64] (2 high bits each), int8
+// scales[16] at 208 aligned bytes, its d (fp16) in the row's scale array. Group (q, j): nibble k / 2 of
+// ql[64h + 32(k & 1) + 16j + l], bits 2k of qh[32h + 16j + l], scale scales[2q + j], code - 32.
+struct Q6Src {
+  static constexpr int kBytes = kQ6Body;
+  struct Raw {
+    uint32_t ql[2][8];  // row i, 16-byte segment s of ql: bytes 16s + 4 tid + [0, 4)
+    uint32_t qh[2][4];  // row i, segment s of qh
+    uint32_t sc[2][4];  // row i: the 16 scale bytes
+    uint32_t d[2];
+  };
+  __device__ static Raw load(const uint8_t* const (&rowp)[2], int64_t b, int64_t blocks, int tid) {
+    Raw r;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint8_t* blk = rowp[i] + b * kBytes;
+#pragma unroll
+      for (int s = 0; s < 8; ++s) r.ql[i][s] = ldg_u32(blk + 16 * s + 4 * tid);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) r.qh[i][s] = ldg_u32(blk + 128 + 16 * s + 4 * tid);
+      const uint4 sc = ldg_u4(blk + 192);
+      r.sc[i][0] = sc.x, r.sc[i][1] = sc.y, r.sc[i][2] = sc.z, r.sc[i][3] = sc.w;
+      r.d[i] = ldg_u16(rowp[i] + q6k_d_offset(blocks, b));
+    }
+    return r;
+  }
+  __device__ static uint32_t frag(const Raw& r, int i, int q, int j) {
+    const int h = q >> 2, k = q & 3;
+    const uint32_t lo = (r.ql[i][4 * h + 2 * (k & 1) + j] >> (4 * (k >> 1))) & kLowNibbles;
+    const uint32_t hi = ((r.qh[i][2 * h + j] >> (2 * k)) & 0x03030303u) << 4;
+    // code - 32 in each byte: bit 7 set first so that no byte borrows from the next.
+    return (((lo | hi) | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
+  }
+  __device__ static int scale(const Raw& r, int i, int q, int j) {
+    return static_cast<int8_t>((r.sc[i][q >> 1] >> (16 * (q & 1) + 8 * j)) & 0xffu);
+  }
+  __device__ static uint32_t d_bits(const Raw& r, int i) { return r.d[i]; }
+};
+
+// q3_K in its padded device form (weight_form.h: 112-byte blocks): hmask[32], qs[64], scales[12], d. Group (q, j):
+// bits 2k of qs[32h + 16j + l], minus 4 where bit 4h + k of hmask[16j + l] is clear (quant_blocks.cuh
+// q3k_codes), 6-bit scale 2q + j minus 32 (q3k_scale).
+struct Q3Src {
+  static constexpr int kBytes = kQ3Stride;
+  struct Raw {
+    uint32_t qs[2][4];  // row i, (h, j) = s / 2, s % 2: qs bytes 32h + 16j + 4 tid + [0, 4)
+    uint32_t nh[2][2];  // row i, j: hmask bytes 16j + 4 tid + [0, 4), inverted
+    uint4 hdr[2];       // row i: scales[12], d
+  };
+  __device__ static Raw load(const uint8_t* const (&rowp)[2], int64_t b, int64_t /*blocks*/, int tid) {
+    Raw r;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint8_t* blk = rowp[i] + b * kBytes;
+#pragma unroll
+      for (int s = 0; s < 4; ++s) r.qs[i][s] = ldg_u32(blk + 32 + 16 * s + 4 * tid);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) r.nh[i][j] = ~ldg_u32(blk + 16 * j + 4 * tid);
+      r.hdr[i] = ldg_u4(blk + 96);
+    }
+    return r;
+  }
+  __device__ static uint32_t frag(const Raw& r, int i, int q, int j) {
+    const int h = q >> 2, k = q & 3;
+    return static_cast<uint32_t>(qblocks::q3k_codes(r.qs[i][2 * h + j], r.nh[i][j], h, k));
+  }
+  __device__ static int scale(const Raw& r, int i, int q, int j) {
+    return qblocks::q3k_scale(r.hdr[i], q >> 2, q & 3, j);
+  }
+  __device__ static uint32_t d_bits(const Raw& r, int i) { return r.hdr[i].w & 0xffffu; }
+};
+
+using Q6K = Q6Order<Q6Src>;
+using Q3K = Q6Order<Q3Src>;
 
 // kMinCtas CTAs a SM (__launch_bounds__): 3 (80 registers, one block in flight a warp), 2 (128 registers;
 // two blocks in flight for n <= 8) or 1 (two row tiles a warp). n <= 8 runs at 3 (H100: faster than 2 at
@@ -442,7 +495,7 @@ cudaError_t launch(const Args& a, int tiles, unsigned grid, cudaStream_t stream)
     mmq_kernel<B, 2, 2, 1><<<grid, kThreads, 0, stream>>>(a);
   } else if (a.n <= 24) {
     mmq_kernel<B, 3, 2, 1><<<grid, kThreads, 0, stream>>>(a);
-  } else if constexpr (std::is_same_v<B, Q6K>) {
+  } else if constexpr (std::is_same_v<B, Q6K> || std::is_same_v<B, Q3K>) {
     mmq_kernel<B, 4, 2, 1><<<grid, kThreads, 0, stream>>>(a);
   } else {
     if (tiles == 2) mmq_kernel<B, 4, 1, 2><<<grid, kThreads, 0, stream>>>(a);
@@ -457,7 +510,7 @@ bool aligned(const void* p, uintptr_t al) { return reinterpret_cast<uintptr_t>(p
 
 bool mmq_supported(DType type) {
   const auto id = static_cast<uint32_t>(type);
-  return id == qblocks::kQ4_K || id == qblocks::kQ5_K || id == qblocks::kQ6_K;
+  return id == qblocks::kQ3_K || id == qblocks::kQ4_K || id == qblocks::kQ5_K || id == qblocks::kQ6_K;
 }
 
 void mmq_set_variant(int v) { g_variant = v; }
@@ -485,7 +538,7 @@ cudaError_t mmq_pack_x(DType type, const int8_t* xq, const float* xd, const int*
   if (grid > INT_MAX) return cudaErrorInvalidValue;
   auto* xc = static_cast<uint4*>(xp);
   auto* xsc = reinterpret_cast<float4*>(static_cast<uint8_t*>(xp) + n8 * cols);
-  if (static_cast<uint32_t>(type) == qblocks::kQ6_K)
+  if (static_cast<uint32_t>(type) == qblocks::kQ6_K || static_cast<uint32_t>(type) == qblocks::kQ3_K)
     pack_x_kernel<true><<<static_cast<unsigned>(grid), 256, 0, stream>>>(xq, xd, xs, static_cast<int>(n), n8, cols,
                                                                           xc, xsc);
   else
@@ -498,7 +551,7 @@ cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, cons
                 cudaStream_t stream, int split) {
   const auto id = static_cast<uint32_t>(type);
   if (!mmq_supported(type)) return cudaErrorInvalidValue;
-  constexpr uintptr_t walign = 16;  // q6_K: its device form (weight_form.h)
+  constexpr uintptr_t walign = 16;  // q6_K, q3_K: their device forms (weight_form.h)
   if (parts == nullptr || n_parts < 1 || n_parts > kMaxParts) return cudaErrorInvalidValue;
   if (cols <= 0 || cols % 256 != 0 || n < 1 || n > kMmqMaxTokens || cols > INT64_MAX / 64) return cudaErrorInvalidValue;
   if (split != 0 && split != 1 && split != 2 && split != 4 && split != 8) return cudaErrorInvalidValue;
@@ -539,6 +592,7 @@ cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, cons
   a.cta_begin[a.np] = static_cast<unsigned>(grid);
   const auto g = static_cast<unsigned>(grid);
   if (id == qblocks::kQ6_K) return launch<Q6K>(a, tiles, g, stream);
+  if (id == qblocks::kQ3_K) return launch<Q3K>(a, tiles, g, stream);
   if (id == qblocks::kQ5_K)
     return g_variant & 2 ? launch<Q4K<true, true>>(a, tiles, g, stream) : launch<Q4K<false, true>>(a, tiles, g, stream);
   return g_variant & 2 ? launch<Q4K<true>>(a, tiles, g, stream) : launch<Q4K<false>>(a, tiles, g, stream);

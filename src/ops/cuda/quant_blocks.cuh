@@ -191,6 +191,22 @@ struct Q3_K {  // hmask@0[32] qs@32[64] scales@96[12] d@108: x = (d*(sc-32)) * (
   }
 };
 
+// q3_K's 6-bit scale of 16-element group g = 8h + 2k + t, minus 32, from the block's 16-byte word at byte 96
+// (scales[12], d): low 4 bits from byte 2k + t (nibble h), high 2 from byte 8 + 2(k % 2) + t, bits 2(2h + k / 2).
+__device__ __forceinline__ int q3k_scale(const uint4& hdr, int h, int k, int t) {
+  const uint32_t lo_word = k < 2 ? hdr.x : hdr.y;
+  const int lo = static_cast<int>((lo_word >> (8 * (2 * (k & 1) + t) + 4 * h)) & 0xfu);
+  const int hi = static_cast<int>((hdr.z >> (8 * (2 * (k & 1) + t) + 2 * (2 * h + (k >> 1)))) & 3u);
+  return (lo | (hi << 4)) - 32;
+}
+// Four signed q3_K codes (int8 bytes) of shift group k in half h from a qs word and the inverted hmask word
+// of the same elements: bits 2k of qs, minus 4 where hmask bit 4h + k is clear (q | 0xfc: no byte borrows).
+__device__ __forceinline__ int q3k_codes(uint32_t qs, uint32_t not_hmask, int h, int k) {
+  const uint32_t q = (qs >> (2 * k)) & 0x03030303u;
+  const uint32_t clear = (not_hmask >> (4 * h + k)) & 0x01010101u;
+  return static_cast<int>(q | (clear * 0xfcu));
+}
+
 // A codec over a padded device form (weight_form.h: q3_K): its blocks kStride bytes apart, each the stored
 // block's bytes first.
 template <typename C, int kStride>

@@ -120,6 +120,20 @@ void decode_block(DType t, const uint8_t* b, double (&w)[256], int (&code)[256],
         w[32 * j + l] = ds[j] * c - ms[j];
       }
     }
+  } else if (t == DType::kQ3_K) {  // hmask@0[32] qs@32[64] scales@96[12] d@108, 16-element groups
+    const double d = fp16_to_fp32(static_cast<uint16_t>(b[108] | b[109] << 8));
+    const uint8_t* sc = b + 96;
+    for (int g = 0; g < 16; ++g) {
+      const int low = g < 8 ? (sc[g] & 0xf) : (sc[g - 8] >> 4), high = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
+      ds[g] = d * ((low | high << 4) - 32), ms[g] = 0;
+    }
+    for (int h = 0; h < 2; ++h)
+      for (int k = 0; k < 4; ++k)
+        for (int l = 0; l < 32; ++l) {
+          const int e = 128 * h + 32 * k + l, g = 8 * h + 2 * k + l / 16;
+          code[e] = ((b[32 + 32 * h + l] >> (2 * k)) & 3) - (((b[l] >> (4 * h + k)) & 1) ? 0 : 4);
+          w[e] = ds[g] * code[e];
+        }
   } else {
     const double d = fp16_to_fp32(static_cast<uint16_t>(b[208] | b[209] << 8));
     for (int h = 0; h < 2; ++h)
@@ -135,7 +149,9 @@ void decode_block(DType t, const uint8_t* b, double (&w)[256], int (&code)[256],
   }
 }
 
-int64_t block_bytes(DType t) { return t == DType::kQ4_K ? 144 : t == DType::kQ5_K ? 176 : 210; }
+int64_t block_bytes(DType t) {  // stored
+  return t == DType::kQ4_K ? 144 : t == DType::kQ5_K ? 176 : t == DType::kQ3_K ? 110 : 210;
+}
 bool k4_like(DType t) { return t == DType::kQ4_K || t == DType::kQ5_K; }  // sub-block scales and mins
 
 // ref[t * rows + r] and the magnitudes of its terms.
@@ -224,7 +240,7 @@ class Mmq : public ::testing::Test {
 };
 
 TEST_F(Mmq, host_decoder_matches_dequantize_row) {
-  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (DType t : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     const auto bytes = test::random_blocks(t, 64, rng_);
     std::vector<float> f(64 * 256);
     ASSERT_TRUE(dequantize_row(t, bytes.data(), f.data(), 64 * 256).ok());
@@ -254,7 +270,7 @@ TEST_F(Mmq, matches_the_double_reference) {
                         {1040, 4096, {1, 17}},
                         {9000, 4096, {3}},
                         {40000, 512, {1, 32}}};
-  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K})
+  for (DType t : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K})
     for (const Case& c : cases) {
       const auto wb = test::random_blocks(t, c.rows * c.cols / 256, rng_);
       Tokens x;
@@ -270,7 +286,7 @@ TEST_F(Mmq, extreme_scales) {
   SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
   const int64_t rows = 48, cols = 4096;
   const uint16_t halves[] = {0x7bff, 0xfbff, 0x0001, 0x8001, 0x0400, 0x0000, 0x3c00};
-  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (DType t : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     const int64_t bytes = block_bytes(t);
     auto wb = test::random_blocks(t, rows * cols / 256, rng_);
     for (int64_t b = 0; b < rows * cols / 256; ++b) {
@@ -282,6 +298,8 @@ TEST_F(Mmq, extreme_scales) {
       const uint16_t h0 = halves[rng_() % 7], h1 = halves[rng_() % 7];
       if (k4_like(t)) {
         p[0] = h0 & 0xff, p[1] = h0 >> 8, p[2] = h1 & 0xff, p[3] = h1 >> 8;
+      } else if (t == DType::kQ3_K) {
+        p[108] = h0 & 0xff, p[109] = h0 >> 8;
       } else {
         p[208] = h0 & 0xff, p[209] = h0 >> 8;
       }
@@ -306,7 +324,7 @@ TEST_F(Mmq, token_outputs_do_not_depend_on_the_batch) {
   };
   for (const Case c : {Case{3, 100, 4096}, Case{3, 100, 12288}, Case{0, 100, 4096}, Case{0, 100, 12288},
                        Case{3, 16400, 4096}})
-  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (DType t : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
       const int64_t rows = c.rows, cols = c.cols;
       cuda::mmq_set_variant(c.variant);
       const std::string what = std::string(dtype_name(t)) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
@@ -339,14 +357,14 @@ TEST_F(Mmq, token_outputs_do_not_depend_on_the_batch) {
 }
 
 // The canonical order (mmq.h): gemv_q8 at one token and mmq with gemv_q8_parts(type, rows) parts form every
-// q4_K, q5_K and q6_K sum in the same order, so a verify step's products on the tensor cores can equal plain
+// q3_K, q4_K, q5_K and q6_K sum in the same order, so a verify step's products on the tensor cores can equal plain
 // decoding's bit for bit. Row counts give each split of the one-token launch on this GPU (1, 2, 4 warps a
 // row group: 4, 8, 16 parts for q4_K and q6_K); past 8 parts mmq does not take the product.
 TEST_F(Mmq, one_token_gemv_q8_equals_mmq_in_its_parts) {
   SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  for (DType type : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K})
+  for (DType type : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K})
     for (int64_t rows : {int64_t{64 * sms + 16}, int64_t{16 * sms + 16}, int64_t{20 * sms}, int64_t{8 * sms + 3}})
       for (int64_t cols : {int64_t{4096}, int64_t{2560}}) {
         const int parts = cuda::gemv_q8_parts(type, rows);
@@ -379,7 +397,7 @@ TEST_F(Mmq, one_token_gemv_q8_equals_mmq_in_its_parts) {
 TEST_F(Mmq, grouped_launch_equals_one_launch_a_part) {
   SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
   const int64_t cols = 2560, rows[] = {700, 0, 37, 17000};
-  for (DType type : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K})
+  for (DType type : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K})
     for (int64_t n : {int64_t{5}, int64_t{23}, int64_t{32}}) {
       Tokens x;
       quantize(random_x(n, cols, rng_), n, cols, x);
@@ -447,7 +465,7 @@ TEST_F(Mmq, rejects_bad_arguments) {
   EXPECT_EQ(mmq(DType::kQ4_K, nullptr, 1, cols, xp, 4), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, w4, int64_t{INT_MAX} + 1, cols, xp, 4, yp), bad);  // rows at most INT_MAX
   EXPECT_EQ(mmq(DType::kQ8_0, w4, rows, cols, xp, 4, yp), bad);
-  EXPECT_EQ(mmq(DType::kQ3_K, w4, rows, cols, xp, 4, yp), bad);
+  EXPECT_EQ(mmq(DType::kQ2_K, w4, rows, cols, xp, 4, yp), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, w4, -1, cols, xp, 4, yp), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, 0, xp, 4, yp), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, 320, xp, 4, yp), bad);
