@@ -8,21 +8,22 @@
 // bounded by the R x NT accumulators a lane keeps in registers. Lanes per weight block and bytes per lane:
 //   q4_K, q5_K  8 lanes, 16 bytes of nibbles each (+ q5_K's 16 bytes of high bits), 16-byte loads
 //   q6_K        8 lanes, two 16-element groups each (16 bytes of ql, 16 of qh), 16-byte loads (the device form)
-//   q8_0        2 lanes, 16 codes each, 16-byte loads (the device form)
+//   q8_0        rows of 256-element super-blocks: 8 lanes, a block each (two 16-byte loads); other rows 2 lanes,
+//               16 codes each, 16-byte loads (the device form)
 //   q4_0        2 lanes,  8 bytes = 16 codes each, 8-byte loads (the device form)
 //   q3_K        8 lanes, two 16-element groups each (16 bytes of qs, 16 of hmask), 16-byte loads (padded form)
 //   q2_K        8 lanes, 8 bytes of qs each, an 8-byte load (the device form)
 // Each lane accumulates exact int32 sums of code * xq with __dp4a, then applies the block scales in f32:
 // sum_i (ds q_i - ms) xd xq_i = xd (ds * sum q_i xq_i - ms * sum xq_i).
 //
-// A token's outputs are bit for bit the same whatever the kernel (R, the token count): a lane's blocks
-// and their order depend only on split and the lane, each block adds the same pinned float expression to
-// the (row, token) sum, the lanes are summed in the xor-butterfly order and the split partials in order
-// (gemv_common::store_rows). q4_K, q5_K and q6_K form mmq.h's canonical order instead: a lane group (8
-// lanes a q4_K/q5_K/q6_K block) completes each block's term together (exact 32-element integer
-// sums by a shuffle, then the block's float terms added in a fixed tree by butterfly steps), so the group's
-// running sum is one part of (groups a warp) x split, and the parts are folded in order (store_rows_parts):
-// mmq with gemv_q8_parts(type, rows) parts reproduces each row bit for bit.
+// A token's outputs are bit for bit the same whatever the kernel (R, the token count): a lane's blocks and their
+// order depend only on split and the lane, each block adds the same pinned float expression to the (row, token) sum,
+// the lanes are summed in the xor-butterfly order and the split partials in order (gemv_common::store_rows).
+// q3_K..q6_K (and q8_0 rows of whole 256-element super-blocks) form mmq.h's canonical order instead: a lane group (8
+// lanes a block or super-block) completes each block's term together (exact 32-element integer sums by a shuffle,
+// then the block's float terms added in a fixed tree by butterfly steps), so the group's running sum is one part of
+// (groups a warp) x split, and the parts are folded in order (store_rows_parts): mmq with gemv_q8_parts(type, rows)
+// parts reproduces each row bit for bit.
 #include <cuda_fp16.h>
 
 #include <climits>
@@ -530,6 +531,67 @@ struct Q80 : Block32Shape {
   }
 };
 
+// q8_0 rows of whole 256-element super-blocks (the device form, weight_form.h) in mmq's canonical order: lane u =
+// lane % 8 of a super-block of 8 blocks takes block u (its 32 codes: two 16-byte loads; its d from the row's d
+// array); the block's term p_u = xd_u (d_u isum_u) (isum exact), the super-block's inner = ((p_0 + p_1) + (p_2 +
+// p_3)) + ((p_4 + p_5) + (p_6 + p_7)) by three butterfly steps within the 8-lane group (float addition commutes,
+// so every lane forms the same sums), acc = acc + inner. Rows of other lengths take Q80.
+struct Q80S {
+  static constexpr int kBytes = 8 * kQ80Body, kElems = 256, kLanes = 8;
+  static constexpr int kInFlight = 2;
+  static constexpr bool kHoistTokens = false;
+  static constexpr bool kGroupParts = true;  // each lane group's sum is a part of the canonical order
+  static constexpr int rows_a_warp(int nt) { return nt == 8 ? 4 : 2; }
+  static constexpr int min_ctas(int nt, int split) { return nt == 1 ? (split == 1 ? 7 : 8) : 1; }
+  struct Raw {
+    uint4 q0, q1;
+    uint32_t d;  // fp16
+  };
+  struct Codes {
+    int q[8];
+    float d;
+  };
+  struct Act {
+    uint4 x0, x1;
+    float d;
+  };
+  __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t blocks, int lane) {
+    const int64_t blk = 8 * b + (lane & 7);
+    Raw w;
+    w.q0 = ldw_u4(rowp + blk * kQ80Body);
+    w.q1 = ldw_u4(rowp + blk * kQ80Body + 16);
+    w.d = ld_u16(rowp + q80_d_offset(8 * blocks, blk));
+    return w;
+  }
+  __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
+    const int64_t blk = 8 * b + (lane & 7);
+    const auto* xr = reinterpret_cast<const uint4*>(a.xq + t * a.cols + blk * 32);
+    Act x;
+    x.x0 = __ldg(xr);
+    x.x1 = __ldg(xr + 1);
+    x.d = __ldg(a.xd + t * (a.cols / 32) + blk);
+    return x;
+  }
+  __device__ static Codes decode(const Raw& w, int /*lane*/) {
+    Codes c;
+    c.d = qblocks::fp16_to_f32(w.d);
+    const uint32_t v[8] = {w.q0.x, w.q0.y, w.q0.z, w.q0.w, w.q1.x, w.q1.y, w.q1.z, w.q1.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) c.q[i] = static_cast<int>(v[i]);
+    return c;
+  }
+  __device__ static void add(float& acc, const Codes& c, const Act& x, int lane) {
+    const unsigned group = 0xffu << (lane & 24);
+    const int lo[4] = {c.q[0], c.q[1], c.q[2], c.q[3]}, hi[4] = {c.q[4], c.q[5], c.q[6], c.q[7]};
+    const int isum = dot4(hi, x.x1, dot4(lo, x.x0, 0));
+    float v = __fmul_rn(x.d, __fmul_rn(c.d, static_cast<float>(isum)));
+    v = __fadd_rn(v, __shfl_xor_sync(group, v, 1));
+    v = __fadd_rn(v, __shfl_xor_sync(group, v, 2));
+    v = __fadd_rn(v, __shfl_xor_sync(group, v, 4));
+    acc = __fadd_rn(acc, v);
+  }
+};
+
 // Before the PDL wait (weights are constant during a step): the L2 prefetch of the weight bytes of
 // group_dot's first iteration, the blocks b0 + k * step (k < U) of each row. Lane u of a block's kLanes
 // touches byte 32u (while < kBytes) or the block's last byte (the first u past it), so every 32-byte sector
@@ -717,6 +779,7 @@ int gemv_q8_parts(DType type, int64_t total_rows) {
                      : id == qblocks::kQ5_K ? 32 / K4<true>::kLanes
                      : id == qblocks::kQ6_K ? 32 / Q6K::kLanes
                      : id == qblocks::kQ3_K ? 32 / Q3K::kLanes
+                     : id == qblocks::kQ8_0 ? 32 / Q80S::kLanes  // rows of whole super-blocks (mmq's)
                                             : 0;
   return groups * gemv_auto_split(total_rows);
 }
@@ -792,7 +855,7 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
   a.prefetch = pdl_mode() == 2 && pdl_enabled() ? 1 : 0;
   switch (id) {
     case qblocks::kQ4_0: return launch<Q40>(a, stream);
-    case qblocks::kQ8_0: return launch<Q80>(a, stream);
+    case qblocks::kQ8_0: return cols % 256 == 0 ? launch<Q80S>(a, stream) : launch<Q80>(a, stream);
     case qblocks::kQ2_K: return launch<Q2K>(a, stream);
     case qblocks::kQ3_K: return launch<Q3K>(a, stream);
     case qblocks::kQ4_K: return launch<K4<false>>(a, stream);

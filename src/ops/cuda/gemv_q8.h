@@ -66,11 +66,12 @@ struct Q8Part {
 cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, const int8_t* xq, const float* xd,
                     const int* xs, int64_t n, cudaStream_t stream = nullptr, int split = 0);
 
-// The parts a q4_K / q5_K / q6_K launch of total_rows rows (all its weights together) sums each row in: one
-// per lane group of each warp of a row group (4, times gemv_auto_split(total_rows)); 0 for the other types.
-// Each part's blocks are summed in increasing order, every block's term in the canonical order of mmq.h, and
-// the parts folded in order, so for q4_K and q6_K mmq(..., split = gemv_q8_parts(type, total_rows))
-// reproduces the launch's rows bit for bit, at any token count (when that is at most 8).
+// The parts a q3_K / q4_K / q5_K / q6_K launch (q8_0: of rows of whole 256-element super-blocks) of total_rows
+// rows (all its weights together) sums each row in: one per lane group of each warp of a row group (4, times
+// gemv_auto_split(total_rows)); 0 for the other types. Each part's blocks are summed in increasing order, every
+// block's term in the canonical order of mmq.h, and the parts folded in order, so mmq(..., split =
+// gemv_q8_parts(type, total_rows)) reproduces the launch's rows bit for bit, at any token count (when that is
+// at most 8).
 int gemv_q8_parts(DType type, int64_t total_rows);
 
 }  // namespace dflash::cuda

@@ -1,4 +1,4 @@
-// Int8 tensor-core products of q3_K / q4_K / q5_K / q6_K weights with 1..32 tokens (mmq.h).
+// Int8 tensor-core products of q3_K / q4_K / q5_K / q6_K / q8_0 weights with 1..32 tokens (mmq.h).
 //
 // Work split: a CTA of 8 warps; a warp owns T tiles of 16 consecutive rows (T = tiles_a_warp: 1, or 2 for
 // many tokens and rows, which then share each activation fragment) and all the launch's tokens (NT8 = ceil(n / 8)
@@ -206,6 +206,20 @@ struct Q4K {
   }
 };
 
+// One step of the canonical tree over a (super-)block's eight terms p_q, q = 0..7 in order: ((p_0 + p_1) + (p_2 +
+// p_3)) + ((p_4 + p_5) + (p_6 + p_7)). even, pair and quad carry the partial sums between steps; after q = 7,
+// inner holds the total.
+__device__ __forceinline__ void tree8(int q, float p, float& even, float& pair, float& quad, float& inner) {
+  if (q % 2 == 0) {
+    even = p;
+    return;
+  }
+  const float two = __fadd_rn(even, p);
+  if (q == 1 || q == 5) pair = two;
+  else if (q == 3) quad = __fadd_rn(pair, two);
+  else inner = __fadd_rn(quad, __fadd_rn(pair, two));
+}
+
 // The types with 16-element scales in q6_K's canonical order. Group (q, j) (q = 4h + k: 32-element group, j: half
 // of it) holds elements 128h + 32k + 16j + [0, 16), with scale 2q + j; S gives, for the lane's row i of its
 // tile: frag(r, i, q, j), the signed codes of elements 128h + 32k + 16j + 4 tid + [0, 4) (the A fragment of an
@@ -255,14 +269,7 @@ struct Q6Order {
             const int i = e >> 1;
             const int j32 = isum[0][e] * sc[u][i][0] + isum[1][e] * sc[u][i][1];
             const float pq = __fmul_rn(xd[e & 1], static_cast<float>(j32));
-            if (q % 2 == 0) {
-              even[u][nt][e] = pq;
-            } else {
-              const float two = __fadd_rn(even[u][nt][e], pq);
-              if (q == 1 || q == 5) pair[u][nt][e] = two;
-              else if (q == 3) quad[u][nt][e] = __fadd_rn(pair[u][nt][e], two);
-              else inner[u][nt][e] = __fadd_rn(quad[u][nt][e], __fadd_rn(pair[u][nt][e], two));
-            }
+            tree8(q, pq, even[u][nt][e], pair[u][nt][e], quad[u][nt][e], inner[u][nt][e]);
           }
         }
       }
@@ -353,6 +360,77 @@ struct Q3Src {
 
 using Q6K = Q6Order<Q6Src>;
 using Q3K = Q6Order<Q3Src>;
+
+// q8_0 rows of whole 256-element super-blocks (the split device form, weight_form.h: 32-code bodies, d apart),
+// in gemv_q8's order for them: per super-block of 8 blocks, p_j = xd_j (d_j isum_j), the tree8 of the eight,
+// acc = acc + inner. Chunk c holds blocks 2c, 2c + 1; lane tid takes bytes 8 tid + [0, 8) of each (mmq_pack_x's
+// q4_K layout, k-slots as Q4K's).
+struct Q8S {
+  static constexpr int kBytes = 8 * kQ80Body;
+  struct Raw {
+    uint2 qs[2][8];  // row i, block j: code bytes 8 tid + [0, 8)
+    uint4 d[2];      // row i: the 8 blocks' d (fp16)
+  };
+  __device__ static Raw load(const uint8_t* const (&rowp)[2], int64_t b, int64_t blocks, int tid) {
+    Raw r;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) r.qs[i][j] = ldw_u2<true>(rowp[i] + (8 * b + j) * kQ80Body + 8 * tid);
+      r.d[i] = ldg_u4(rowp[i] + q80_d_offset(8 * blocks, 8 * b));
+    }
+    return r;
+  }
+  template <int NT8, int T>
+  __device__ static void block(const Args& a, const Raw (&r)[T], int64_t b, int g, int tid,
+                               float (&acc)[T][NT8][4]) {
+    float even[T][NT8][4], pair[T][NT8][4], quad[T][NT8][4], inner[T][NT8][4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      uint32_t fa[T][2][4];
+      float d[T][2][2];  // tile u, block 2c + h, row i
+#pragma unroll
+      for (int u = 0; u < T; ++u)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int j = 2 * c + h;
+          fa[u][h][0] = r[u].qs[0][j].x, fa[u][h][1] = r[u].qs[1][j].x;
+          fa[u][h][2] = r[u].qs[0][j].y, fa[u][h][3] = r[u].qs[1][j].y;
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const uint32_t w = c == 0 ? r[u].d[i].x : c == 1 ? r[u].d[i].y : c == 2 ? r[u].d[i].z : r[u].d[i].w;
+            d[u][h][i] = half_bits((w >> (16 * h)) & 0xffffu);
+          }
+        }
+#pragma unroll
+      for (int nt = 0; nt < NT8; ++nt) {
+        const int64_t rec = xrec(a, b, c, nt * 8);
+        const uint4 xv = ldg_u4(a.xc + (rec + g) * 64 + 16 * tid);
+        const float4 s0 = __ldg(a.xsc + rec + 2 * tid), s1 = __ldg(a.xsc + rec + 2 * tid + 1);
+        const float xd[2][2] = {{s0.x, s1.x}, {s0.y, s1.y}};  // block 2c + h, the lane's token column k
+#pragma unroll
+        for (int u = 0; u < T; ++u) {
+          int isum[2][4];
+          mma_k32(fa[u][0], xv.x, xv.y, isum[0]);
+          mma_k32(fa[u][1], xv.z, xv.w, isum[1]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const float p = __fmul_rn(xd[h][e & 1], __fmul_rn(d[u][h][e >> 1], static_cast<float>(isum[h][e])));
+              tree8(2 * c + h, p, even[u][nt][e], pair[u][nt][e], quad[u][nt][e], inner[u][nt][e]);
+            }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < T; ++u)
+#pragma unroll
+      for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[u][nt][e] = __fadd_rn(acc[u][nt][e], inner[u][nt][e]);
+  }
+};
 
 // kMinCtas CTAs a SM (__launch_bounds__): 3 (80 registers, one block in flight a warp), 2 (128 registers;
 // two blocks in flight for n <= 8) or 1 (two row tiles a warp). n <= 8 runs at 3 (H100: faster than 2 at
@@ -495,7 +573,7 @@ cudaError_t launch(const Args& a, int tiles, unsigned grid, cudaStream_t stream)
     mmq_kernel<B, 2, 2, 1><<<grid, kThreads, 0, stream>>>(a);
   } else if (a.n <= 24) {
     mmq_kernel<B, 3, 2, 1><<<grid, kThreads, 0, stream>>>(a);
-  } else if constexpr (std::is_same_v<B, Q6K> || std::is_same_v<B, Q3K>) {
+  } else if constexpr (std::is_same_v<B, Q6K> || std::is_same_v<B, Q3K> || std::is_same_v<B, Q8S>) {
     mmq_kernel<B, 4, 2, 1><<<grid, kThreads, 0, stream>>>(a);
   } else {
     if (tiles == 2) mmq_kernel<B, 4, 1, 2><<<grid, kThreads, 0, stream>>>(a);
@@ -510,7 +588,8 @@ bool aligned(const void* p, uintptr_t al) { return reinterpret_cast<uintptr_t>(p
 
 bool mmq_supported(DType type) {
   const auto id = static_cast<uint32_t>(type);
-  return id == qblocks::kQ3_K || id == qblocks::kQ4_K || id == qblocks::kQ5_K || id == qblocks::kQ6_K;
+  return id == qblocks::kQ3_K || id == qblocks::kQ4_K || id == qblocks::kQ5_K || id == qblocks::kQ6_K ||
+         id == qblocks::kQ8_0;
 }
 
 void mmq_set_variant(int v) { g_variant = v; }
@@ -551,7 +630,7 @@ cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, cons
                 cudaStream_t stream, int split) {
   const auto id = static_cast<uint32_t>(type);
   if (!mmq_supported(type)) return cudaErrorInvalidValue;
-  constexpr uintptr_t walign = 16;  // q6_K, q3_K: their device forms (weight_form.h)
+  constexpr uintptr_t walign = 16;  // q6_K, q3_K, q8_0: their device forms (weight_form.h)
   if (parts == nullptr || n_parts < 1 || n_parts > kMaxParts) return cudaErrorInvalidValue;
   if (cols <= 0 || cols % 256 != 0 || n < 1 || n > kMmqMaxTokens || cols > INT64_MAX / 64) return cudaErrorInvalidValue;
   if (split != 0 && split != 1 && split != 2 && split != 4 && split != 8) return cudaErrorInvalidValue;
@@ -593,6 +672,7 @@ cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, cons
   const auto g = static_cast<unsigned>(grid);
   if (id == qblocks::kQ6_K) return launch<Q6K>(a, tiles, g, stream);
   if (id == qblocks::kQ3_K) return launch<Q3K>(a, tiles, g, stream);
+  if (id == qblocks::kQ8_0) return launch<Q8S>(a, tiles, g, stream);
   if (id == qblocks::kQ5_K)
     return g_variant & 2 ? launch<Q4K<true, true>>(a, tiles, g, stream) : launch<Q4K<false, true>>(a, tiles, g, stream);
   return g_variant & 2 ? launch<Q4K<true>>(a, tiles, g, stream) : launch<Q4K<false>>(a, tiles, g, stream);
