@@ -10,7 +10,8 @@
 //   q6_K        8 lanes, two 16-element groups each (16 bytes of ql, 16 of qh), 16-byte loads (the device form)
 //   q8_0        rows of 256-element super-blocks: 8 lanes, a block each (two 16-byte loads); other rows 2 lanes,
 //               16 codes each, 16-byte loads (the device form)
-//   q4_0        2 lanes,  8 bytes = 16 codes each, 8-byte loads (the device form)
+//   q4_0        rows of super-blocks as q8_0's: a block a lane, one 16-byte load; other rows 2 lanes, 8 bytes =
+//               16 codes each, 8-byte loads (the device form)
 //   q3_K        8 lanes, two 16-element groups each (16 bytes of qs, 16 of hmask), 16-byte loads (padded form)
 //   q2_K        8 lanes, 8 bytes of qs each, an 8-byte load (the device form)
 // Each lane accumulates exact int32 sums of code * xq with __dp4a, then applies the block scales in f32:
@@ -19,11 +20,11 @@
 // A token's outputs are bit for bit the same whatever the kernel (R, the token count): a lane's blocks and their
 // order depend only on split and the lane, each block adds the same pinned float expression to the (row, token) sum,
 // the lanes are summed in the xor-butterfly order and the split partials in order (gemv_common::store_rows).
-// q3_K..q6_K (and q8_0 rows of whole 256-element super-blocks) form mmq.h's canonical order instead: a lane group (8
-// lanes a block or super-block) completes each block's term together (exact 32-element integer sums by a shuffle,
-// then the block's float terms added in a fixed tree by butterfly steps), so the group's running sum is one part of
-// (groups a warp) x split, and the parts are folded in order (store_rows_parts): mmq with gemv_q8_parts(type, rows)
-// parts reproduces each row bit for bit.
+// q3_K..q6_K (and q8_0, q4_0 rows of whole 256-element super-blocks) form mmq.h's canonical order instead: a lane
+// group (8 lanes a block or super-block) completes each block's term together (exact 32-element integer sums by a
+// shuffle, then the block's float terms added in a fixed tree by butterfly steps), so the group's running sum is one
+// part of (groups a warp) x split, and the parts are folded in order (store_rows_parts): mmq with gemv_q8_parts(type,
+// rows) parts reproduces each row bit for bit.
 #include <cuda_fp16.h>
 
 #include <climits>
@@ -531,6 +532,18 @@ struct Q80 : Block32Shape {
   }
 };
 
+// The canonical order of the 32-element types' super-blocks (q8_0, q4_0): the block term p_u = xd_u (d_u isum_u)
+// of the lane (u = lane % 8), then ((p_0 + p_1) + (p_2 + p_3)) + ((p_4 + p_5) + (p_6 + p_7)) by three butterfly
+// steps within the 8-lane group (float addition commutes, so every lane forms the same sums), acc = acc + that.
+__device__ __forceinline__ void add_super_block(float& acc, float xd, float d, int isum, int lane) {
+  const unsigned group = 0xffu << (lane & 24);
+  float v = __fmul_rn(xd, __fmul_rn(d, static_cast<float>(isum)));
+  v = __fadd_rn(v, __shfl_xor_sync(group, v, 1));
+  v = __fadd_rn(v, __shfl_xor_sync(group, v, 2));
+  v = __fadd_rn(v, __shfl_xor_sync(group, v, 4));
+  acc = __fadd_rn(acc, v);
+}
+
 // q8_0 rows of whole 256-element super-blocks (the device form, weight_form.h) in mmq's canonical order: lane u =
 // lane % 8 of a super-block of 8 blocks takes block u (its 32 codes: two 16-byte loads; its d from the row's d
 // array); the block's term p_u = xd_u (d_u isum_u) (isum exact), the super-block's inner = ((p_0 + p_1) + (p_2 +
@@ -581,14 +594,65 @@ struct Q80S {
     return c;
   }
   __device__ static void add(float& acc, const Codes& c, const Act& x, int lane) {
-    const unsigned group = 0xffu << (lane & 24);
     const int lo[4] = {c.q[0], c.q[1], c.q[2], c.q[3]}, hi[4] = {c.q[4], c.q[5], c.q[6], c.q[7]};
-    const int isum = dot4(hi, x.x1, dot4(lo, x.x0, 0));
-    float v = __fmul_rn(x.d, __fmul_rn(c.d, static_cast<float>(isum)));
-    v = __fadd_rn(v, __shfl_xor_sync(group, v, 1));
-    v = __fadd_rn(v, __shfl_xor_sync(group, v, 2));
-    v = __fadd_rn(v, __shfl_xor_sync(group, v, 4));
-    acc = __fadd_rn(acc, v);
+    add_super_block(acc, x.d, c.d, dot4(hi, x.x1, dot4(lo, x.x0, 0)), lane);
+  }
+};
+
+// q4_0 rows of whole 256-element super-blocks in Q80S's order: lane u = lane % 8 takes block 8 sb + u (its 16
+// code bytes: one 16-byte load; low nibbles elements 0-15, high ones 16-31; code - 8, the offset taken off with
+// the activations' half-block sums, so isum is exact), then as Q80S. Rows of other lengths take Q40.
+struct Q40S {
+  static constexpr int kBytes = 8 * kQ40Body, kElems = 256, kLanes = 8;
+  static constexpr int kInFlight = 2;
+  static constexpr bool kHoistTokens = false;
+  static constexpr bool kGroupParts = true;
+  static constexpr int rows_a_warp(int nt) { return nt == 8 ? 4 : 2; }
+  static constexpr int min_ctas(int nt, int split) { return nt == 1 ? (split == 1 ? 7 : 8) : 1; }
+  struct Raw {
+    uint4 q;
+    uint32_t d;  // fp16
+  };
+  struct Codes {
+    int lo[4], hi[4];
+    float d;
+  };
+  struct Act {
+    uint4 x0, x1;  // elements 0-15, 16-31
+    int m8;        // 8 * the sum of the block's 32 codes
+    float d;
+  };
+  __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t blocks, int lane) {
+    const int64_t blk = 8 * b + (lane & 7);
+    Raw w;
+    w.q = ldw_u4(rowp + blk * kQ40Body);
+    w.d = ld_u16(rowp + q40_d_offset(8 * blocks, blk));
+    return w;
+  }
+  __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
+    const int64_t blk = 8 * b + (lane & 7);
+    const auto* xr = reinterpret_cast<const uint4*>(a.xq + t * a.cols + blk * 32);
+    const int2 xs = __ldg(reinterpret_cast<const int2*>(a.xs + t * (a.cols / 16) + 2 * blk));
+    Act x;
+    x.x0 = __ldg(xr);
+    x.x1 = __ldg(xr + 1);
+    x.m8 = 8 * (xs.x + xs.y);
+    x.d = __ldg(a.xd + t * (a.cols / 32) + blk);
+    return x;
+  }
+  __device__ static Codes decode(const Raw& w, int /*lane*/) {
+    Codes c;
+    c.d = qblocks::fp16_to_f32(w.d);
+    const uint32_t v[4] = {w.q.x, w.q.y, w.q.z, w.q.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      c.lo[i] = static_cast<int>(v[i] & 0x0f0f0f0fu);
+      c.hi[i] = static_cast<int>((v[i] >> 4) & 0x0f0f0f0fu);
+    }
+    return c;
+  }
+  __device__ static void add(float& acc, const Codes& c, const Act& x, int lane) {
+    add_super_block(acc, x.d, c.d, dot4(c.hi, x.x1, dot4(c.lo, x.x0, 0)) - x.m8, lane);
   }
 };
 
@@ -780,6 +844,7 @@ int gemv_q8_parts(DType type, int64_t total_rows) {
                      : id == qblocks::kQ6_K ? 32 / Q6K::kLanes
                      : id == qblocks::kQ3_K ? 32 / Q3K::kLanes
                      : id == qblocks::kQ8_0 ? 32 / Q80S::kLanes  // rows of whole super-blocks (mmq's)
+                     : id == qblocks::kQ4_0 ? 32 / Q40S::kLanes
                                             : 0;
   return groups * gemv_auto_split(total_rows);
 }
@@ -854,7 +919,7 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
   a.split = split != 0 ? split : gemv_auto_split(a.total_rows);
   a.prefetch = pdl_mode() == 2 && pdl_enabled() ? 1 : 0;
   switch (id) {
-    case qblocks::kQ4_0: return launch<Q40>(a, stream);
+    case qblocks::kQ4_0: return cols % 256 == 0 ? launch<Q40S>(a, stream) : launch<Q40>(a, stream);
     case qblocks::kQ8_0: return cols % 256 == 0 ? launch<Q80S>(a, stream) : launch<Q80>(a, stream);
     case qblocks::kQ2_K: return launch<Q2K>(a, stream);
     case qblocks::kQ3_K: return launch<Q3K>(a, stream);

@@ -1,4 +1,4 @@
-// Int8 tensor-core products of q3_K / q4_K / q5_K / q6_K / q8_0 weights with 1..32 tokens (mmq.h).
+// Int8 tensor-core products of q3_K..q6_K, q8_0 and q4_0 weights with 1..32 tokens (mmq.h).
 //
 // Work split: a CTA of 8 warps; a warp owns T tiles of 16 consecutive rows (T = tiles_a_warp: 1, or 2 for
 // many tokens and rows, which then share each activation fragment) and all the launch's tokens (NT8 = ceil(n / 8)
@@ -361,25 +361,17 @@ struct Q3Src {
 using Q6K = Q6Order<Q6Src>;
 using Q3K = Q6Order<Q3Src>;
 
-// q8_0 rows of whole 256-element super-blocks (the split device form, weight_form.h: 32-code bodies, d apart),
-// in gemv_q8's order for them: per super-block of 8 blocks, p_j = xd_j (d_j isum_j), the tree8 of the eight,
-// acc = acc + inner. Chunk c holds blocks 2c, 2c + 1; lane tid takes bytes 8 tid + [0, 8) of each (mmq_pack_x's
-// q4_K layout, k-slots as Q4K's).
-struct Q8S {
-  static constexpr int kBytes = 8 * kQ80Body;
-  struct Raw {
-    uint2 qs[2][8];  // row i, block j: code bytes 8 tid + [0, 8)
-    uint4 d[2];      // row i: the 8 blocks' d (fp16)
-  };
+// Rows of whole 256-element super-blocks of a 32-element type (q8_0, q4_0) in gemv_q8's order for them: per
+// super-block of 8 blocks, p_j = xd_j (d_j isum_j), the tree8 of the eight, acc = acc + inner. Chunk c holds
+// blocks 2c, 2c + 1; lane tid takes their elements 8 tid + [0, 8) (mmq_pack_x's q4_K layout, k-slots as Q4K's).
+// S gives frag(r, i, j, w): the signed codes of elements 8 tid + 4w + [0, 4) of block j of the lane's row i, and
+// d_bits(r, i, j).
+template <typename S>
+struct Block32Order {
+  static constexpr int kBytes = S::kBytes;
+  using Raw = typename S::Raw;
   __device__ static Raw load(const uint8_t* const (&rowp)[2], int64_t b, int64_t blocks, int tid) {
-    Raw r;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) r.qs[i][j] = ldw_u2<true>(rowp[i] + (8 * b + j) * kQ80Body + 8 * tid);
-      r.d[i] = ldg_u4(rowp[i] + q80_d_offset(8 * blocks, 8 * b));
-    }
-    return r;
+    return S::load(rowp, b, blocks, tid);
   }
   template <int NT8, int T>
   __device__ static void block(const Args& a, const Raw (&r)[T], int64_t b, int g, int tid,
@@ -394,13 +386,10 @@ struct Q8S {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int j = 2 * c + h;
-          fa[u][h][0] = r[u].qs[0][j].x, fa[u][h][1] = r[u].qs[1][j].x;
-          fa[u][h][2] = r[u].qs[0][j].y, fa[u][h][3] = r[u].qs[1][j].y;
+          fa[u][h][0] = S::frag(r[u], 0, j, 0, tid), fa[u][h][1] = S::frag(r[u], 1, j, 0, tid);
+          fa[u][h][2] = S::frag(r[u], 0, j, 1, tid), fa[u][h][3] = S::frag(r[u], 1, j, 1, tid);
 #pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const uint32_t w = c == 0 ? r[u].d[i].x : c == 1 ? r[u].d[i].y : c == 2 ? r[u].d[i].z : r[u].d[i].w;
-            d[u][h][i] = half_bits((w >> (16 * h)) & 0xffffu);
-          }
+          for (int i = 0; i < 2; ++i) d[u][h][i] = half_bits(S::d_bits(r[u], i, j));
         }
 #pragma unroll
       for (int nt = 0; nt < NT8; ++nt) {
@@ -431,6 +420,62 @@ struct Q8S {
         for (int e = 0; e < 4; ++e) acc[u][nt][e] = __fadd_rn(acc[u][nt][e], inner[u][nt][e]);
   }
 };
+
+// q8_0 (the split device form, weight_form.h: 32-code bodies, d apart): code bytes 8 tid + [0, 8) of each block.
+struct Q80Src {
+  static constexpr int kBytes = 8 * kQ80Body;
+  struct Raw {
+    uint2 qs[2][8];  // row i, block j: code bytes 8 tid + [0, 8)
+    uint4 d[2];      // row i: the 8 blocks' d (fp16)
+  };
+  __device__ static Raw load(const uint8_t* const (&rowp)[2], int64_t b, int64_t blocks, int tid) {
+    Raw r;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) r.qs[i][j] = ldw_u2<true>(rowp[i] + (8 * b + j) * kQ80Body + 8 * tid);
+      r.d[i] = ldg_u4(rowp[i] + q80_d_offset(8 * blocks, 8 * b));
+    }
+    return r;
+  }
+  __device__ static uint32_t frag(const Raw& r, int i, int j, int w, int /*tid*/) {
+    return w == 0 ? r.qs[i][j].x : r.qs[i][j].y;
+  }
+  __device__ static uint32_t d_bits(const Raw& r, int i, int j) { return half_of(r.d[i], j); }
+  // Half j of the 8 fp16 values in v.
+  __device__ static uint32_t half_of(const uint4& v, int j) {
+    const uint32_t w = j < 2 ? v.x : j < 4 ? v.y : j < 6 ? v.z : v.w;
+    return (w >> (16 * (j & 1))) & 0xffffu;
+  }
+};
+
+// q4_0 (the split device form: 16-byte bodies, d apart): elements 8 tid + [0, 8) of a block are the low nibbles of
+// body bytes 8 tid + [0, 8) for tid < 2, the high nibbles of bytes 8 (tid - 2) + [0, 8) above; code - 8.
+struct Q40Src {
+  static constexpr int kBytes = 8 * kQ40Body;
+  struct Raw {
+    uint2 qs[2][8];  // row i, block j: body bytes 8 (tid % 2) + [0, 8)
+    uint4 d[2];
+  };
+  __device__ static Raw load(const uint8_t* const (&rowp)[2], int64_t b, int64_t blocks, int tid) {
+    Raw r;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) r.qs[i][j] = ldw_u2<true>(rowp[i] + (8 * b + j) * kQ40Body + 8 * (tid & 1));
+      r.d[i] = ldg_u4(rowp[i] + q40_d_offset(8 * blocks, 8 * b));
+    }
+    return r;
+  }
+  __device__ static uint32_t frag(const Raw& r, int i, int j, int w, int tid) {
+    const uint32_t v = ((w == 0 ? r.qs[i][j].x : r.qs[i][j].y) >> (4 * (tid >> 1))) & kLowNibbles;
+    return ((v | 0x80808080u) - 0x08080808u) ^ 0x80808080u;  // code - 8 in each byte, no borrow between bytes
+  }
+  __device__ static uint32_t d_bits(const Raw& r, int i, int j) { return Q80Src::half_of(r.d[i], j); }
+};
+
+using Q8S = Block32Order<Q80Src>;
+using Q4S = Block32Order<Q40Src>;
 
 // kMinCtas CTAs a SM (__launch_bounds__): 3 (80 registers, one block in flight a warp), 2 (128 registers;
 // two blocks in flight for n <= 8) or 1 (two row tiles a warp). n <= 8 runs at 3 (H100: faster than 2 at
@@ -573,7 +618,7 @@ cudaError_t launch(const Args& a, int tiles, unsigned grid, cudaStream_t stream)
     mmq_kernel<B, 2, 2, 1><<<grid, kThreads, 0, stream>>>(a);
   } else if (a.n <= 24) {
     mmq_kernel<B, 3, 2, 1><<<grid, kThreads, 0, stream>>>(a);
-  } else if constexpr (std::is_same_v<B, Q6K> || std::is_same_v<B, Q3K> || std::is_same_v<B, Q8S>) {
+  } else if constexpr (!std::is_same_v<B, Q4K<true>> && !std::is_same_v<B, Q4K<false>>) {  // one tile a warp
     mmq_kernel<B, 4, 2, 1><<<grid, kThreads, 0, stream>>>(a);
   } else {
     if (tiles == 2) mmq_kernel<B, 4, 1, 2><<<grid, kThreads, 0, stream>>>(a);
@@ -589,7 +634,7 @@ bool aligned(const void* p, uintptr_t al) { return reinterpret_cast<uintptr_t>(p
 bool mmq_supported(DType type) {
   const auto id = static_cast<uint32_t>(type);
   return id == qblocks::kQ3_K || id == qblocks::kQ4_K || id == qblocks::kQ5_K || id == qblocks::kQ6_K ||
-         id == qblocks::kQ8_0;
+         id == qblocks::kQ8_0 || id == qblocks::kQ4_0;
 }
 
 void mmq_set_variant(int v) { g_variant = v; }
@@ -630,7 +675,7 @@ cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, cons
                 cudaStream_t stream, int split) {
   const auto id = static_cast<uint32_t>(type);
   if (!mmq_supported(type)) return cudaErrorInvalidValue;
-  constexpr uintptr_t walign = 16;  // q6_K, q3_K, q8_0: their device forms (weight_form.h)
+  constexpr uintptr_t walign = 16;  // q6_K, q3_K, q8_0, q4_0: their device forms (weight_form.h)
   if (parts == nullptr || n_parts < 1 || n_parts > kMaxParts) return cudaErrorInvalidValue;
   if (cols <= 0 || cols % 256 != 0 || n < 1 || n > kMmqMaxTokens || cols > INT64_MAX / 64) return cudaErrorInvalidValue;
   if (split != 0 && split != 1 && split != 2 && split != 4 && split != 8) return cudaErrorInvalidValue;
@@ -673,6 +718,7 @@ cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, cons
   if (id == qblocks::kQ6_K) return launch<Q6K>(a, tiles, g, stream);
   if (id == qblocks::kQ3_K) return launch<Q3K>(a, tiles, g, stream);
   if (id == qblocks::kQ8_0) return launch<Q8S>(a, tiles, g, stream);
+  if (id == qblocks::kQ4_0) return launch<Q4S>(a, tiles, g, stream);
   if (id == qblocks::kQ5_K)
     return g_variant & 2 ? launch<Q4K<true, true>>(a, tiles, g, stream) : launch<Q4K<false, true>>(a, tiles, g, stream);
   return g_variant & 2 ? launch<Q4K<true>>(a, tiles, g, stream) : launch<Q4K<false>>(a, tiles, g, stream);

@@ -1,4 +1,4 @@
-// Int8 tensor-core products of q3_K / q4_K / q5_K / q6_K / q8_0 weights with 1..32 int8-quantized tokens (kernels in
+// Int8 tensor-core products of q3_K..q6_K, q8_0 and q4_0 weights with 1..32 int8-quantized tokens (kernels in
 // mmq.cu).
 //
 // y[t, r] = x'_t . W_r with x' = xd * xq as quantize_q8_rows (gemv_q8.h) writes it (xq int8 per element, xd
@@ -15,7 +15,7 @@
 //
 // The result equals x' W^T to float rounding (see mmq.cu for the order). That order is the canonical one
 // that gemv_q8 forms too (q4_K and q5_K: per block T = (v_0 + v_1) + (v_2 + v_3) of the four 64-element chunk terms;
-// q6_K and q3_K: per block a pairwise tree of its eight 32-element group terms; q8_0: the same tree over a
+// q6_K and q3_K: per block a pairwise tree of its eight 32-element group terms; q8_0 and q4_0: the same tree over a
 // super-block's eight blocks; parts of blocks p, p + S, ... folded in
 // part order): with S = gemv_q8_parts(type, rows of the gemv_q8 launch) every output equals gemv_q8's bit for
 // bit, which lets speculative verify steps (MatmulPath::kTokenExact) run here and still compute each token as
@@ -35,7 +35,7 @@ namespace dflash::cuda {
 constexpr int64_t kMmqMaxTokens = 32;  // tokens per launch
 
 // Types with a tensor-core kernel: q4_K, q5_K (q4_K's code with the fifth bits), q6_K, q3_K (q6_K's order),
-// q8_0 (rows of whole 256-element super-blocks, as every mmq row: cols a multiple of 256).
+// q8_0 and q4_0 (rows of whole 256-element super-blocks, as every mmq row: cols a multiple of 256).
 bool mmq_supported(DType type);
 
 // mmq's activations: the (xq, xd, xs) of quantize_q8_rows for n tokens, rearranged for one weight type so that
@@ -47,18 +47,18 @@ bool mmq_supported(DType type);
 // 32-element groups), then scales [cols / 64][n8] of {xd of the two groups, the two groups' code sums} (f32).
 int64_t mmq_x_bytes(int64_t n, int64_t cols);
 
-// Enqueues the rearrangement into xp (mmq_x_bytes(n, cols) bytes, 16-byte aligned) for weights of `type` (q4_K, q5_K
-// and q8_0 share a layout, q6_K and q3_K another). n in [1, kMmqMaxTokens], cols a positive multiple of 256, xq, xd,
-// xs 16-byte aligned; cudaErrorInvalidValue (nothing enqueued) otherwise.
+// Enqueues the rearrangement into xp (mmq_x_bytes(n, cols) bytes, 16-byte aligned) for weights of `type` (q4_K, q5_K,
+// q8_0 and q4_0 share a layout, q6_K and q3_K another). n in [1, kMmqMaxTokens], cols a positive multiple of 256, xq,
+// xd, xs 16-byte aligned; cudaErrorInvalidValue (nothing enqueued) otherwise.
 cudaError_t mmq_pack_x(DType type, const int8_t* xq, const float* xd, const int* xs, int64_t n, int64_t cols,
                        void* xp, cudaStream_t stream = nullptr);
 
 // Enqueues y_p [n, rows_p] (y_p[t * rows_p + r]) = x' W_p^T for every part (gemv_q8.h's Q8Part: all of `type`, q3_K,
-// q4_K, q5_K, q6_K or q8_0, all cols wide; at most kQ8MaxParts, parts of 0 rows skipped) in one launch, x' the n
+// q4_K, q5_K, q6_K, q8_0 or q4_0, all cols wide; at most kQ8MaxParts, parts of 0 rows skipped) in one launch, x' the n
 // tokens in xp as mmq_pack_x wrote them for `type`, n and cols. One launch for a group's weights keeps the GPU's last
 // wave of CTAs full (a lone 17408-row product at 23 tokens ran 2.06 waves). rows_p at most INT_MAX, n in [1,
 // kMmqMaxTokens], cols a positive multiple of 256. cudaErrorInvalidValue (nothing enqueued) for another type, a bad
-// shape, a null or misaligned pointer (w: 16 bytes, q6_K, q3_K, q8_0 in their device forms, weight_form.h; xp: 16
+// shape, a null or misaligned pointer (w: 16 bytes, q6_K, q3_K, q8_0, q4_0 in their device forms, weight_form.h; xp: 16
 // bytes; y: 4 bytes). split: the parts a row's blocks are taken in (1, 2, 4 or 8; 0 picks mmq_split(total rows,
 // cols)). Part p takes blocks p, p + split, ... and sums them in increasing order; the row's output is the left fold
 // of its parts in part order: the canonical order, which gemv_q8 forms with gemv_q8_parts(type, total rows of its

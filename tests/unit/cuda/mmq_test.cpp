@@ -120,6 +120,16 @@ void decode_block(DType t, const uint8_t* b, double (&w)[256], int (&code)[256],
         w[32 * j + l] = ds[j] * c - ms[j];
       }
     }
+  } else if (t == DType::kQ4_0) {  // 8 blocks of d (fp16) + 16 bytes: low nibbles elements 0-15, high 16-31
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* q = b + 18 * j;
+      const double d = fp16_to_fp32(static_cast<uint16_t>(q[0] | q[1] << 8));
+      ds[2 * j] = ds[2 * j + 1] = d, ms[2 * j] = ms[2 * j + 1] = 0;
+      for (int l = 0; l < 32; ++l) {
+        code[32 * j + l] = ((q[2 + l % 16] >> (4 * (l / 16))) & 0xf) - 8;
+        w[32 * j + l] = d * code[32 * j + l];
+      }
+    }
   } else if (t == DType::kQ8_0) {  // 8 blocks of d (fp16) + 32 int8 codes; ds per 16-element group
     for (int j = 0; j < 8; ++j) {
       const uint8_t* q = b + 34 * j;
@@ -160,12 +170,15 @@ void decode_block(DType t, const uint8_t* b, double (&w)[256], int (&code)[256],
 }
 
 int64_t block_bytes(DType t) {  // stored bytes of 256 elements
-  return t == DType::kQ4_K ? 144 : t == DType::kQ5_K ? 176 : t == DType::kQ3_K ? 110 : t == DType::kQ8_0 ? 272 : 210;
+  if (t == DType::kQ4_K || t == DType::kQ4_0) return 144;
+  if (t == DType::kQ5_K) return 176;
+  if (t == DType::kQ3_K) return 110;
+  return t == DType::kQ8_0 ? 272 : 210;
 }
 
-// Random stored weights of n256 runs of 256 elements (q8_0: 8 blocks each).
+// Random stored weights of n256 runs of 256 elements (q8_0, q4_0: 8 blocks each).
 std::vector<uint8_t> random_weights(DType t, int64_t n256, std::mt19937& rng) {
-  return test::random_blocks(t, t == DType::kQ8_0 ? 8 * n256 : n256, rng);
+  return test::random_blocks(t, t == DType::kQ8_0 || t == DType::kQ4_0 ? 8 * n256 : n256, rng);
 }
 bool k4_like(DType t) { return t == DType::kQ4_K || t == DType::kQ5_K; }  // sub-block scales and mins
 
@@ -255,7 +268,7 @@ class Mmq : public ::testing::Test {
 };
 
 TEST_F(Mmq, host_decoder_matches_dequantize_row) {
-  for (DType t : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0}) {
+  for (DType t : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0, DType::kQ4_0}) {
     const auto bytes = random_weights(t, 64, rng_);
     std::vector<float> f(64 * 256);
     ASSERT_TRUE(dequantize_row(t, bytes.data(), f.data(), 64 * 256).ok());
@@ -285,7 +298,7 @@ TEST_F(Mmq, matches_the_double_reference) {
                         {1040, 4096, {1, 17}},
                         {9000, 4096, {3}},
                         {40000, 512, {1, 32}}};
-  for (DType t : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0})
+  for (DType t : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0, DType::kQ4_0})
     for (const Case& c : cases) {
       const auto wb = random_weights(t, c.rows * c.cols / 256, rng_);
       Tokens x;
@@ -301,7 +314,7 @@ TEST_F(Mmq, extreme_scales) {
   SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
   const int64_t rows = 48, cols = 4096;
   const uint16_t halves[] = {0x7bff, 0xfbff, 0x0001, 0x8001, 0x0400, 0x0000, 0x3c00};
-  for (DType t : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0}) {
+  for (DType t : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0, DType::kQ4_0}) {
     const int64_t bytes = block_bytes(t);
     auto wb = random_weights(t, rows * cols / 256, rng_);
     for (int64_t b = 0; b < rows * cols / 256; ++b) {
@@ -315,8 +328,12 @@ TEST_F(Mmq, extreme_scales) {
         p[0] = h0 & 0xff, p[1] = h0 >> 8, p[2] = h1 & 0xff, p[3] = h1 >> 8;
       } else if (t == DType::kQ3_K) {
         p[108] = h0 & 0xff, p[109] = h0 >> 8;
-      } else if (t == DType::kQ8_0) {
-        for (int j = 0; j < 8; ++j) p[34 * j] = (j % 2 ? h1 : h0) & 0xff, p[34 * j + 1] = (j % 2 ? h1 : h0) >> 8;
+      } else if (t == DType::kQ8_0 || t == DType::kQ4_0) {
+        const int stride = t == DType::kQ8_0 ? 34 : 18;
+        for (int j = 0; j < 8; ++j) {
+          const uint16_t h = j % 2 ? h1 : h0;
+          p[stride * j] = h & 0xff, p[stride * j + 1] = h >> 8;
+        }
       } else {
         p[208] = h0 & 0xff, p[209] = h0 >> 8;
       }
@@ -341,7 +358,7 @@ TEST_F(Mmq, token_outputs_do_not_depend_on_the_batch) {
   };
   for (const Case c : {Case{3, 100, 4096}, Case{3, 100, 12288}, Case{0, 100, 4096}, Case{0, 100, 12288},
                        Case{3, 16400, 4096}})
-  for (DType t : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0}) {
+  for (DType t : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0, DType::kQ4_0}) {
       const int64_t rows = c.rows, cols = c.cols;
       cuda::mmq_set_variant(c.variant);
       const std::string what = std::string(dtype_name(t)) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
@@ -374,14 +391,14 @@ TEST_F(Mmq, token_outputs_do_not_depend_on_the_batch) {
 }
 
 // The canonical order (mmq.h): gemv_q8 at one token and mmq with gemv_q8_parts(type, rows) parts form every
-// q3_K, q4_K, q5_K, q6_K and q8_0 sum in the same order, so a verify step's products on the tensor cores can equal plain
+// q3_K..q6_K, q8_0 and q4_0 sum in the same order, so a verify step's products on the tensor cores can equal plain
 // decoding's bit for bit. Row counts give each split of the one-token launch on this GPU (1, 2, 4 warps a
 // row group: 4, 8, 16 parts for q4_K and q6_K); past 8 parts mmq does not take the product.
 TEST_F(Mmq, one_token_gemv_q8_equals_mmq_in_its_parts) {
   SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  for (DType type : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0})
+  for (DType type : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0, DType::kQ4_0})
     for (int64_t rows : {int64_t{64 * sms + 16}, int64_t{16 * sms + 16}, int64_t{20 * sms}, int64_t{8 * sms + 3}})
       for (int64_t cols : {int64_t{4096}, int64_t{2560}}) {
         const int parts = cuda::gemv_q8_parts(type, rows);
@@ -414,7 +431,7 @@ TEST_F(Mmq, one_token_gemv_q8_equals_mmq_in_its_parts) {
 TEST_F(Mmq, grouped_launch_equals_one_launch_a_part) {
   SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
   const int64_t cols = 2560, rows[] = {700, 0, 37, 17000};
-  for (DType type : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0})
+  for (DType type : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0, DType::kQ4_0})
     for (int64_t n : {int64_t{5}, int64_t{23}, int64_t{32}}) {
       Tokens x;
       quantize(random_x(n, cols, rng_), n, cols, x);
@@ -461,7 +478,7 @@ TEST_F(Mmq, rejects_bad_arguments) {
   using cuda::mmq_pack_x;
   EXPECT_EQ(cuda::mmq_x_bytes(4, cols), 8 * cols + 2 * cols);  // tokens padded to 8: codes, then 16 bytes a chunk
   EXPECT_EQ(mmq_pack_x(DType::kQ4_K, x.xq, x.xd, x.xs, 4, cols, xp), ok);
-  EXPECT_EQ(mmq_pack_x(DType::kQ4_0, x.xq, x.xd, x.xs, 4, cols, xp), bad);
+  EXPECT_EQ(mmq_pack_x(DType::kQ5_0, x.xq, x.xd, x.xs, 4, cols, xp), bad);
   EXPECT_EQ(mmq_pack_x(DType::kQ4_K, x.xq, x.xd, x.xs, 0, cols, xp), bad);
   EXPECT_EQ(mmq_pack_x(DType::kQ4_K, x.xq, x.xd, x.xs, 33, cols, xp), bad);
   EXPECT_EQ(mmq_pack_x(DType::kQ4_K, x.xq, x.xd, x.xs, 4, 320, xp), bad);
@@ -481,7 +498,7 @@ TEST_F(Mmq, rejects_bad_arguments) {
   EXPECT_EQ(mmq(DType::kQ4_K, five, 0, cols, xp, 4), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, nullptr, 1, cols, xp, 4), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, w4, int64_t{INT_MAX} + 1, cols, xp, 4, yp), bad);  // rows at most INT_MAX
-  EXPECT_EQ(mmq(DType::kQ4_0, w4, rows, cols, xp, 4, yp), bad);
+  EXPECT_EQ(mmq(DType::kQ5_0, w4, rows, cols, xp, 4, yp), bad);
   EXPECT_EQ(mmq(DType::kQ2_K, w4, rows, cols, xp, 4, yp), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, w4, -1, cols, xp, 4, yp), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, 0, xp, 4, yp), bad);
