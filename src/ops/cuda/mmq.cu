@@ -7,23 +7,29 @@
 // lane % 4) loads its share of rows g and g + 8 straight from global memory (kD blocks at once, issued
 // before any is used), builds the mma A fragments from the packed codes with shifts and masks, and
 // dots them with the tokens' codes (B fragments: mmq_pack_x's layout, one 16-byte load a lane and chunk for
-// q4_K, 8 bytes a 32-element group for q6_K, a warp's load 8 tokens' contiguous pieces; the scales of the
+// q4_K, 8 bytes a 32-element group for q6_K and q3_K, a warp's load 8 tokens' contiguous pieces; the scales of the
 // lane's two epilogue columns from the records beside them):
 //   q4_K  one m16n8k32 per 32-element sub-block s = 2c + h (c: 32-byte chunk of qs, h: nibble). Lane tid
 //         takes qs bytes [8 tid, 8 tid + 8) of each chunk (an 8-byte load a row and chunk): k-slots
 //         4 tid + [0, 4) <- elements 64c + 32h + 8tid + [0, 4), 16 + 4 tid + [0, 4) <- + 4; the B
 //         fragment takes the token's codes in the same permutation.
+//   q5_K  as q4_K, the fifth bits OR'd in from the lane's 8 qh bytes.
 //   q6_K  one m16n8k16 per 16-element group (its own int8 scale): lane tid takes 4 codes (4 bytes of ql,
 //         4 of qh: the device form, weight_form.h, aligned blocks), made signed (code - 32) by byte
 //         arithmetic, so no activation sums are needed.
+//   q3_K  as q6_K (Q6Order): 4 bytes of qs and of hmask a group, codes made signed in place.
+//   q8_0, q4_0  as q4_K's layout, a block per 32-element sub-block (Block32Order): q8_0's code bytes as they
+//         are, q4_0's nibbles made signed (code - 8); a 256-element super-block of 8 blocks stands for a block.
 // The mma sums are exact int32. Float epilogue per (row, token) element, in this order:
 //   q4_K  the canonical order (mmq.h), which gemv_q8 forms too: per chunk c of each block
 //         (sub-blocks 2c, 2c + 1), t_s = fma(d sc_s, isum_s, -(dmin m_s * xsum_s)), v_c = fma(xd_2c+1, t_2c+1,
 //         xd_2c t_2c); per block acc = acc + ((v_0 + v_1) + (v_2 + v_3)); xsum_s = xs[2s] + xs[2s + 1]
 //         (exact), d sc_s and dmin m_s rounded products of the block's fields.
-//   q6_K  the canonical order too: per 32-element group q, J_q = sc_2q isum_2q + sc_2q+1 isum_2q+1 (exact in
-//         int32, |J| < 2^24 so exact in f32) and p_q = xd_q J_q; per block inner = ((p_0 + p_1) + (p_2 + p_3))
-//         + ((p_4 + p_5) + (p_6 + p_7)) and acc = fma(d, inner, acc).
+//   q6_K, q3_K  the canonical order too: per 32-element group q, J_q = sc_2q isum_2q + sc_2q+1 isum_2q+1
+//         (exact in int32, |J| < 2^24 so exact in f32) and p_q = xd_q J_q; per block inner = ((p_0 + p_1) +
+//         (p_2 + p_3)) + ((p_4 + p_5) + (p_6 + p_7)) (tree8) and acc = fma(d, inner, acc).
+//   q8_0, q4_0  per block j of a super-block p_j = xd_j (d_j isum_j); inner = tree8 of the eight;
+//         acc = acc + inner.
 // A warp's blocks are taken in increasing order; with split > 1 the warps' partials of a tile are added
 // in warp order (s = p0; s += p1; ...). None of this depends on n or on the token's column: a token's
 // outputs are the same bit for bit in every batch.
