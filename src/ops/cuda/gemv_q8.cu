@@ -13,14 +13,14 @@
 //   q4_0        rows of super-blocks as q8_0's: a block a lane, one 16-byte load; other rows 2 lanes, 8 bytes =
 //               16 codes each, 8-byte loads (the device form)
 //   q3_K        8 lanes, two 16-element groups each (16 bytes of qs, 16 of hmask), 16-byte loads (padded form)
-//   q2_K        8 lanes, 8 bytes of qs each, an 8-byte load (the device form)
+//   q2_K        as q3_K: two 16-element groups a lane, 16 bytes of qs (the device form)
 // Each lane accumulates exact int32 sums of code * xq with __dp4a, then applies the block scales in f32:
 // sum_i (ds q_i - ms) xd xq_i = xd (ds * sum q_i xq_i - ms * sum xq_i).
 //
 // A token's outputs are bit for bit the same whatever the kernel (R, the token count): a lane's blocks and their
 // order depend only on split and the lane, each block adds the same pinned float expression to the (row, token) sum,
 // the lanes are summed in the xor-butterfly order and the split partials in order (gemv_common::store_rows).
-// q3_K..q6_K (and q8_0, q4_0 rows of whole 256-element super-blocks) form mmq.h's canonical order instead: a lane
+// q2_K..q6_K (and q8_0, q4_0 rows of whole 256-element super-blocks) form mmq.h's canonical order instead: a lane
 // group (8 lanes a block or super-block) completes each block's term together (exact 32-element integer sums by a
 // shuffle, then the block's float terms added in a fixed tree by butterfly steps), so the group's running sum is one
 // part of (groups a warp) x split, and the parts are folded in order (store_rows_parts): mmq with gemv_q8_parts(type,
@@ -281,25 +281,6 @@ struct Q6K {
   }
 };
 
-// The activations of q2_K's lane u = lane % 8 of a block (h = u / 4, v = u % 4): elements
-// 128h + 32j + 8v + [0, 8) of the block's four 32-element groups j, with their groups' scales.
-struct LowBitAct {
-  uint2 x[4];  // group j's 8 activation codes
-  float d[4];
-};
-__device__ __forceinline__ LowBitAct low_bit_act(const Args& a, int t, int64_t b, int lane) {
-  const int u = lane & 7, h = u >> 2, v = u & 3;
-  const int8_t* xr = a.xq + t * a.cols + b * 256 + 128 * h + 8 * v;
-  const float* xd = a.xd + t * (a.cols / 32) + b * 8 + 4 * h;
-  LowBitAct x;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    x.x[j] = __ldg(reinterpret_cast<const uint2*>(xr + 32 * j));
-    x.d[j] = __ldg(xd + j);
-  }
-  return x;
-}
-
 // q3_K (the padded device form, weight_form.h: 112-byte aligned blocks) in q6_K's lane mapping and canonical
 // order: lane u = lane % 8 of a block (h = u / 4, t = u / 2 % 2, k0 = u % 2) holds the 16-element groups a =
 // 8h + 2k0 + t and b = a + 4 (group g = 8h + 2k + t: elements 128h + 32k + 16t + [0, 16), bits 2k of qs[32h +
@@ -365,71 +346,84 @@ struct Q3K {
   }
 };
 
-// q2_K (the split device form, weight_form.h: 80-byte aligned bodies, each block's (d, dmin) apart): lane u =
-// lane % 8 of a block (h = u / 4, v = u % 4) holds qs bytes [16 + 32h + 8v, +8), i.e. the elements
-// 128h + 32j + 8v + [0, 8) of the four 32-element groups j (bits 2j of each byte), whose scale bytes are
-// 8h + 2j + v / 2 (the 16 scale bytes: one 16-byte word). Each lane adds its own terms, j = 0..3:
-// fma(xd_j, fma(dl_j, isum_j, -(ml_j xsum_j)), acc) with dl_j = d (sc_j & 15), ml_j = dmin (sc_j >> 4) rounded
-// as the CPU codec's, xsum_j the exact sum of the lane's 8 activation codes; lanes and parts by store_rows.
+// q2_K (the split device form, weight_form.h: 80-byte aligned bodies (scales[16], qs[64]), each block's (d, dmin)
+// apart) in q6_K's lane mapping: lane u = lane % 8 of a block (h = u / 4, t = u / 2 % 2, k0 = u % 2) holds the
+// 16-element groups a = 8h + 2k0 + t and b = a + 4 (group g = 8h + 2k + t: bits 2k of qs[32h + 16t + l], scale
+// byte g: d (sc & 15) and dmin (sc >> 4), rounded as the CPU codec's dl, ml); both read the same 16 qs bytes.
+// The canonical order (mmq.h): t_g = fma(dl_g, isum_g, -(ml_g xsum_g)) (xsum_g the exact sum of the group's
+// activation codes), p_q = xd_q (t_2q + t_2q+1) with the partner lane (lane ^ 2: the other half of group q), the
+// pairs and halves as add_q6_order, acc = acc + inner.
 struct Q2K {
   static constexpr int kBytes = kQ2Body, kElems = 256, kLanes = 8;
   static constexpr int kInFlight = 2;
   static constexpr bool kHoistTokens = false;
-  static constexpr bool kGroupParts = false;
+  static constexpr bool kGroupParts = true;  // each lane group's sum is a part of the canonical order
   static constexpr int rows_a_warp(int nt) { return nt == 8 ? 4 : 2; }
   static constexpr int min_ctas(int nt, int /*split*/) { return nt == 1 ? 7 : 1; }
   struct Raw {
-    uint2 qs;
+    uint4 qs;
     uint4 sc;     // the block's 16 scale bytes
     uint32_t dm;  // d, dmin (fp16, d low)
   };
   struct Codes {
-    int q[4][2];  // group j's 8 codes (0..3)
-    float dl[4], ml[4];
+    int qa[4], qb[4];  // codes 0..3
+    float dla, mla, dlb, mlb;
   };
-  struct Act : LowBitAct {
-    float s[4];  // the sums of group j's 8 codes (exact)
+  struct Act {
+    uint4 qa, qb;
+    float da, db;  // xd of the groups' 32-element halves
+    float sa, sb;  // the sums of each group's 16 codes (exact)
   };
   __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t blocks, int lane) {
-    const int u = lane & 7, h = u >> 2, v = u & 3;
+    const int u = lane & 7, h = u >> 2, t = (u >> 1) & 1;
     const uint8_t* blk = rowp + b * kBytes;
     Raw w;
-    w.qs = __ldg(reinterpret_cast<const uint2*>(blk + 16 + 32 * h + 8 * v));
+    w.qs = ldw_u4(blk + 16 + 32 * h + 16 * t);
     w.sc = ldw_u4(blk);
     w.dm = __ldg(reinterpret_cast<const uint32_t*>(rowp + q2k_dm_offset(blocks, b)));
     return w;
   }
   __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
+    const int u = lane & 7, ga = 8 * (u >> 2) + 2 * (u & 1) + ((u >> 1) & 1), gb = ga + 4;
+    const int8_t* xr = a.xq + t * a.cols + b * 256;
+    const float* xd = a.xd + t * (a.cols / 32) + b * 8;
+    const int* xs = a.xs + t * (a.cols / 16) + b * 16;
     Act x;
-    static_cast<LowBitAct&>(x) = low_bit_act(a, t, b, lane);
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      x.s[j] = static_cast<float>(
-          __dp4a(static_cast<int>(x.x[j].y), kOnes, __dp4a(static_cast<int>(x.x[j].x), kOnes, 0)));
+    x.qa = __ldg(reinterpret_cast<const uint4*>(xr + 16 * ga));
+    x.qb = __ldg(reinterpret_cast<const uint4*>(xr + 16 * gb));
+    x.da = __ldg(xd + ga / 2), x.db = __ldg(xd + gb / 2);
+    x.sa = static_cast<float>(__ldg(xs + ga)), x.sb = static_cast<float>(__ldg(xs + gb));
     return x;
   }
   __device__ static Codes decode(const Raw& w, int lane) {
-    const int u = lane & 7, h = u >> 2, s = (u & 3) >> 1;
+    const int u = lane & 7, h = u >> 2, t = (u >> 1) & 1, k0 = u & 1;
     Codes c;
     const float d = qblocks::fp16_to_f32(w.dm & 0xffffu), dmin = qblocks::fp16_to_f32(w.dm >> 16);
-    const uint32_t qs[2] = {w.qs.x, w.qs.y};
-    const uint32_t scw = h == 0 ? w.sc.x : w.sc.z, scw2 = h == 0 ? w.sc.y : w.sc.w;  // bytes 8h .. 8h + 8
+    // Scale bytes a = 8h + 2k0 + t and b = a + 4: byte 2k0 + t of word 2h and of word 2h + 1.
+    const int sh = 8 * (2 * k0 + t);
+    const uint32_t sca = ((h == 0 ? w.sc.x : w.sc.z) >> sh) & 0xffu, scb = ((h == 0 ? w.sc.y : w.sc.w) >> sh) & 0xffu;
+    c.dla = __fmul_rn(d, static_cast<float>(sca & 0x0fu)), c.mla = __fmul_rn(dmin, static_cast<float>(sca >> 4));
+    c.dlb = __fmul_rn(d, static_cast<float>(scb & 0x0fu)), c.mlb = __fmul_rn(dmin, static_cast<float>(scb >> 4));
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t sc = ((j < 2 ? scw : scw2) >> (8 * (2 * (j & 1) + s))) & 0xffu;  // byte 8h + 2j + s
-      c.dl[j] = __fmul_rn(d, static_cast<float>(sc & 0x0fu));
-      c.ml[j] = __fmul_rn(dmin, static_cast<float>(sc >> 4));
-#pragma unroll
-      for (int i = 0; i < 2; ++i) c.q[j][i] = static_cast<int>((qs[i] >> (2 * j)) & 0x03030303u);
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t qs = i == 0 ? w.qs.x : i == 1 ? w.qs.y : i == 2 ? w.qs.z : w.qs.w;
+      c.qa[i] = static_cast<int>((qs >> (2 * k0)) & 0x03030303u);
+      c.qb[i] = static_cast<int>((qs >> (2 * k0 + 4)) & 0x03030303u);
     }
     return c;
   }
-  __device__ static void add(float& acc, const Codes& c, const Act& x, int /*lane*/) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int s = __dp4a(c.q[j][1], static_cast<int>(x.x[j].y), __dp4a(c.q[j][0], static_cast<int>(x.x[j].x), 0));
-      acc = __fmaf_rn(x.d[j], __fmaf_rn(c.dl[j], static_cast<float>(s), -__fmul_rn(c.ml[j], x.s[j])), acc);
-    }
+  __device__ static void add(float& acc, const Codes& c, const Act& x, int lane) {
+    const unsigned group = 0xffu << (lane & 24);
+    float ta = __fmaf_rn(c.dla, static_cast<float>(dot4(c.qa, x.qa, 0)), -__fmul_rn(c.mla, x.sa));
+    float tb = __fmaf_rn(c.dlb, static_cast<float>(dot4(c.qb, x.qb, 0)), -__fmul_rn(c.mlb, x.sb));
+    ta = __fadd_rn(ta, __shfl_xor_sync(group, ta, 2));
+    tb = __fadd_rn(tb, __shfl_xor_sync(group, tb, 2));
+    float pa = __fmul_rn(x.da, ta), pb = __fmul_rn(x.db, tb);
+    pa = __fadd_rn(pa, __shfl_xor_sync(group, pa, 1));
+    pb = __fadd_rn(pb, __shfl_xor_sync(group, pb, 1));
+    float v = __fadd_rn(pa, pb);
+    v = __fadd_rn(v, __shfl_xor_sync(group, v, 4));
+    acc = __fadd_rn(acc, v);
   }
 };
 
@@ -843,6 +837,7 @@ int gemv_q8_parts(DType type, int64_t total_rows) {
                      : id == qblocks::kQ5_K ? 32 / K4<true>::kLanes
                      : id == qblocks::kQ6_K ? 32 / Q6K::kLanes
                      : id == qblocks::kQ3_K ? 32 / Q3K::kLanes
+                     : id == qblocks::kQ2_K ? 32 / Q2K::kLanes
                      : id == qblocks::kQ8_0 ? 32 / Q80S::kLanes  // rows of whole super-blocks (mmq's)
                      : id == qblocks::kQ4_0 ? 32 / Q40S::kLanes
                                             : 0;

@@ -1,4 +1,4 @@
-// Int8 tensor-core products of q3_K..q6_K, q8_0 and q4_0 weights with 1..32 tokens (mmq.h).
+// Int8 tensor-core products of q2_K..q6_K, q8_0 and q4_0 weights with 1..32 tokens (mmq.h).
 //
 // Work split: a CTA of 8 warps; a warp owns T tiles of 16 consecutive rows (T = tiles_a_warp: 1, or 2 for
 // many tokens and rows, which then share each activation fragment) and all the launch's tokens (NT8 = ceil(n / 8)
@@ -17,7 +17,8 @@
 //   q6_K  one m16n8k16 per 16-element group (its own int8 scale): lane tid takes 4 codes (4 bytes of ql,
 //         4 of qh: the device form, weight_form.h, aligned blocks), made signed (code - 32) by byte
 //         arithmetic, so no activation sums are needed.
-//   q3_K  as q6_K (Q6Order): 4 bytes of qs and of hmask a group, codes made signed in place.
+//   q3_K  as q6_K (GroupOrder): 4 bytes of qs and of hmask a group, codes made signed in place.
+//   q2_K  as q6_K's layout, codes 0..3 with a min term: each group's activation sum by an mma against ones.
 //   q8_0, q4_0  as q4_K's layout, a block per 32-element sub-block (Block32Order): q8_0's code bytes as they
 //         are, q4_0's nibbles made signed (code - 8); a 256-element super-block of 8 blocks stands for a block.
 // The mma sums are exact int32. Float epilogue per (row, token) element, in this order:
@@ -28,6 +29,7 @@
 //   q6_K, q3_K  the canonical order too: per 32-element group q, J_q = sc_2q isum_2q + sc_2q+1 isum_2q+1
 //         (exact in int32, |J| < 2^24 so exact in f32) and p_q = xd_q J_q; per block inner = ((p_0 + p_1) +
 //         (p_2 + p_3)) + ((p_4 + p_5) + (p_6 + p_7)) (tree8) and acc = fma(d, inner, acc).
+//   q2_K  t = fma(dl, isum, -(ml xsum)) a 16-element group, p_q = xd_q (t_q0 + t_q1), tree8, acc + inner.
 //   q8_0, q4_0  per block j of a super-block p_j = xd_j (d_j isum_j); inner = tree8 of the eight;
 //         acc = acc + inner.
 // A warp's blocks are taken in increasing order; with split > 1 the warps' partials of a tile are added
@@ -226,12 +228,14 @@ __device__ __forceinline__ void tree8(int q, float p, float& even, float& pair, 
   else inner = __fadd_rn(quad, __fadd_rn(pair, two));
 }
 
-// The types with 16-element scales in q6_K's canonical order. Group (q, j) (q = 4h + k: 32-element group, j: half
-// of it) holds elements 128h + 32k + 16j + [0, 16), with scale 2q + j; S gives, for the lane's row i of its
-// tile: frag(r, i, q, j), the signed codes of elements 128h + 32k + 16j + 4 tid + [0, 4) (the A fragment of an
-// m16n8k16 step), scale(r, i, q, j) and d_bits(r, i).
+// The types with 16-element groups (q6_K, q3_K, q2_K) in their canonical order. Group (q, j) (q = 4h + k:
+// 32-element group, j: half of it) holds elements 128h + 32k + 16j + [0, 16); S gives, for the lane's row i of
+// its tile: frag(r, i, q, j), the codes of elements 128h + 32k + 16j + 4 tid + [0, 4) (the A fragment of an
+// m16n8k16 step); scales(r, i, q), the group's scales (S::Scales); value(scales, isum, xsum), the float V_q of
+// group q from its halves' exact integer dots (and, where S::kMins, their activation code sums, by an mma
+// against ones); then p_q = xd_q V_q, inner = tree8 of the eight, and finish(r, i, inner, acc).
 template <typename S>
-struct Q6Order {
+struct GroupOrder {
   static constexpr int kBytes = S::kBytes;
   using Raw = typename S::Raw;
   __device__ static Raw load(const uint8_t* const (&rowp)[2], int64_t b, int64_t blocks, int tid) {
@@ -240,6 +244,7 @@ struct Q6Order {
   template <int NT8, int T>
   __device__ static void block(const Args& a, const Raw (&r)[T], int64_t b, int g, int tid,
                                float (&acc)[T][NT8][4]) {
+    constexpr uint32_t kOnes[2] = {0x01010101u, 0x01010101u};
     // The tree of the canonical order: p of the last even group until its odd partner comes, the pair sum of
     // groups 0-1 (then 4-5) until 2-3 (6-7) is done, and the sum of groups 0-3 until 4-7 is.
     float even[T][NT8][4], pair[T][NT8][4], quad[T][NT8][4], inner[T][NT8][4];
@@ -247,16 +252,15 @@ struct Q6Order {
     for (int q = 0; q < 8; ++q) {
       // A fragments of groups (q, 0) and (q, 1), and their scales, for both rows of each tile.
       uint32_t fa[T][2][2];
-      int sc[T][2][2];
+      typename S::Scales sc[T][2];
 #pragma unroll
       for (int u = 0; u < T; ++u)
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
+        for (int i = 0; i < 2; ++i) {
 #pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            fa[u][j][i] = S::frag(r[u], i, q, j);
-            sc[u][i][j] = S::scale(r[u], i, q, j);
-          }
+          for (int j = 0; j < 2; ++j) fa[u][j][i] = S::frag(r[u], i, q, j);
+          sc[u][i] = S::scales(r[u], i, q);
+        }
 #pragma unroll
       for (int nt = 0; nt < NT8; ++nt) {
         // The lane's 8 code bytes of group q (its 16-byte piece of chunk q / 2: groups 2c, 2c + 1), and xd of
@@ -265,6 +269,10 @@ struct Q6Order {
         const uint2 xf = ldg_u2(a.xc + (rec + g) * 64 + 16 * tid + 8 * (q & 1));
         const float* s0 = reinterpret_cast<const float*>(a.xsc + rec + 2 * tid);
         const float xd[2] = {__ldg(s0 + (q & 1)), __ldg(s0 + 4 + (q & 1))};
+        int xsum[2][4] = {};  // the halves' code sums of the lane's token columns (every row the same)
+        if constexpr (S::kMins)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) mma_k16(kOnes, j == 0 ? xf.x : xf.y, xsum[j]);
 #pragma unroll
         for (int u = 0; u < T; ++u) {
           int isum[2][4];
@@ -272,9 +280,8 @@ struct Q6Order {
           for (int j = 0; j < 2; ++j) mma_k16(fa[u][j], j == 0 ? xf.x : xf.y, isum[j]);
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int i = e >> 1;
-            const int j32 = isum[0][e] * sc[u][i][0] + isum[1][e] * sc[u][i][1];
-            const float pq = __fmul_rn(xd[e & 1], static_cast<float>(j32));
+            const int is[2] = {isum[0][e], isum[1][e]}, xs[2] = {xsum[0][e], xsum[1][e]};
+            const float pq = __fmul_rn(xd[e & 1], S::value(sc[u][e >> 1], is, xs));
             tree8(q, pq, even[u][nt][e], pair[u][nt][e], quad[u][nt][e], inner[u][nt][e]);
           }
         }
@@ -285,17 +292,26 @@ struct Q6Order {
 #pragma unroll
       for (int nt = 0; nt < NT8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float dd = half_bits(S::d_bits(r[u], e >> 1));
-          acc[u][nt][e] = __fmaf_rn(dd, inner[u][nt][e], acc[u][nt][e]);
-        }
+        for (int e = 0; e < 4; ++e) acc[u][nt][e] = S::finish(r[u], e >> 1, inner[u][nt][e], acc[u][nt][e]);
+  }
+};
+
+// q6_K and q3_K: int scales; V_q = J_q = sc_q0 isum_q0 + sc_q1 isum_q1 (exact in int32, |J| < 2^24 so exact in
+// f32); finish: fma(d, inner, acc).
+struct IntScales {
+  static constexpr bool kMins = false;
+  struct Scales {
+    int s[2];
+  };
+  __device__ static float value(const Scales& sc, const int (&isum)[2], const int (&/*xsum*/)[2]) {
+    return static_cast<float>(isum[0] * sc.s[0] + isum[1] * sc.s[1]);
   }
 };
 
 // q6_K in the device form (weight_form.h): a block's ql[128] (low nibbles), qh[64] (2 high bits each), int8
 // scales[16] at 208 aligned bytes, its d (fp16) in the row's scale array. Group (q, j): nibble k / 2 of
 // ql[64h + 32(k & 1) + 16j + l], bits 2k of qh[32h + 16j + l], scale scales[2q + j], code - 32.
-struct Q6Src {
+struct Q6Src : IntScales {
   static constexpr int kBytes = kQ6Body;
   struct Raw {
     uint32_t ql[2][8];  // row i, 16-byte segment s of ql: bytes 16s + 4 tid + [0, 4)
@@ -325,16 +341,19 @@ struct Q6Src {
     // code - 32 in each byte: bit 7 set first so that no byte borrows from the next.
     return (((lo | hi) | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
   }
-  __device__ static int scale(const Raw& r, int i, int q, int j) {
-    return static_cast<int8_t>((r.sc[i][q >> 1] >> (16 * (q & 1) + 8 * j)) & 0xffu);
+  __device__ static Scales scales(const Raw& r, int i, int q) {
+    const uint32_t w = r.sc[i][q >> 1] >> (16 * (q & 1));
+    return Scales{{static_cast<int8_t>(w & 0xffu), static_cast<int8_t>((w >> 8) & 0xffu)}};
   }
-  __device__ static uint32_t d_bits(const Raw& r, int i) { return r.d[i]; }
+  __device__ static float finish(const Raw& r, int i, float inner, float acc) {
+    return __fmaf_rn(half_bits(r.d[i]), inner, acc);
+  }
 };
 
 // q3_K in its padded device form (weight_form.h: 112-byte blocks): hmask[32], qs[64], scales[12], d. Group (q, j):
 // bits 2k of qs[32h + 16j + l], minus 4 where bit 4h + k of hmask[16j + l] is clear (quant_blocks.cuh
 // q3k_codes), 6-bit scale 2q + j minus 32 (q3k_scale).
-struct Q3Src {
+struct Q3Src : IntScales {
   static constexpr int kBytes = kQ3Stride;
   struct Raw {
     uint32_t qs[2][4];  // row i, (h, j) = s / 2, s % 2: qs bytes 32h + 16j + 4 tid + [0, 4)
@@ -358,14 +377,70 @@ struct Q3Src {
     const int h = q >> 2, k = q & 3;
     return static_cast<uint32_t>(qblocks::q3k_codes(r.qs[i][2 * h + j], r.nh[i][j], h, k));
   }
-  __device__ static int scale(const Raw& r, int i, int q, int j) {
-    return qblocks::q3k_scale(r.hdr[i], q >> 2, q & 3, j);
+  __device__ static Scales scales(const Raw& r, int i, int q) {
+    return Scales{{qblocks::q3k_scale(r.hdr[i], q >> 2, q & 3, 0), qblocks::q3k_scale(r.hdr[i], q >> 2, q & 3, 1)}};
   }
-  __device__ static uint32_t d_bits(const Raw& r, int i) { return r.hdr[i].w & 0xffffu; }
+  __device__ static float finish(const Raw& r, int i, float inner, float acc) {
+    return __fmaf_rn(half_bits(r.hdr[i].w & 0xffffu), inner, acc);
+  }
 };
 
-using Q6K = Q6Order<Q6Src>;
-using Q3K = Q6Order<Q3Src>;
+using Q6K = GroupOrder<Q6Src>;
+using Q3K = GroupOrder<Q3Src>;
+
+// q2_K in its split device form (weight_form.h: scales[16] and qs[64] bodies, each block's (d, dmin) apart), in
+// gemv_q8's order for it: group (q, j) has codes bits 2k of qs[32h + 16j + l] and scale byte 2q + j (dl = d
+// (sc & 15), ml = dmin (sc >> 4), rounded); V_q = t_q0 + t_q1 with t = fma(dl, isum, -(ml xsum)); finish:
+// acc + inner.
+struct Q2Src {
+  static constexpr int kBytes = kQ2Body;
+  static constexpr bool kMins = true;
+  struct Raw {
+    uint32_t qs[2][4];  // row i, (h, j) = s / 2, s % 2: qs bytes 32h + 16j + 4 tid + [0, 4)
+    uint32_t sc[2][4];  // row i: the 16 scale bytes
+    uint32_t dm[2];     // row i: d, dmin (fp16, d low)
+  };
+  struct Scales {
+    float dl[2], ml[2];
+  };
+  __device__ static Raw load(const uint8_t* const (&rowp)[2], int64_t b, int64_t blocks, int tid) {
+    Raw r;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint8_t* blk = rowp[i] + b * kBytes;
+#pragma unroll
+      for (int s = 0; s < 4; ++s) r.qs[i][s] = ldg_u32(blk + 16 + 16 * s + 4 * tid);
+      const uint4 sc = ldg_u4(blk);
+      r.sc[i][0] = sc.x, r.sc[i][1] = sc.y, r.sc[i][2] = sc.z, r.sc[i][3] = sc.w;
+      r.dm[i] = ldg_u32(rowp[i] + q2k_dm_offset(blocks, b));
+    }
+    return r;
+  }
+  __device__ static uint32_t frag(const Raw& r, int i, int q, int j) {
+    return (r.qs[i][2 * (q >> 2) + j] >> (2 * (q & 3))) & 0x03030303u;
+  }
+  __device__ static Scales scales(const Raw& r, int i, int q) {
+    const float d = half_bits(r.dm[i] & 0xffffu), dmin = half_bits(r.dm[i] >> 16);
+    Scales s;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint32_t sc = (r.sc[i][q >> 1] >> (16 * (q & 1) + 8 * j)) & 0xffu;
+      s.dl[j] = __fmul_rn(d, static_cast<float>(sc & 0x0fu));
+      s.ml[j] = __fmul_rn(dmin, static_cast<float>(sc >> 4));
+    }
+    return s;
+  }
+  __device__ static float value(const Scales& sc, const int (&isum)[2], const int (&xsum)[2]) {
+    float t[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      t[j] = __fmaf_rn(sc.dl[j], static_cast<float>(isum[j]), -__fmul_rn(sc.ml[j], static_cast<float>(xsum[j])));
+    return __fadd_rn(t[0], t[1]);
+  }
+  __device__ static float finish(const Raw& /*r*/, int /*i*/, float inner, float acc) { return __fadd_rn(acc, inner); }
+};
+
+using Q2K = GroupOrder<Q2Src>;
 
 // Rows of whole 256-element super-blocks of a 32-element type (q8_0, q4_0) in gemv_q8's order for them: per
 // super-block of 8 blocks, p_j = xd_j (d_j isum_j), the tree8 of the eight, acc = acc + inner. Chunk c holds
@@ -639,8 +714,8 @@ bool aligned(const void* p, uintptr_t al) { return reinterpret_cast<uintptr_t>(p
 
 bool mmq_supported(DType type) {
   const auto id = static_cast<uint32_t>(type);
-  return id == qblocks::kQ3_K || id == qblocks::kQ4_K || id == qblocks::kQ5_K || id == qblocks::kQ6_K ||
-         id == qblocks::kQ8_0 || id == qblocks::kQ4_0;
+  return id == qblocks::kQ2_K || id == qblocks::kQ3_K || id == qblocks::kQ4_K || id == qblocks::kQ5_K ||
+         id == qblocks::kQ6_K || id == qblocks::kQ8_0 || id == qblocks::kQ4_0;
 }
 
 void mmq_set_variant(int v) { g_variant = v; }
@@ -668,7 +743,8 @@ cudaError_t mmq_pack_x(DType type, const int8_t* xq, const float* xd, const int*
   if (grid > INT_MAX) return cudaErrorInvalidValue;
   auto* xc = static_cast<uint4*>(xp);
   auto* xsc = reinterpret_cast<float4*>(static_cast<uint8_t*>(xp) + n8 * cols);
-  if (static_cast<uint32_t>(type) == qblocks::kQ6_K || static_cast<uint32_t>(type) == qblocks::kQ3_K)
+  const auto tid = static_cast<uint32_t>(type);
+  if (tid == qblocks::kQ6_K || tid == qblocks::kQ3_K || tid == qblocks::kQ2_K)
     pack_x_kernel<true><<<static_cast<unsigned>(grid), 256, 0, stream>>>(xq, xd, xs, static_cast<int>(n), n8, cols,
                                                                           xc, xsc);
   else
@@ -681,7 +757,7 @@ cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, cons
                 cudaStream_t stream, int split) {
   const auto id = static_cast<uint32_t>(type);
   if (!mmq_supported(type)) return cudaErrorInvalidValue;
-  constexpr uintptr_t walign = 16;  // q6_K, q3_K, q8_0, q4_0: their device forms (weight_form.h)
+  constexpr uintptr_t walign = 16;  // q6_K, q3_K, q2_K, q8_0, q4_0: their device forms (weight_form.h)
   if (parts == nullptr || n_parts < 1 || n_parts > kMaxParts) return cudaErrorInvalidValue;
   if (cols <= 0 || cols % 256 != 0 || n < 1 || n > kMmqMaxTokens || cols > INT64_MAX / 64) return cudaErrorInvalidValue;
   if (split != 0 && split != 1 && split != 2 && split != 4 && split != 8) return cudaErrorInvalidValue;
@@ -723,6 +799,7 @@ cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, cons
   const auto g = static_cast<unsigned>(grid);
   if (id == qblocks::kQ6_K) return launch<Q6K>(a, tiles, g, stream);
   if (id == qblocks::kQ3_K) return launch<Q3K>(a, tiles, g, stream);
+  if (id == qblocks::kQ2_K) return launch<Q2K>(a, tiles, g, stream);
   if (id == qblocks::kQ8_0) return launch<Q8S>(a, tiles, g, stream);
   if (id == qblocks::kQ4_0) return launch<Q4S>(a, tiles, g, stream);
   if (id == qblocks::kQ5_K)

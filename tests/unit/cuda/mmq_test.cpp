@@ -120,6 +120,17 @@ void decode_block(DType t, const uint8_t* b, double (&w)[256], int (&code)[256],
         w[32 * j + l] = ds[j] * c - ms[j];
       }
     }
+  } else if (t == DType::kQ2_K) {  // scales@0[16] qs@16[64] d@80 dmin@82, 16-element groups with mins
+    const double d = fp16_to_fp32(static_cast<uint16_t>(b[80] | b[81] << 8));
+    const double dmin = fp16_to_fp32(static_cast<uint16_t>(b[82] | b[83] << 8));
+    for (int g = 0; g < 16; ++g) ds[g] = d * (b[g] & 0xf), ms[g] = dmin * (b[g] >> 4);
+    for (int h = 0; h < 2; ++h)
+      for (int k = 0; k < 4; ++k)
+        for (int l = 0; l < 32; ++l) {
+          const int e = 128 * h + 32 * k + l, g = 8 * h + 2 * k + l / 16;
+          code[e] = (b[16 + 32 * h + l] >> (2 * k)) & 3;
+          w[e] = ds[g] * code[e] - ms[g];
+        }
   } else if (t == DType::kQ4_0) {  // 8 blocks of d (fp16) + 16 bytes: low nibbles elements 0-15, high 16-31
     for (int j = 0; j < 8; ++j) {
       const uint8_t* q = b + 18 * j;
@@ -173,6 +184,7 @@ int64_t block_bytes(DType t) {  // stored bytes of 256 elements
   if (t == DType::kQ4_K || t == DType::kQ4_0) return 144;
   if (t == DType::kQ5_K) return 176;
   if (t == DType::kQ3_K) return 110;
+  if (t == DType::kQ2_K) return 84;
   return t == DType::kQ8_0 ? 272 : 210;
 }
 
@@ -205,6 +217,12 @@ void reference(DType t, const std::vector<uint8_t>& wb, int64_t rows, int64_t co
             int64_t isum = 0, xsum = 0;
             for (int l = 0; l < 32; ++l) isum += int64_t{code[32 * g + l]} * q[32 * g + l], xsum += q[32 * g + l];
             m += std::fabs(xd[g]) * (std::fabs(ds[g] * isum) + std::fabs(ms[g] * xsum));
+          } else if (t == DType::kQ2_K) {  // scales and mins per 16-element group
+            for (int hg = 2 * g; hg < 2 * g + 2; ++hg) {
+              int64_t isum = 0, xsum = 0;
+              for (int l = 16 * hg; l < 16 * hg + 16; ++l) isum += int64_t{code[l]} * q[l], xsum += q[l];
+              m += std::fabs(xd[g]) * (std::fabs(ds[hg] * isum) + std::fabs(ms[hg] * xsum));
+            }
           } else {
             m += std::fabs(xd[g] * s);
           }
@@ -268,7 +286,7 @@ class Mmq : public ::testing::Test {
 };
 
 TEST_F(Mmq, host_decoder_matches_dequantize_row) {
-  for (DType t : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0, DType::kQ4_0}) {
+  for (DType t : {DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0, DType::kQ4_0}) {
     const auto bytes = random_weights(t, 64, rng_);
     std::vector<float> f(64 * 256);
     ASSERT_TRUE(dequantize_row(t, bytes.data(), f.data(), 64 * 256).ok());
@@ -298,7 +316,7 @@ TEST_F(Mmq, matches_the_double_reference) {
                         {1040, 4096, {1, 17}},
                         {9000, 4096, {3}},
                         {40000, 512, {1, 32}}};
-  for (DType t : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0, DType::kQ4_0})
+  for (DType t : {DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0, DType::kQ4_0})
     for (const Case& c : cases) {
       const auto wb = random_weights(t, c.rows * c.cols / 256, rng_);
       Tokens x;
@@ -314,7 +332,7 @@ TEST_F(Mmq, extreme_scales) {
   SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
   const int64_t rows = 48, cols = 4096;
   const uint16_t halves[] = {0x7bff, 0xfbff, 0x0001, 0x8001, 0x0400, 0x0000, 0x3c00};
-  for (DType t : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0, DType::kQ4_0}) {
+  for (DType t : {DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0, DType::kQ4_0}) {
     const int64_t bytes = block_bytes(t);
     auto wb = random_weights(t, rows * cols / 256, rng_);
     for (int64_t b = 0; b < rows * cols / 256; ++b) {
@@ -328,6 +346,8 @@ TEST_F(Mmq, extreme_scales) {
         p[0] = h0 & 0xff, p[1] = h0 >> 8, p[2] = h1 & 0xff, p[3] = h1 >> 8;
       } else if (t == DType::kQ3_K) {
         p[108] = h0 & 0xff, p[109] = h0 >> 8;
+      } else if (t == DType::kQ2_K) {
+        p[80] = h0 & 0xff, p[81] = h0 >> 8, p[82] = h1 & 0xff, p[83] = h1 >> 8;
       } else if (t == DType::kQ8_0 || t == DType::kQ4_0) {
         const int stride = t == DType::kQ8_0 ? 34 : 18;
         for (int j = 0; j < 8; ++j) {
@@ -358,7 +378,7 @@ TEST_F(Mmq, token_outputs_do_not_depend_on_the_batch) {
   };
   for (const Case c : {Case{3, 100, 4096}, Case{3, 100, 12288}, Case{0, 100, 4096}, Case{0, 100, 12288},
                        Case{3, 16400, 4096}})
-  for (DType t : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0, DType::kQ4_0}) {
+  for (DType t : {DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0, DType::kQ4_0}) {
       const int64_t rows = c.rows, cols = c.cols;
       cuda::mmq_set_variant(c.variant);
       const std::string what = std::string(dtype_name(t)) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
@@ -391,14 +411,14 @@ TEST_F(Mmq, token_outputs_do_not_depend_on_the_batch) {
 }
 
 // The canonical order (mmq.h): gemv_q8 at one token and mmq with gemv_q8_parts(type, rows) parts form every
-// q3_K..q6_K, q8_0 and q4_0 sum in the same order, so a verify step's products on the tensor cores can equal plain
+// q2_K..q6_K, q8_0 and q4_0 sum in the same order, so a verify step's products on the tensor cores can equal plain
 // decoding's bit for bit. Row counts give each split of the one-token launch on this GPU (1, 2, 4 warps a
 // row group: 4, 8, 16 parts for q4_K and q6_K); past 8 parts mmq does not take the product.
 TEST_F(Mmq, one_token_gemv_q8_equals_mmq_in_its_parts) {
   SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  for (DType type : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0, DType::kQ4_0})
+  for (DType type : {DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0, DType::kQ4_0})
     for (int64_t rows : {int64_t{64 * sms + 16}, int64_t{16 * sms + 16}, int64_t{20 * sms}, int64_t{8 * sms + 3}})
       for (int64_t cols : {int64_t{4096}, int64_t{2560}}) {
         const int parts = cuda::gemv_q8_parts(type, rows);
@@ -431,7 +451,7 @@ TEST_F(Mmq, one_token_gemv_q8_equals_mmq_in_its_parts) {
 TEST_F(Mmq, grouped_launch_equals_one_launch_a_part) {
   SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
   const int64_t cols = 2560, rows[] = {700, 0, 37, 17000};
-  for (DType type : {DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0, DType::kQ4_0})
+  for (DType type : {DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0, DType::kQ4_0})
     for (int64_t n : {int64_t{5}, int64_t{23}, int64_t{32}}) {
       Tokens x;
       quantize(random_x(n, cols, rng_), n, cols, x);
@@ -499,7 +519,7 @@ TEST_F(Mmq, rejects_bad_arguments) {
   EXPECT_EQ(mmq(DType::kQ4_K, nullptr, 1, cols, xp, 4), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, w4, int64_t{INT_MAX} + 1, cols, xp, 4, yp), bad);  // rows at most INT_MAX
   EXPECT_EQ(mmq(DType::kQ5_0, w4, rows, cols, xp, 4, yp), bad);
-  EXPECT_EQ(mmq(DType::kQ2_K, w4, rows, cols, xp, 4, yp), bad);
+  EXPECT_EQ(mmq(DType::kQ5_1, w4, rows, cols, xp, 4, yp), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, w4, -1, cols, xp, 4, yp), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, 0, xp, 4, yp), bad);
   EXPECT_EQ(mmq(DType::kQ4_K, w4, rows, 320, xp, 4, yp), bad);
