@@ -1,4 +1,4 @@
-// Int8 tensor-core products of q3_K..q6_K, q8_0 and q4_0 weights with 1..32 int8-quantized tokens (kernels in
+// Int8 tensor-core products of q2_K..q6_K, q8_0 and q4_0 weights with 1..32 int8-quantized tokens (kernels in
 // mmq.cu).
 //
 // y[t, r] = x'_t . W_r with x' = xd * xq as quantize_q8_rows (gemv_q8.h) writes it (xq int8 per element, xd
@@ -13,13 +13,12 @@
 // element the same whatever the tile it lands in). So one kernel can serve decode (n = 1) and
 // speculative verify (n = 16..32) with identical logits.
 //
-// The result equals x' W^T to float rounding (see mmq.cu for the order). That order is the canonical one
-// that gemv_q8 forms too (q4_K and q5_K: per block T = (v_0 + v_1) + (v_2 + v_3) of the four 64-element chunk terms;
-// q6_K and q3_K: per block a pairwise tree of its eight 32-element group terms; q8_0 and q4_0: the same tree over a
-// super-block's eight blocks; parts of blocks p, p + S, ... folded in
-// part order): with S = gemv_q8_parts(type, rows of the gemv_q8 launch) every output equals gemv_q8's bit for
-// bit, which lets speculative verify steps (MatmulPath::kTokenExact) run here and still compute each token as
-// a decode step does.
+// The result equals x' W^T to float rounding (see mmq.cu for the order). That order is the canonical one that gemv_q8
+// forms too (q4_K and q5_K: per block T = (v_0 + v_1) + (v_2 + v_3) of the four 64-element chunk terms; q6_K, q3_K
+// and q2_K: per block a pairwise tree of its eight 32-element group terms; q8_0 and q4_0: the same tree over a
+// super-block's eight blocks; parts of blocks p, p + S, ... folded in part order): with S = gemv_q8_parts(type, rows
+// of the gemv_q8 launch) every output equals gemv_q8's bit for bit, which lets speculative verify steps
+// (MatmulPath::kTokenExact) run here and still compute each token as a decode step does.
 //
 // Included by nvcc-compiled code: no base/status.h.
 #pragma once
@@ -34,8 +33,9 @@ namespace dflash::cuda {
 
 constexpr int64_t kMmqMaxTokens = 32;  // tokens per launch
 
-// Types with a tensor-core kernel: q4_K, q5_K (q4_K's code with the fifth bits), q6_K, q3_K (q6_K's order),
-// q8_0 and q4_0 (rows of whole 256-element super-blocks, as every mmq row: cols a multiple of 256).
+// Types with a tensor-core kernel: q4_K, q5_K (q4_K's code with the fifth bits), q6_K, q3_K and q2_K (q6_K's order,
+// q2_K with its mins), q8_0 and q4_0 (rows of whole 256-element super-blocks, as every mmq row: cols a multiple of
+// 256).
 bool mmq_supported(DType type);
 
 // mmq's activations: the (xq, xd, xs) of quantize_q8_rows for n tokens, rearranged for one weight type so that
@@ -48,21 +48,21 @@ bool mmq_supported(DType type);
 int64_t mmq_x_bytes(int64_t n, int64_t cols);
 
 // Enqueues the rearrangement into xp (mmq_x_bytes(n, cols) bytes, 16-byte aligned) for weights of `type` (q4_K, q5_K,
-// q8_0 and q4_0 share a layout, q6_K and q3_K another). n in [1, kMmqMaxTokens], cols a positive multiple of 256, xq,
-// xd, xs 16-byte aligned; cudaErrorInvalidValue (nothing enqueued) otherwise.
+// q8_0 and q4_0 share a layout, q6_K, q3_K and q2_K another). n in [1, kMmqMaxTokens], cols a positive multiple of
+// 256, xq, xd, xs 16-byte aligned; cudaErrorInvalidValue (nothing enqueued) otherwise.
 cudaError_t mmq_pack_x(DType type, const int8_t* xq, const float* xd, const int* xs, int64_t n, int64_t cols,
                        void* xp, cudaStream_t stream = nullptr);
 
-// Enqueues y_p [n, rows_p] (y_p[t * rows_p + r]) = x' W_p^T for every part (gemv_q8.h's Q8Part: all of `type`, q3_K,
-// q4_K, q5_K, q6_K, q8_0 or q4_0, all cols wide; at most kQ8MaxParts, parts of 0 rows skipped) in one launch, x' the n
-// tokens in xp as mmq_pack_x wrote them for `type`, n and cols. One launch for a group's weights keeps the GPU's last
-// wave of CTAs full (a lone 17408-row product at 23 tokens ran 2.06 waves). rows_p at most INT_MAX, n in [1,
-// kMmqMaxTokens], cols a positive multiple of 256. cudaErrorInvalidValue (nothing enqueued) for another type, a bad
-// shape, a null or misaligned pointer (w: 16 bytes, q6_K, q3_K, q8_0, q4_0 in their device forms, weight_form.h; xp: 16
-// bytes; y: 4 bytes). split: the parts a row's blocks are taken in (1, 2, 4 or 8; 0 picks mmq_split(total rows,
-// cols)). Part p takes blocks p, p + split, ... and sums them in increasing order; the row's output is the left fold
-// of its parts in part order: the canonical order, which gemv_q8 forms with gemv_q8_parts(type, total rows of its
-// launch) parts, so mmq(..., split = that) equals it bit for bit.
+// Enqueues y_p [n, rows_p] (y_p[t * rows_p + r]) = x' W_p^T for every part (gemv_q8.h's Q8Part: all of `type`, q2_K,
+// q3_K, q4_K, q5_K, q6_K, q8_0 or q4_0, all cols wide; at most kQ8MaxParts, parts of 0 rows skipped) in one launch,
+// x' the n tokens in xp as mmq_pack_x wrote them for `type`, n and cols. One launch for a group's weights keeps the
+// GPU's last wave of CTAs full (a lone 17408-row product at 23 tokens ran 2.06 waves). rows_p at most INT_MAX, n in
+// [1, kMmqMaxTokens], cols a positive multiple of 256. cudaErrorInvalidValue (nothing enqueued) for another type, a
+// bad shape, a null or misaligned pointer (w: 16 bytes, q6_K, q3_K, q2_K, q8_0, q4_0 in their device forms,
+// weight_form.h; xp: 16 bytes; y: 4 bytes). split: the parts a row's blocks are taken in (1, 2, 4 or 8; 0 picks
+// mmq_split(total rows, cols)). Part p takes blocks p, p + split, ... and sums them in increasing order; the row's
+// output is the left fold of its parts in part order: the canonical order, which gemv_q8 forms with
+// gemv_q8_parts(type, total rows of its launch) parts, so mmq(..., split = that) equals it bit for bit.
 cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, const void* xp, int64_t n,
                 cudaStream_t stream = nullptr, int split = 0);
 
