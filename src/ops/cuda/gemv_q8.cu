@@ -191,6 +191,15 @@ struct K4 {
   }
 };
 
+// The pairing of the 16-element-group types' canonical tree (below) from the lane's p of groups a and b: the pairs
+// with lane ^ 1, their sum, the h halves with lane ^ 4 (inner, the same in every lane of the 8-lane group `group`).
+__device__ __forceinline__ float pair_tree(float pa, float pb, unsigned group) {
+  pa = __fadd_rn(pa, __shfl_xor_sync(group, pa, 1));
+  pb = __fadd_rn(pb, __shfl_xor_sync(group, pb, 1));
+  const float v = __fadd_rn(pa, pb);
+  return __fadd_rn(v, __shfl_xor_sync(group, v, 4));
+}
+
 // The block term of the types with 16-element scales (q6_K, q3_K) in mmq's order, from the lane's two scaled
 // integer dots ja, jb of groups a, b (Q6K's lane mapping) and their 32-element halves' xd: the exact J_q of
 // each 32-element group q (the lane's group plus its partner's, lane ^ 2; |J| < 2^24, so exact in float too),
@@ -201,12 +210,33 @@ __device__ __forceinline__ void add_q6_order(float& acc, float d, int ja, int jb
   const unsigned group = 0xffu << (lane & 24);
   ja += __shfl_xor_sync(group, ja, 2);
   jb += __shfl_xor_sync(group, jb, 2);
-  float pa = __fmul_rn(da, static_cast<float>(ja)), pb = __fmul_rn(db, static_cast<float>(jb));
-  pa = __fadd_rn(pa, __shfl_xor_sync(group, pa, 1));
-  pb = __fadd_rn(pb, __shfl_xor_sync(group, pb, 1));
-  float v = __fadd_rn(pa, pb);
-  v = __fadd_rn(v, __shfl_xor_sync(group, v, 4));
-  acc = __fmaf_rn(d, v, acc);
+  acc = __fmaf_rn(d, pair_tree(__fmul_rn(da, static_cast<float>(ja)), __fmul_rn(db, static_cast<float>(jb)), group),
+                  acc);
+}
+
+// One token's activations for q6_K's lane mapping (Q6K, Q3K, Q2K): the codes and 32-element halves' xd of the
+// lane's groups a = 8h + 2k0 + t and b = a + 4, and with kSums the sums of each group's 16 codes.
+struct GroupAct {
+  uint4 qa, qb;
+  float da, db;
+  int sa, sb;
+};
+template <bool kSums>
+__device__ __forceinline__ GroupAct group_act(const Args& a, int t, int64_t b, int lane) {
+  const int u = lane & 7, ga = 8 * (u >> 2) + 2 * (u & 1) + ((u >> 1) & 1), gb = ga + 4;
+  const int8_t* xr = a.xq + t * a.cols + b * 256;
+  const float* xd = a.xd + t * (a.cols / 32) + b * 8;
+  GroupAct x;
+  x.qa = __ldg(reinterpret_cast<const uint4*>(xr + 16 * ga));
+  x.qb = __ldg(reinterpret_cast<const uint4*>(xr + 16 * gb));
+  x.da = __ldg(xd + ga / 2), x.db = __ldg(xd + gb / 2);
+  if constexpr (kSums) {
+    const int* xs = a.xs + t * (a.cols / 16) + b * 16;
+    x.sa = __ldg(xs + ga), x.sb = __ldg(xs + gb);
+  } else {
+    x.sa = x.sb = 0;
+  }
+  return x;
 }
 
 // q6_K (the device form, weight_form.h: 208 aligned bytes a block, d apart): lane u = lane % 8 of a block
@@ -248,16 +278,8 @@ struct Q6K {
     return w;
   }
   __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
-    const int u = lane & 7, ga = 8 * (u >> 2) + 2 * (u & 1) + ((u >> 1) & 1), gb = ga + 4;
-    const int8_t* xr = a.xq + t * a.cols + b * 256;
-    const float* xd = a.xd + t * (a.cols / 32) + b * 8;
-    const int* xs = a.xs + t * (a.cols / 16) + b * 16;
-    Act x;
-    x.qa = __ldg(reinterpret_cast<const uint4*>(xr + 16 * ga));
-    x.qb = __ldg(reinterpret_cast<const uint4*>(xr + 16 * gb));
-    x.da = __ldg(xd + ga / 2), x.db = __ldg(xd + gb / 2);
-    x.sa32 = 32 * __ldg(xs + ga), x.sb32 = 32 * __ldg(xs + gb);
-    return x;
+    const GroupAct g = group_act<true>(a, t, b, lane);
+    return Act{g.qa, g.qb, g.da, g.db, 32 * g.sa, 32 * g.sb};
   }
   __device__ static Codes decode(const Raw& w, int lane) {
     const int u = lane & 7, t = (u >> 1) & 1, k0 = u & 1;
@@ -303,10 +325,7 @@ struct Q3K {
     int sa, sb;  // the groups' scales (-32..31)
     float d;
   };
-  struct Act {
-    uint4 qa, qb;
-    float da, db;  // xd of the groups' 32-element halves
-  };
+  using Act = GroupAct;  // without the sums
   __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t /*blocks*/, int lane) {
     const int u = lane & 7, h = u >> 2, t = (u >> 1) & 1;
     const uint8_t* blk = rowp + b * kBytes;
@@ -316,16 +335,7 @@ struct Q3K {
     w.hdr = ldw_u4(blk + 96);
     return w;
   }
-  __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
-    const int u = lane & 7, ga = 8 * (u >> 2) + 2 * (u & 1) + ((u >> 1) & 1), gb = ga + 4;
-    const int8_t* xr = a.xq + t * a.cols + b * 256;
-    const float* xd = a.xd + t * (a.cols / 32) + b * 8;
-    Act x;
-    x.qa = __ldg(reinterpret_cast<const uint4*>(xr + 16 * ga));
-    x.qb = __ldg(reinterpret_cast<const uint4*>(xr + 16 * gb));
-    x.da = __ldg(xd + ga / 2), x.db = __ldg(xd + gb / 2);
-    return x;
-  }
+  __device__ static Act act(const Args& a, int t, int64_t b, int lane) { return group_act<false>(a, t, b, lane); }
   __device__ static Codes decode(const Raw& w, int lane) {
     const int u = lane & 7, h = u >> 2, t = (u >> 1) & 1, k0 = u & 1;
     Codes c;
@@ -384,16 +394,8 @@ struct Q2K {
     return w;
   }
   __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
-    const int u = lane & 7, ga = 8 * (u >> 2) + 2 * (u & 1) + ((u >> 1) & 1), gb = ga + 4;
-    const int8_t* xr = a.xq + t * a.cols + b * 256;
-    const float* xd = a.xd + t * (a.cols / 32) + b * 8;
-    const int* xs = a.xs + t * (a.cols / 16) + b * 16;
-    Act x;
-    x.qa = __ldg(reinterpret_cast<const uint4*>(xr + 16 * ga));
-    x.qb = __ldg(reinterpret_cast<const uint4*>(xr + 16 * gb));
-    x.da = __ldg(xd + ga / 2), x.db = __ldg(xd + gb / 2);
-    x.sa = static_cast<float>(__ldg(xs + ga)), x.sb = static_cast<float>(__ldg(xs + gb));
-    return x;
+    const GroupAct g = group_act<true>(a, t, b, lane);
+    return Act{g.qa, g.qb, g.da, g.db, static_cast<float>(g.sa), static_cast<float>(g.sb)};
   }
   __device__ static Codes decode(const Raw& w, int lane) {
     const int u = lane & 7, h = u >> 2, t = (u >> 1) & 1, k0 = u & 1;
@@ -418,12 +420,7 @@ struct Q2K {
     float tb = __fmaf_rn(c.dlb, static_cast<float>(dot4(c.qb, x.qb, 0)), -__fmul_rn(c.mlb, x.sb));
     ta = __fadd_rn(ta, __shfl_xor_sync(group, ta, 2));
     tb = __fadd_rn(tb, __shfl_xor_sync(group, tb, 2));
-    float pa = __fmul_rn(x.da, ta), pb = __fmul_rn(x.db, tb);
-    pa = __fadd_rn(pa, __shfl_xor_sync(group, pa, 1));
-    pb = __fadd_rn(pb, __shfl_xor_sync(group, pb, 1));
-    float v = __fadd_rn(pa, pb);
-    v = __fadd_rn(v, __shfl_xor_sync(group, v, 4));
-    acc = __fadd_rn(acc, v);
+    acc = __fadd_rn(acc, pair_tree(__fmul_rn(x.da, ta), __fmul_rn(x.db, tb), group));
   }
 };
 
@@ -555,7 +552,7 @@ struct Q80S {
     uint32_t d;  // fp16
   };
   struct Codes {
-    int q[8];
+    int lo[4], hi[4];  // codes 0-15, 16-31
     float d;
   };
   struct Act {
@@ -584,12 +581,11 @@ struct Q80S {
     c.d = qblocks::fp16_to_f32(w.d);
     const uint32_t v[8] = {w.q0.x, w.q0.y, w.q0.z, w.q0.w, w.q1.x, w.q1.y, w.q1.z, w.q1.w};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) c.q[i] = static_cast<int>(v[i]);
+    for (int i = 0; i < 4; ++i) c.lo[i] = static_cast<int>(v[i]), c.hi[i] = static_cast<int>(v[4 + i]);
     return c;
   }
   __device__ static void add(float& acc, const Codes& c, const Act& x, int lane) {
-    const int lo[4] = {c.q[0], c.q[1], c.q[2], c.q[3]}, hi[4] = {c.q[4], c.q[5], c.q[6], c.q[7]};
-    add_super_block(acc, x.d, c.d, dot4(hi, x.x1, dot4(lo, x.x0, 0)), lane);
+    add_super_block(acc, x.d, c.d, dot4(c.hi, x.x1, dot4(c.lo, x.x0, 0)), lane);
   }
 };
 

@@ -28,9 +28,9 @@
 //         (exact), d sc_s and dmin m_s rounded products of the block's fields.
 //   q6_K, q3_K  the canonical order too: per 32-element group q, J_q = sc_2q isum_2q + sc_2q+1 isum_2q+1
 //         (exact in int32, |J| < 2^24 so exact in f32) and p_q = xd_q J_q; per block inner = ((p_0 + p_1) +
-//         (p_2 + p_3)) + ((p_4 + p_5) + (p_6 + p_7)) (tree8) and acc = fma(d, inner, acc).
-//   q2_K  t = fma(dl, isum, -(ml xsum)) a 16-element group, p_q = xd_q (t_q0 + t_q1), tree8, acc + inner.
-//   q8_0, q4_0  per block j of a super-block p_j = xd_j (d_j isum_j); inner = tree8 of the eight;
+//         (p_2 + p_3)) + ((p_4 + p_5) + (p_6 + p_7)) (Tree8) and acc = fma(d, inner, acc).
+//   q2_K  t = fma(dl, isum, -(ml xsum)) a 16-element group, p_q = xd_q (t_q0 + t_q1), Tree8, acc + inner.
+//   q8_0, q4_0  per block j of a super-block p_j = xd_j (d_j isum_j); inner = the Tree8 of the eight;
 //         acc = acc + inner.
 // A warp's blocks are taken in increasing order; with split > 1 the warps' partials of a tile are added
 // in warp order (s = p0; s += p1; ...). None of this depends on n or on the token's column: a token's
@@ -214,40 +214,39 @@ struct Q4K {
   }
 };
 
-// One step of the canonical tree over a (super-)block's eight terms p_q, q = 0..7 in order: ((p_0 + p_1) + (p_2 +
-// p_3)) + ((p_4 + p_5) + (p_6 + p_7)). even, pair and quad carry the partial sums between steps; after q = 7,
-// inner holds the total.
-__device__ __forceinline__ void tree8(int q, float p, float& even, float& pair, float& quad, float& inner) {
-  if (q % 2 == 0) {
-    even = p;
-    return;
+// The canonical tree over a (super-)block's eight terms p_q, added in order q = 0..7: ((p_0 + p_1) + (p_2 + p_3)) +
+// ((p_4 + p_5) + (p_6 + p_7)). even, pair and quad carry the partial sums between steps; after q = 7, inner holds
+// the total.
+struct Tree8 {
+  float even, pair, quad, inner;
+  __device__ __forceinline__ void add(int q, float p) {
+    if (q % 2 == 0) {
+      even = p;
+      return;
+    }
+    const float two = __fadd_rn(even, p);
+    if (q == 1 || q == 5) pair = two;
+    else if (q == 3) quad = __fadd_rn(pair, two);
+    else inner = __fadd_rn(quad, __fadd_rn(pair, two));
   }
-  const float two = __fadd_rn(even, p);
-  if (q == 1 || q == 5) pair = two;
-  else if (q == 3) quad = __fadd_rn(pair, two);
-  else inner = __fadd_rn(quad, __fadd_rn(pair, two));
-}
+};
 
 // The types with 16-element groups (q6_K, q3_K, q2_K) in their canonical order. Group (q, j) (q = 4h + k:
 // 32-element group, j: half of it) holds elements 128h + 32k + 16j + [0, 16); S gives, for the lane's row i of
 // its tile: frag(r, i, q, j), the codes of elements 128h + 32k + 16j + 4 tid + [0, 4) (the A fragment of an
 // m16n8k16 step); scales(r, i, q), the group's scales (S::Scales); value(scales, isum, xsum), the float V_q of
 // group q from its halves' exact integer dots (and, where S::kMins, their activation code sums, by an mma
-// against ones); then p_q = xd_q V_q, inner = tree8 of the eight, and finish(r, i, inner, acc).
+// against ones); then p_q = xd_q V_q, inner = the Tree8 of the eight, and finish(r, i, inner, acc).
 template <typename S>
-struct GroupOrder {
-  static constexpr int kBytes = S::kBytes;
-  using Raw = typename S::Raw;
-  __device__ static Raw load(const uint8_t* const (&rowp)[2], int64_t b, int64_t blocks, int tid) {
-    return S::load(rowp, b, blocks, tid);
-  }
+struct GroupOrder : S {
+  using Raw = typename S::Raw;  // kBytes, Raw and load: S's
   template <int NT8, int T>
   __device__ static void block(const Args& a, const Raw (&r)[T], int64_t b, int g, int tid,
                                float (&acc)[T][NT8][4]) {
     constexpr uint32_t kOnes[2] = {0x01010101u, 0x01010101u};
     // The tree of the canonical order: p of the last even group until its odd partner comes, the pair sum of
     // groups 0-1 (then 4-5) until 2-3 (6-7) is done, and the sum of groups 0-3 until 4-7 is.
-    float even[T][NT8][4], pair[T][NT8][4], quad[T][NT8][4], inner[T][NT8][4];
+    Tree8 tree[T][NT8][4];
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
       // A fragments of groups (q, 0) and (q, 1), and their scales, for both rows of each tile.
@@ -282,7 +281,7 @@ struct GroupOrder {
           for (int e = 0; e < 4; ++e) {
             const int is[2] = {isum[0][e], isum[1][e]}, xs[2] = {xsum[0][e], xsum[1][e]};
             const float pq = __fmul_rn(xd[e & 1], S::value(sc[u][e >> 1], is, xs));
-            tree8(q, pq, even[u][nt][e], pair[u][nt][e], quad[u][nt][e], inner[u][nt][e]);
+            tree[u][nt][e].add(q, pq);
           }
         }
       }
@@ -292,7 +291,7 @@ struct GroupOrder {
 #pragma unroll
       for (int nt = 0; nt < NT8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[u][nt][e] = S::finish(r[u], e >> 1, inner[u][nt][e], acc[u][nt][e]);
+        for (int e = 0; e < 4; ++e) acc[u][nt][e] = S::finish(r[u], e >> 1, tree[u][nt][e].inner, acc[u][nt][e]);
   }
 };
 
@@ -443,21 +442,17 @@ struct Q2Src {
 using Q2K = GroupOrder<Q2Src>;
 
 // Rows of whole 256-element super-blocks of a 32-element type (q8_0, q4_0) in gemv_q8's order for them: per
-// super-block of 8 blocks, p_j = xd_j (d_j isum_j), the tree8 of the eight, acc = acc + inner. Chunk c holds
+// super-block of 8 blocks, p_j = xd_j (d_j isum_j), the Tree8 of the eight, acc = acc + inner. Chunk c holds
 // blocks 2c, 2c + 1; lane tid takes their elements 8 tid + [0, 8) (mmq_pack_x's q4_K layout, k-slots as Q4K's).
 // S gives frag(r, i, j, w): the signed codes of elements 8 tid + 4w + [0, 4) of block j of the lane's row i, and
 // d_bits(r, i, j).
 template <typename S>
-struct Block32Order {
-  static constexpr int kBytes = S::kBytes;
-  using Raw = typename S::Raw;
-  __device__ static Raw load(const uint8_t* const (&rowp)[2], int64_t b, int64_t blocks, int tid) {
-    return S::load(rowp, b, blocks, tid);
-  }
+struct Block32Order : S {
+  using Raw = typename S::Raw;  // kBytes, Raw and load: S's
   template <int NT8, int T>
   __device__ static void block(const Args& a, const Raw (&r)[T], int64_t b, int g, int tid,
                                float (&acc)[T][NT8][4]) {
-    float even[T][NT8][4], pair[T][NT8][4], quad[T][NT8][4], inner[T][NT8][4];
+    Tree8 tree[T][NT8][4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       uint32_t fa[T][2][4];
@@ -488,7 +483,7 @@ struct Block32Order {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const float p = __fmul_rn(xd[h][e & 1], __fmul_rn(d[u][h][e >> 1], static_cast<float>(isum[h][e])));
-              tree8(2 * c + h, p, even[u][nt][e], pair[u][nt][e], quad[u][nt][e], inner[u][nt][e]);
+              tree[u][nt][e].add(2 * c + h, p);
             }
         }
       }
@@ -498,7 +493,7 @@ struct Block32Order {
 #pragma unroll
       for (int nt = 0; nt < NT8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[u][nt][e] = __fadd_rn(acc[u][nt][e], inner[u][nt][e]);
+        for (int e = 0; e < 4; ++e) acc[u][nt][e] = __fadd_rn(acc[u][nt][e], tree[u][nt][e].inner);
   }
 };
 
