@@ -1,7 +1,7 @@
 // bench_cuda_attention: device attention (ops/cuda/attention.h).
 //
 //   bench_cuda_attention [--quick] [--no-old] [--sizes 512,4096,...] [--kv f32|f16]
-//   bench_cuda_attention --decode [--sizes ...] [--tuning]
+//   bench_cuda_attention --decode [--sizes ...] [--tuning] [--shape S] [--kv f32|f16] [--nq 1|16|23|33]
 //
 // Prefill (default): causal prefill attention, the tensor-core kernel that attention() runs for n_q > 32
 // beside the float32 kernel that ran those calls before it (attention_internal.h: AttnPrefillKernel::kSimt).
@@ -14,11 +14,11 @@
 // contexts). "rel diff" is max |new - old| / max(1, |old|) over the outputs: the tensor-core kernel's f16
 // rounding, a sanity check.
 //
-// --decode: the path-mode kernel (attention_decode.cu) at the same shapes: one query (decode), 16 and 23 (chain
-// verifies; 23 = a DDTree of budget 22) after n cached keys (default 512, 4096, 32768), K/V float32 and fp16;
-// and 33 queries, the fewest the tensor-core kernel takes (what a verify on it would cost; it does not equal
-// decode bit for bit). Each call reads its own copy
-// of the KV (copies enough for 256 MiB, more than the L2, as successive layers do), calls recorded in a CUDA
+// --decode: the path-mode kernels at the same shapes: one query (decode), 16 and 23 (chain verifies; 23 = a
+// DDTree of budget 22) after n cached keys (default 512, 4096, 32768), K/V float32 (attention_decode.cu's
+// float32 kernel, "f32") and fp16 (the tensor-core kernel of attention_decode_mma.cu, "mma", and the float32
+// kernel beside it); and 33 queries, the fewest the prefill kernel takes. Each call reads its own copy of the KV
+// (copies enough for 256 MiB, more than the L2, as successive layers do), calls recorded in a CUDA
 // graph (as a replayed step runs them). Figure: KV bytes a call must read (the prefix once per call) over its
 // time, beside the device's copy rate. --tuning repeats the table for split factors 1-3 (splits = factor *
 // SMs / blocks of one query), the knob attn_decode::tuning() that only benchmarks turn.
@@ -97,6 +97,8 @@ struct Shape {
 };
 const Shape kShapes[] = {{"qwen3-8b", 32, 8, 128}, {"qwen3.5-27b", 24, 4, 256}};
 const char* g_shape = nullptr;  // --shape: only this one
+int64_t g_nq = 0;                // --decode --nq N: only calls of N queries
+int g_kv = -1;                   // --kv: only this K/V type (1: fp16, 0: float32; -1: both in --decode)
 bool skip_shape(const Shape& s) { return g_shape != nullptr && std::strcmp(g_shape, s.name) != 0; }
 
 // The --decode table (see the header).
@@ -107,17 +109,18 @@ void decode_table(const std::vector<int64_t>& sizes, bool tuning) {
   if (tuning) variants = {1, 2, 3};
   cudaStream_t stream = nullptr;
   CHECK(cudaStreamCreate(&stream));
-  std::printf("%-12s %6s %4s %5s %5s %6s %10s %9s %8s\n", "shape", "ctx", "kv", "n_q", "split", "splits",
-              "us/call", "GB/s", "of copy");
+  std::printf("%-12s %6s %4s %6s %5s %5s %6s %10s %9s %8s\n", "shape", "ctx", "kv", "kernel", "n_q", "split",
+              "splits", "us/call", "GB/s", "of copy");
   for (const Shape& s : kShapes)
     for (int64_t n : sizes)
       for (bool f16 : {false, true}) {
-        if (skip_shape(s)) continue;
+        if (skip_shape(s) || (g_kv >= 0 && g_kv != static_cast<int>(f16))) continue;
         const size_t kv_bytes = static_cast<size_t>(n * s.nkv * s.hd) * 2 * (f16 ? 2 : 4);
         const int copies = static_cast<int>(std::max<size_t>(1, ((size_t{256} << 20) + kv_bytes - 1) / kv_bytes));
         std::vector<std::unique_ptr<Kv>> kvs;
         for (int c = 0; c < copies; ++c) kvs.push_back(std::make_unique<Kv>(n + 32, s.nkv, s.hd, f16, 7 + 2 * c));
         for (int64_t n_q : {int64_t{1}, int64_t{16}, int64_t{23}, int64_t{33}}) {
+          if (g_nq > 0 && n_q != g_nq) continue;
           const size_t q_elems = static_cast<size_t>(n_q * s.nh * s.hd);
           float *q = nullptr, *out = nullptr;
           CHECK(cudaMalloc(&q, sizeof(float) * q_elems));
@@ -126,26 +129,31 @@ void decode_table(const std::vector<int64_t>& sizes, bool tuning) {
           cu::DeviceAttnMask mask;
           mask.n_prefix = n;
           const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
-          for (const int split_factor : variants) {
-            cu::attn_decode::tuning().split_factor = split_factor;
-            cu::DeviceKvView view = kvs[0]->view;
-            view.n_tokens = n + n_q;
-            const size_t ws_bytes = cu::attention_workspace_bytes(n_q, s.nh, view, mask);
-            void* ws = nullptr;
-            if (ws_bytes > 0) CHECK(cudaMalloc(&ws, ws_bytes));
-            const float ms = bench::graph_ms(stream, 4 * copies, [&](cudaStream_t st, int r) {
-              cu::DeviceKvView vr = kvs[r % copies]->view;
-              vr.n_tokens = n + n_q;
-              CHECK(cu::attention(q, n_q, s.nh, vr, mask, scale, out, ws, ws_bytes, st));
-            });
-            const size_t splits = ws_bytes == 0 ? 1 : ws_bytes / (sizeof(float) * q_elems / s.hd * (s.hd + 2));
-            const double gbs = static_cast<double>(kv_bytes) / (ms * 1e-3) / 1e9;
-            std::printf("%-12s %6lld %4s %5lld %5d %6zu %10.2f %9.0f %8.2f\n", s.name, static_cast<long long>(n),
-                        f16 ? "f16" : "f32", static_cast<long long>(n_q), split_factor, splits,
-                        ms * 1e3, gbs, gbs * 1e9 / copy_rate);
-            std::fflush(stdout);
-            if (ws) CHECK(cudaFree(ws));
-          }
+          for (const int split_factor : variants)
+            for (const bool tc : {true, false}) {
+              // The tensor-core path kernel takes fp16 K/V; 33 queries run the prefill kernel either way.
+              if ((tc && !f16) || (!tc && f16 && n_q > 32)) continue;
+              cu::attn_decode::tuning().split_factor = split_factor;
+              mask.path_tensor_cores = tc;
+              cu::DeviceKvView view = kvs[0]->view;
+              view.n_tokens = n + n_q;
+              const size_t ws_bytes = cu::attention_workspace_bytes(n_q, s.nh, view, mask);
+              void* ws = nullptr;
+              if (ws_bytes > 0) CHECK(cudaMalloc(&ws, ws_bytes));
+              const float ms = bench::graph_ms(stream, 4 * copies, [&](cudaStream_t st, int r) {
+                cu::DeviceKvView vr = kvs[r % copies]->view;
+                vr.n_tokens = n + n_q;
+                CHECK(cu::attention(q, n_q, s.nh, vr, mask, scale, out, ws, ws_bytes, st));
+              });
+              const size_t splits = ws_bytes == 0 ? 1 : ws_bytes / (sizeof(float) * q_elems / s.hd * (s.hd + 2));
+              const double gbs = static_cast<double>(kv_bytes) / (ms * 1e-3) / 1e9;
+              const char* kernel = n_q > 32 ? "prefill" : tc ? "mma" : "f32";
+              std::printf("%-12s %6lld %4s %6s %5lld %5d %6zu %10.2f %9.0f %8.2f\n", s.name,
+                          static_cast<long long>(n), f16 ? "f16" : "f32", kernel, static_cast<long long>(n_q),
+                          split_factor, splits, ms * 1e3, gbs, gbs * 1e9 / copy_rate);
+              std::fflush(stdout);
+              if (ws) CHECK(cudaFree(ws));
+            }
           CHECK(cudaFree(q));
           CHECK(cudaFree(out));
         }
@@ -173,6 +181,9 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--kv") == 0 && i + 1 < argc &&
                (std::strcmp(argv[i + 1], "f32") == 0 || std::strcmp(argv[i + 1], "f16") == 0)) {
       f16 = std::strcmp(argv[++i], "f16") == 0;
+      g_kv = f16 ? 1 : 0;
+    } else if (std::strcmp(argv[i], "--nq") == 0 && i + 1 < argc) {
+      g_nq = std::atoll(argv[++i]);
     } else if (std::strcmp(argv[i], "--sizes") == 0 && i + 1 < argc) {
       sizes.clear();
       sizes_given = true;
@@ -189,7 +200,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--no-old] [--sizes 512,4096,...] [--kv f32|f16] [--shape qwen3-8b|qwen3.5-27b]\n"
-                   "       %s --decode [--sizes ...] [--tuning] [--shape ...]\n",
+                   "       %s --decode [--sizes ...] [--tuning] [--shape ...] [--kv f32|f16] [--nq 1|16|23|33]\n",
                    argv[0], argv[0]);
       return 2;
     }

@@ -18,7 +18,9 @@
 //     states the bound). attention_internal.h's kSimt runs these calls on the float32 kernel instead (a
 //     64-row launch of attn_kernel in attention.cu), as token-exact steps do.
 //   Path mode (a causal mask without a window and n_q <= 32 -- decode, chain verify --, or a tree of up
-//     to 128 nodes): the float32 decode kernel of attention_decode.cu. A block serves up to 16 heads of one
+//     to 128 nodes): the float32 decode kernel of attention_decode.cu, or on fp16 K/V with
+//     DeviceAttnMask::path_tensor_cores the tensor-core kernel of attention_decode_mma.cu (the same splits,
+//     f16 inputs as prefill's, a verify's queries sharing tiles). A block serves up to 16 heads of one
 //     query's group and one range of its keys; the query's visible keys are walked as plain decoding at its
 //     position would walk them: the prefix, then its ancestors in depth order (a chain's slots in order),
 //     cut into a fixed number of equal ranges (set by the grid's size, not the key count, so the launch is
@@ -66,6 +68,11 @@ struct DeviceAttnMask {
   const int32_t* lengths = nullptr;
   // kCausal only, > 0: query i also sees no key j with (n_prefix + i) - j >= window (cpu::AttentionMask).
   int64_t window = 0;
+  // Path mode on fp16 K/V: the tensor-core kernel (attention_decode_mma.cu) instead of the float32 one. A
+  // verify's queries then share their prefix's K/V tiles (a 16-query verify at 4K keys costs ~1.8 decodes
+  // instead of ~8), at ~2 us more a one-token decode below ~4K keys. Every call of a decode and of its verifies
+  // must agree: each kernel equals itself across call shapes bit for bit, not the other.
+  bool path_tensor_cores = false;
 };
 
 bool attention_head_dim_supported(int64_t head_dim);

@@ -65,6 +65,8 @@ struct Params {
   float* part_ml;           // [n_splits][n_q * n_heads][2]: (max, sum)
   const int32_t* lengths;   // device {n_prefix, n_tokens} overriding the fields above, or null
   int32_t kv_f16;           // 1: K/V chunks hold fp16 elements
+  int32_t node_split0;      // launch_mma (trees): its node blocks' splits [node_split0, + node_splits); set by it
+  int32_t node_splits;
 };
 
 constexpr int kMaxRows = 16;
@@ -79,6 +81,11 @@ Tuning& tuning();
 
 // Enqueues the kernel (head_dim 64, 128 or 256); the caller merges split partials.
 cudaError_t launch(const Params& p, int head_dim, cudaStream_t stream);
+// The same call on the tensor cores (attention_decode_mma.cu; fp16 K/V only): the same splits and partials,
+// blocks of up to 96 rows of several queries sharing K/V tiles (blocks_per_query unused). GQA groups of up to
+// 64 heads (a model's constant, so that its decode and verify run the same kernel).
+constexpr int64_t kMmaMaxGroup = 64;
+cudaError_t launch_mma(const Params& p, int head_dim, cudaStream_t stream);
 
 }  // namespace attn_decode
 

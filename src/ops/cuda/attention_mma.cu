@@ -13,8 +13,9 @@
 //   2. S = Q K^T: mma.sync m16n8k16 (f16 inputs, f32 accumulators), A fragments of Q and B fragments of K
 //      by ldmatrix;
 //   3. masked to -inf where a tile crosses the causal diagonal, the window or the key range; online softmax
-//      in f32 per row (the 4 threads of a quad share a row): running max m, correction 2^(m_old - m_new),
-//      p = 2^(s - m_new), a per-thread partial of the running sum;
+//      in f32 per row (the 4 threads of a quad share a row; mma_f16.cuh): running max m, correction
+//      2^(m_old - m_new) (exactly 1 when the max does not move), p = 2^(s - m_new), a per-thread partial of
+//      the running sum;
 //   4. O = O * corr + P V: P rounded to f16 straight from the S accumulators (the C layout of two n8 tiles
 //      is the A layout of one k16 step), V's B fragments by ldmatrix.trans, f32 accumulators.
 // One __syncthreads a tile. With one split the block writes O / l (0 for a row that saw no key); with
@@ -29,6 +30,7 @@
 
 #include "ops/cuda/attention_internal.h"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/mma_f16.cuh"
 
 namespace dflash::cuda::attn_mma {
 namespace {
@@ -63,39 +65,6 @@ __device__ __forceinline__ float4 ldg_nc4(const float* ptr) {
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
                : "l"(ptr));
   return v;
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {  // 2^x; 2^-inf = 0, results below 2^-126 flush to 0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ uint32_t pack_half2(float a, float b) {
-  const __half2 h = __floats2half2_rn(a, b);  // a in the low half
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr)
-               : "memory");
-}
-
-__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr)
-               : "memory");
-}
-
-// d += a b: m16n8k16, f16 inputs, f32 accumulators.
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ uint2 ldg_nc2(const void* ptr) {
@@ -232,20 +201,7 @@ __global__ void __launch_bounds__(kThreads, Shape<HD, BN>::kMinBlocks) attn_mma_
 
     // 2. S = Q K^T.
     float s[BN / 8][4];
-#pragma unroll
-    for (int n = 0; n < BN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < HD / 16; ++ks) {
-      uint32_t a[4];
-      ldsm_x4(q_addr + 32u * ks, a[0], a[1], a[2], a[3]);
-#pragma unroll
-      for (int np = 0; np < BN / 16; ++np) {
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4(kbuf + k_off + 2u * (np * 16 * S::LD) + 32u * ks, b0, b1, b2, b3);
-        mma16816(s[2 * np], a, b0, b1);
-        mma16816(s[2 * np + 1], a, b2, b3);
-      }
-    }
+    qk_tile<HD, BN>(s, q_addr, kbuf + k_off, S::LD);
     if constexpr (!S::kLoadBoth) {
       if (more) {
         store_tile<HD, BN, F16>(smem + S::kK + (buf ^ 1) * BN * S::LD, st);
@@ -268,57 +224,10 @@ __global__ void __launch_bounds__(kThreads, Shape<HD, BN>::kMinBlocks) attn_mma_
           if (!vis) s[n][e] = -INFINITY;
         }
     }
-    float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < BN / 8; ++n) {
-      mx_a = fmaxf(mx_a, fmaxf(s[n][0], s[n][1]));
-      mx_b = fmaxf(mx_b, fmaxf(s[n][2], s[n][3]));
-    }
-#pragma unroll
-    for (int w = 1; w <= 2; w <<= 1) {
-      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, w));
-      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, w));
-    }
-    const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-    // A row that has seen no key keeps m = -inf: subtract 0 instead (every p and the correction are 0).
-    const float base_a = mn_a == -INFINITY ? 0.0f : mn_a, base_b = mn_b == -INFINITY ? 0.0f : mn_b;
-    const float corr_a = fast_exp2(m_a - base_a), corr_b = fast_exp2(m_b - base_b);
-    m_a = mn_a;
-    m_b = mn_b;
-    float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-    for (int n = 0; n < BN / 8; ++n) {
-      s[n][0] = fast_exp2(s[n][0] - base_a);
-      s[n][1] = fast_exp2(s[n][1] - base_a);
-      s[n][2] = fast_exp2(s[n][2] - base_b);
-      s[n][3] = fast_exp2(s[n][3] - base_b);
-      sum_a += s[n][0] + s[n][1];
-      sum_b += s[n][2] + s[n][3];
-    }
-    l_a = l_a * corr_a + sum_a;
-    l_b = l_b * corr_b + sum_b;
-#pragma unroll
-    for (int d = 0; d < HD / 8; ++d) {
-      o[d][0] *= corr_a;
-      o[d][1] *= corr_a;
-      o[d][2] *= corr_b;
-      o[d][3] *= corr_b;
-    }
+    online_softmax<HD, BN>(s, m_a, m_b, l_a, l_b, o);
 
     // 4. O += P V.
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      const uint32_t a[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
-                             pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < HD / 16; ++dp) {
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4_t(vbuf + v_off + 2u * (kk * 16 * S::LD) + 32u * dp, b0, b1, b2, b3);
-        mma16816(o[2 * dp], a, b0, b1);
-        mma16816(o[2 * dp + 1], a, b2, b3);
-      }
-    }
+    pv_tile<HD, BN>(s, o, vbuf + v_off, S::LD);
     if (more) {
       if constexpr (S::kLoadBoth) {
         store_tile<HD, BN, F16>(smem + S::kK + (buf ^ 1) * BN * S::LD, st);

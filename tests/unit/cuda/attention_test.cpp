@@ -4,11 +4,12 @@
 // long contexts (split-K and its merge), with and without workspace. Outputs are poisoned with NaN first.
 //
 // Tolerances, per element, with scale = scale_mul / sqrt(hd):
-//   f32 kernel (decode shape n_q <= 32, path mode, trees of more than 128 nodes): both sides are float32
-//     with a running max but sum in different orders: |gpu - cpu| <= 2e-5 * max(1, scale_mul) * max(1, |cpu|)
-//     (values are weighted means of N(0, 1) values; a score's rounding error, hence each weight's relative
-//     error, grows with the scores' size).
-//   tensor-core prefill (n_q > 32, kCausal or kFull): q, k, v and the softmax weights p are rounded to f16
+//   f32 kernels (decode shapes n_q <= 32 on float32 K/V or with a window or a kFull mask, trees of more than
+//     128 nodes): both sides are float32 with a running max but sum in different orders:
+//     |gpu - cpu| <= 2e-5 * max(1, scale_mul) * max(1, |cpu|) (values are weighted means of N(0, 1) values; a
+//     score's rounding error, hence each weight's relative error, grows with the scores' size).
+//   tensor-core kernels (prefill: n_q > 32, kCausal or kFull; path mode on fp16 K/V: decode, chain verify,
+//     trees of up to 128 nodes): q, k, v and the softmax weights p are rounded to f16
 //     (unit roundoff u = 2^-11) before f32-accumulated products. A score then carries an error of about
 //     scale * sum_d |q_d k_d| * 2u / sqrt(hd) ~ scale_mul * u (random signs), which moves the output by
 //     sum_j w_j ds_j (v_j - o); v's and p's roundings add about u * sum_j w_j |v_j|. A CPU emulation of
@@ -37,6 +38,7 @@
 #include "base/thread_pool.h"
 #include "ops/cpu/ops.h"
 #include "ops/cuda/attention_host.h"
+#include "ops/cuda/attention_internal.h"
 #include "ops/cuda/fill.h"
 #include "support/cuda_test_util.h"
 #include "support/test_paths.h"
@@ -49,9 +51,6 @@ constexpr uint32_t kNaN = 0x7fc00000u;
 constexpr int64_t kChunk = 64;
 constexpr double kF32Tol = 2e-5;
 constexpr double kF16Tol = 8.0 / 2048.0;  // 8u, u = 2^-11 (see the header)
-
-// Calls that attention() runs on the tensor-core prefill kernel (attention.h).
-bool tensor_core_path(int64_t n_q, cpu::MaskKind kind) { return n_q > 32 && kind != cpu::MaskKind::kTree; }
 
 
 // Device allocations freed on scope exit.
@@ -87,14 +86,26 @@ struct Case {
   int64_t extra_keys = 0;   // kFull: keys stored past n_prefix + n_q
   int64_t window = 0;       // kCausal: sliding window (0: none)
   bool f16_kv = false;      // K/V chunks in fp16 on the device (the reference reads the same values in f32)
+  bool path_tc = false;     // DeviceAttnMask::path_tensor_cores (fp16 KV path mode on the tensor cores)
   std::string name() const {
     const char* k = kind == cpu::MaskKind::kCausal ? "causal" : (kind == cpu::MaskKind::kTree ? "tree" : "full");
     return std::string(k) + (window > 0 ? " window=" + std::to_string(window) : std::string()) + " hd=" + std::to_string(hd) + " nh=" + std::to_string(nh) + " nkv=" +
            std::to_string(nkv) + " n_q=" + std::to_string(n_q) + " n_prefix=" + std::to_string(n_prefix) +
            " scale_mul=" + std::to_string(scale_mul) + (workspace ? "" : " no-workspace") +
-           (extra_keys ? " extra=" + std::to_string(extra_keys) : "") + (f16_kv ? " f16-kv" : "");
+           (extra_keys ? " extra=" + std::to_string(extra_keys) : "") + (f16_kv ? " f16-kv" : "") +
+           (path_tc ? " path-tc" : "");
   }
 };
+
+// Calls that attention() runs on the tensor cores (attention.h): prefill-shaped ones (n_q > 32, kCausal or
+// kFull), and path mode (a causal block of up to 32 queries without a window, a tree of up to 128 nodes) on
+// fp16 K/V when the mask asks for it.
+bool tensor_core_path(const Case& c) {
+  if (c.n_q > 32 && c.kind != cpu::MaskKind::kTree) return true;
+  const bool path = (c.kind == cpu::MaskKind::kTree && c.n_q <= cuda::kMaxPathQueries) ||
+                    (c.kind == cpu::MaskKind::kCausal && c.window == 0 && c.n_q <= 32);
+  return path && c.f16_kv && c.path_tc;
+}
 
 class AttentionTest : public ::testing::Test {
  protected:
@@ -183,6 +194,7 @@ class AttentionTest : public ::testing::Test {
     dmask.kind = cuda::to_device(c.kind);
     dmask.n_prefix = c.n_prefix;
     dmask.window = c.window;
+    dmask.path_tensor_cores = c.path_tc;
     if (c.kind == cpu::MaskKind::kTree) dmask.parents = arena.upload(parents);
     const float* dq = arena.upload(q);
     float* dout = arena.alloc<float>(q.size());
@@ -215,7 +227,7 @@ class AttentionTest : public ::testing::Test {
       EXPECT_EQ(std::memcmp(got.data(), got2.data(), sizeof(float) * got.size()), 0)
           << c.name() << ": lengths on the device changed the output";
     }
-    const bool f16 = tensor_core_path(c.n_q, c.kind);
+    const bool f16 = tensor_core_path(c);
     if (f16) {
       // Deterministic: the same call again gives the same bits.
       DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dout), q.size(), kNaN));
@@ -249,7 +261,7 @@ class AttentionTest : public ::testing::Test {
   }
 
   void print_worst(const char* what) const {
-    std::printf("attention (%s): worst scaled error f32 kernel %.3g (of %.3g), tensor-core prefill %.3g (of %.3g)\n",
+    std::printf("attention (%s): worst scaled error f32 kernels %.3g (of %.3g), tensor-core kernels %.3g (of %.3g)\n",
                 what, worst_, kF32Tol, worst_f16_, kF16Tol);
   }
 
@@ -286,8 +298,11 @@ TEST_F(AttentionTest, Fp16KvChunksMatchCpu) {
         Case c{hd, 8, 2, n_q, prefix(rng_), kind};
         c.f16_kv = true;
         if (kind == cpu::MaskKind::kCausal && n_q == 100) c.window = 37;
-        run_case(c);
-        if (HasFatalFailure()) return;
+        for (const bool tc : {false, true}) {  // path mode on either kernel
+          c.path_tc = tc;
+          run_case(c);
+          if (HasFatalFailure()) return;
+        }
       }
   print_worst("fp16 KV");
 }
@@ -368,7 +383,7 @@ TEST_F(AttentionTest, TensorCorePrefillMatchesCpu) {
           if (k % 4 == 3) c.scale_mul = 4.0f;
           if (k % 7 == 5) c.workspace = false;
           ++k;
-          ASSERT_TRUE(tensor_core_path(c.n_q, c.kind));
+          ASSERT_TRUE(tensor_core_path(c));
           run_case(c);
           if (HasFatalFailure()) return;
         }
@@ -395,7 +410,8 @@ TEST_F(AttentionTest, TensorCorePrefillSplitK) {
 // A verify step's queries against plain decoding, bit for bit: chain (causal, n_q <= 32) and tree queries
 // (up to 128 nodes) each equal a one-token causal call whose keys are the prefix and the query's path laid
 // out in order (what plain decoding of that path stored), at prefixes that split the keys and ones that
-// do not, on float32 and fp16 chunks. Path mode (attention.h) is what makes DFlash lossless on the GPU; a
+// do not (and chains whose queries straddle a step of the keys-per-split rounding), on float32 chunks and
+// on fp16 chunks with either path kernel. Path mode (attention.h) is what makes DFlash lossless on the GPU; a
 // tolerance would not do.
 TEST_F(AttentionTest, VerifyQueriesEqualPlainDecodeBitForBit) {
   SCOPED_TRACE(seed_note());
@@ -403,17 +419,43 @@ TEST_F(AttentionTest, VerifyQueriesEqualPlainDecodeBitForBit) {
     int64_t hd, nh, nkv, n_q, n_prefix;
     cpu::MaskKind kind;
     bool f16 = false;  // fp16 chunks
+    bool tc = false;   // fp16 chunks on the tensor-core path kernel
   };
-  const Shape shapes[] = {
+  // n_prefix -1: the queries straddle a step of the keys-per-split rounding (some queries' split ranges
+  // differ from the others': the tensor-core kernel's second pass).
+  const Shape base[] = {
       {128, 32, 8, 16, 1000, cpu::MaskKind::kCausal}, {128, 32, 8, 23, 1000, cpu::MaskKind::kTree},
       {256, 24, 4, 23, 4099, cpu::MaskKind::kTree},   {64, 8, 2, 41, 70, cpu::MaskKind::kTree},
       {128, 16, 2, 128, 300, cpu::MaskKind::kTree},   {128, 4, 4, 17, 0, cpu::MaskKind::kCausal},
       {64, 40, 2, 9, 5, cpu::MaskKind::kTree},  // group 20: two row blocks a query
-      {128, 32, 8, 16, 1000, cpu::MaskKind::kCausal, true}, {256, 24, 4, 23, 4099, cpu::MaskKind::kTree, true},
+      {128, 32, 8, 16, -1, cpu::MaskKind::kCausal},   {128, 32, 8, 23, -1, cpu::MaskKind::kTree},
+      {256, 24, 4, 23, -1, cpu::MaskKind::kCausal},   {128, 40, 8, 32, 2000, cpu::MaskKind::kCausal},
   };
-  for (const Shape& c : shapes) {
+  std::vector<Shape> shapes;
+  for (const int kernel : {0, 1, 2})  // float32 K/V; fp16 on the float32 kernel; fp16 on the tensor cores
+    for (Shape c : base) {
+      c.f16 = kernel > 0;
+      c.tc = kernel == 2;
+      shapes.push_back(c);
+    }
+  for (Shape c : shapes) {
+    if (c.n_prefix < 0) {
+      // The split count of this shape's decode (its workspace: n_splits partials of n_heads rows), then the
+      // first rounding step past 1000 keys: kend = n_splits * tile * m + 1.
+      cuda::DeviceKvView probe{reinterpret_cast<const float* const*>(8), reinterpret_cast<const float* const*>(8),
+                               kChunk, 1 << 20, c.nkv, c.hd, c.f16};
+      const size_t per_split = sizeof(float) * static_cast<size_t>(c.nh * (c.hd + 2));
+      const int64_t splits = static_cast<int64_t>(cuda::attention_workspace_bytes(1, c.nh, probe, {}) / per_split);
+      const int tile = c.hd >= 256 ? 16 : 32;
+      int64_t step = 1001;
+      while (cuda::decode_keys_per_split(step, static_cast<int>(splits), tile) ==
+             cuda::decode_keys_per_split(step - 1, static_cast<int>(splits), tile))
+        ++step;
+      c.n_prefix = step - 1 - c.n_q / 2;  // query i sees n_prefix + i + 1 keys (a chain's depth)
+    }
     SCOPED_TRACE("hd=" + std::to_string(c.hd) + " nh=" + std::to_string(c.nh) + " nkv=" + std::to_string(c.nkv) +
-                 " n_q=" + std::to_string(c.n_q) + " n_prefix=" + std::to_string(c.n_prefix) + (c.f16 ? " f16" : ""));
+                 " n_q=" + std::to_string(c.n_q) + " n_prefix=" + std::to_string(c.n_prefix) + (c.f16 ? " f16" : "") +
+                 (c.tc ? " tensor cores" : ""));
     const size_t tok = static_cast<size_t>(c.nkv * c.hd), row = static_cast<size_t>(c.nh * c.hd);
     const int64_t n_tokens = c.n_prefix + c.n_q;
     const auto keys = normal(static_cast<size_t>(n_tokens) * tok), vals = normal(static_cast<size_t>(n_tokens) * tok);
@@ -464,6 +506,7 @@ TEST_F(AttentionTest, VerifyQueriesEqualPlainDecodeBitForBit) {
     cuda::DeviceAttnMask vm;
     vm.kind = cuda::to_device(c.kind);
     vm.n_prefix = c.n_prefix;
+    vm.path_tensor_cores = c.tc;
     if (c.kind == cpu::MaskKind::kTree) vm.parents = arena.upload(parents);
     const float* dq = arena.upload(q);
     std::vector<float> verify;
@@ -477,6 +520,7 @@ TEST_F(AttentionTest, VerifyQueriesEqualPlainDecodeBitForBit) {
       order.insert(order.end(), path.rbegin(), path.rend());
       cuda::DeviceAttnMask dm;  // plain decoding: one causal query at the last position
       dm.n_prefix = static_cast<int64_t>(order.size()) - 1;
+      dm.path_tensor_cores = c.tc;
       std::vector<float> one;
       run(order, dq + i * row, 1, dm, &one);
       if (HasFatalFailure()) return;
