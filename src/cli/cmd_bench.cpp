@@ -256,12 +256,6 @@ Result<nlohmann::json> bench_verify_cost(const Weights& weights, Runner& runner,
                                          std::span<const int64_t> counts, int32_t token, int64_t profile_steps,
                                          double bandwidth) {
   constexpr int kReps = 8;
-  // Both sides on the kernels a loaded draft selects (Runner::set_speculative), as speculative decoding runs.
-  runner.set_speculative(true);
-  struct Restore {
-    Runner& r;
-    ~Restore() { r.set_speculative(false); }
-  } restore{runner};
   const auto plain_ms = [&]() -> Result<double> {
     std::vector<double> ms;
     for (int r = 0; r < kReps + 1; ++r) {
@@ -635,7 +629,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--profile-prefill", opt->profile_prefill, "Then profile one prefill of the prompt per op");
   cmd->add_option("--verify-cost", opt->verify_cost,
                   "Time verify-shaped steps of these token counts (e.g. 16,23) beside a plain step, and the "
-                  "rollback to one kept token after each (both on the kernels a loaded draft selects)")
+                  "rollback to one kept token after each")
       ->delimiter(',');
   cmd->add_flag("--json", opt->json, "Machine-readable output");
   cmd->add_option("--prompt", opt->prompt, "With a draft: the prompt of the speculative run (default: --prompt-len random ids)");

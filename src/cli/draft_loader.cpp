@@ -56,9 +56,6 @@ Result<std::unique_ptr<ResidentDraft>> load_draft(const DraftOptions& o, const s
   DF_ASSIGN_OR_RETURN(std::unique_ptr<ResidentDraft> d,
                       ResidentDraft::load(path, model.weights(), model.runner->backend(), *model.host,
                                           std::move(draft_be), policy, threads));
-  // Verify steps on the target from now on: its kernels for them (recorded decode steps dropped, so that
-  // decode and verify agree bit for bit).
-  model.runner->set_speculative(true);
   spec->ddtree = o.ddtree;
   spec->ddtree_budget = o.ddtree_budget;
   spec->adaptive = o.adaptive;

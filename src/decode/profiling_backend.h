@@ -41,7 +41,6 @@ class ProfilingBackend final : public Backend {
   const Backend* memory_owner() const override { return inner_.memory_owner(); }
   MemoryStats memory_stats() const override { return inner_.memory_stats(); }
   void set_token_exact(bool on) override { inner_.set_token_exact(on); }
-  void set_speculative(bool on) override { inner_.set_speculative(on); }
   void trim() override { inner_.trim(); }
   Result<Buffer> alloc(int64_t n_floats) override { return inner_.alloc(n_floats); }
   void release(float* data) override { inner_.release(data); }

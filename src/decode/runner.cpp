@@ -132,12 +132,6 @@ void Runner::drop(Recorded& r) {
   r.ids.clear();
 }
 
-void Runner::set_speculative(bool on) {
-  for (RunnerShard& sh : shards_) sh.backend->set_speculative(on);
-  for (auto& [id, r] : recorded_) drop(r);
-  recorded_.clear();
-}
-
 Status Runner::hand_over(const float* src, Backend& from, float* dst, Backend& to, int64_t n) {
   const auto t0 = std::chrono::steady_clock::now();
   Status st;

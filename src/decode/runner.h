@@ -85,9 +85,6 @@ class Runner {
   Result<StepOutput> forward(SequenceState& state, const Step& step);
   // Turns recorded decode steps off (or back on); on by default where the backend supports them.
   void set_step_graphs(bool on) { graphs_on_ = on; }
-  // A draft verifies on this model (load_draft turns it on once, for the model's life): every shard's
-  // Backend::set_speculative, and recorded decode steps are dropped so that none replays the other kernels.
-  void set_speculative(bool on);
   // Decode steps that ran as a replay of a recording (for tests and benchmarks).
   int64_t replayed_steps() const { return replayed_; }
 

@@ -126,11 +126,6 @@ class Backend {
   // backend then runs no batched bf16 GEMM): a speculative verify step must reproduce the logits plain
   // decoding would get, or greedy output would depend on the draft. The Runner turns it on for verify steps.
   virtual void set_token_exact(bool on) { (void)on; }
-  // On while a draft verifies on this backend (for the life of its model: Runner::set_speculative): kernels
-  // whose multi-token verify steps are fast, where they cost plain decoding a little (the CUDA backend's
-  // tensor-core decode attention on fp16 KV, ops/cuda/attention.h). Decode and verify still agree bit for bit
-  // whichever way it is set, as long as it does not change between them.
-  virtual void set_speculative(bool on) { (void)on; }
 
   // ---- the ops of ops/cpu/ops.h, same semantics
   virtual Status matmul(const cpu::WeightView& w, const float* x, int64_t n, float* y) = 0;

@@ -576,7 +576,8 @@ cudaError_t attention_with(AttnPrefillKernel kernel, const float* q, int64_t n_q
     p.part_ml = part_ml;
     p.lengths = mask.lengths;
     p.kv_f16 = kv.f16 ? 1 : 0;
-    const bool tensor_cores = kv.f16 && mask.path_tensor_cores && p.group <= attn_decode::kMmaMaxGroup;
+    const bool tensor_cores =
+        kv.f16 && mask.path_tensor_cores && p.group <= attn_decode::kMmaMaxGroup && p.chunk_shift >= 0;
     err = tensor_cores ? attn_decode::launch_mma(p, static_cast<int>(kv.head_dim), stream)
                        : attn_decode::launch(p, static_cast<int>(kv.head_dim), stream);
   } else {

@@ -68,10 +68,10 @@ struct DeviceAttnMask {
   const int32_t* lengths = nullptr;
   // kCausal only, > 0: query i also sees no key j with (n_prefix + i) - j >= window (cpu::AttentionMask).
   int64_t window = 0;
-  // Path mode on fp16 K/V: the tensor-core kernel (attention_decode_mma.cu) instead of the float32 one. A
-  // verify's queries then share their prefix's K/V tiles (a 16-query verify at 4K keys costs ~1.8 decodes
-  // instead of ~8), at ~2 us more a one-token decode below ~4K keys. Every call of a decode and of its verifies
-  // must agree: each kernel equals itself across call shapes bit for bit, not the other.
+  // Path mode on fp16 K/V: the tensor-core kernel (attention_decode_mma.cu) instead of the float32 one (what
+  // CudaBackend runs). A verify's queries then share their prefix's K/V tiles (a 16-query verify at 4K keys
+  // costs ~2 decodes instead of ~8), at ~1-2 us more a one-token decode below ~4K keys and less above. A decode
+  // and its verifies must run the same kernel: each equals itself across call shapes bit for bit, not the other.
   bool path_tensor_cores = false;
 };
 

@@ -69,7 +69,7 @@ struct MmaShape {
   static constexpr size_t kStageBytes = 2 * 2 * BN * LD;    // K rows, then V rows, f16
   static constexpr size_t kQBytes = 2 * kRows * LD;         // f16 [kRows][LD]
   static constexpr size_t kInfoBytes = 2 * 8 * kMaxQ + 4 * kMaxPathQueries;  // kend, kps; a tree's parents
-  static constexpr size_t kPathBytes = align16(size_t{kMaxQ} * kMaxPathQueries);  // uint8 [kMaxQ][128]
+  static constexpr size_t kPathBytes = kMaxPathQueries;  // uint8 [128]: a node block's path
   static constexpr int kTabChunks = 64;  // a pass's chunk pointers staged in shared memory, up to 64 chunks
   static constexpr size_t kTabBytes = 2 * kTabChunks * sizeof(void*);  // [K, V][kTabChunks]
   static constexpr size_t kFixed = kQBytes + align16(kInfoBytes) + kPathBytes + kTabBytes;
@@ -88,7 +88,7 @@ struct MmaShape {
 };
 
 template <int HD, int MT>
-__global__ void __launch_bounds__(MmaShape<HD, MT>::kThreads) decode_mma_kernel(const Params p) {
+__global__ void __launch_bounds__(MmaShape<HD, MT>::kThreads, 1) decode_mma_kernel(const Params p) {
   pdl_begin();
   using S = MmaShape<HD, MT>;
   constexpr int BN = S::BN, LD = S::LD, kThreads = S::kThreads, kMaxQ = S::kMaxQ;
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(MmaShape<HD, MT>::kThreads) decode_mma_kernel(
   int64_t* kend_s = reinterpret_cast<int64_t*>(smem + S::kInfo);  // [kMaxQ]: visible keys of the query
   int64_t* kps_s = kend_s + kMaxQ;                                  // [kMaxQ]: its keys per split
   int32_t* par_s = reinterpret_cast<int32_t*>(kps_s + kMaxQ);       // [n_q]: a tree's parents
-  uint8_t* path_s = reinterpret_cast<uint8_t*>(smem + S::kPath);    // [kMaxQ][128]: slot at depth d
+  uint8_t* path_s = reinterpret_cast<uint8_t*>(smem + S::kPath);    // [128]: a node's slot at depth d
   const float** tab_s = reinterpret_cast<const float**>(smem + S::kTab);  // [K, V][kTabChunks]
   char* ring = smem + S::kRing;
   const uint32_t q_base = smem_u32(q_s), ring_base = smem_u32(ring);
@@ -106,25 +106,26 @@ __global__ void __launch_bounds__(MmaShape<HD, MT>::kThreads) decode_mma_kernel(
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int group = warp / MT, mt = warp % MT;
   const int kvh = blockIdx.y;
-  const int64_t g_size = p.group;
+  // Row and block indices fit 32 bits (at most 32 or 128 queries of 64 heads; the launch checks the grid):
+  // cheap divisions, a short kernel.
+  const int g_size = p.group, n_rows_kv = static_cast<int>(p.n_q) * g_size;
   // Blocks x < row_blocks * n_splits: (row block, split), x-major in splits. Then, for a tree, node blocks
   // (node, split node_split0 + t) for t < node_splits: one node's rows.
-  const int64_t row_blocks = (p.n_q * g_size + S::kRows - 1) / S::kRows, bx = blockIdx.x;
+  const int row_blocks = (n_rows_kv + S::kRows - 1) / S::kRows, bx = static_cast<int>(blockIdx.x);
   const bool node_block = bx >= row_blocks * p.n_splits;
-  int split;
-  int64_t row0, row_end;
+  int split, row0, row_end;
   if (!node_block) {
-    split = static_cast<int>(bx % p.n_splits);
+    split = bx % p.n_splits;
     row0 = bx / p.n_splits * S::kRows;
-    row_end = std::min<int64_t>(row0 + S::kRows, p.n_q * g_size);
+    row_end = std::min(row0 + S::kRows, n_rows_kv);
   } else {
-    const int64_t t = bx - row_blocks * p.n_splits;
-    split = p.node_split0 + static_cast<int>(t % p.node_splits);
+    const int t = bx - row_blocks * p.n_splits;
+    split = p.node_split0 + t % p.node_splits;
     row0 = t / p.node_splits * g_size;
     row_end = row0 + g_size;
   }
-  const int64_t q_lo = row0 / g_size;
-  const int nq = static_cast<int>((row_end - 1) / g_size - q_lo + 1);
+  const int q_lo = row0 / g_size;
+  const int nq = (row_end - 1) / g_size - q_lo + 1;
   int64_t n_prefix = p.n_prefix, n_tokens = p.n_tokens;
   if (p.lengths != nullptr) {
     n_prefix = p.lengths[0];
@@ -139,11 +140,11 @@ __global__ void __launch_bounds__(MmaShape<HD, MT>::kThreads) decode_mma_kernel(
 #pragma unroll
   for (int u = 0; u < kQLoads; ++u) {
     const int e = tid + u * kThreads, r = e / (HD / 4), c4 = e % (HD / 4);
-    const int64_t g = row0 + r;
+    const int g = row0 + r;
     qv[u] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (g < row_end)
-      qv[u] = *reinterpret_cast<const float4*>(p.q + (g / g_size * p.n_heads + kvh * g_size + g % g_size) * HD +
-                                               4 * c4);
+      qv[u] = *reinterpret_cast<const float4*>(
+          p.q + (static_cast<int64_t>(g / g_size) * p.n_heads + kvh * g_size + g % g_size) * HD + 4 * c4);
   }
   bool q_stored = false;
   auto store_q = [&] {
@@ -169,8 +170,8 @@ __global__ void __launch_bounds__(MmaShape<HD, MT>::kThreads) decode_mma_kernel(
       depth = 0;
       for (int64_t a = i; par_s[a] >= 0 && par_s[a] < a; a = par_s[a]) ++depth;
       int64_t d = depth;
-      for (int64_t a = i;; a = par_s[a]) {
-        path_s[qi * kMaxPathQueries + d] = static_cast<uint8_t>(a);
+      for (int64_t a = i; node_block; a = par_s[a]) {  // only a node block gathers a path (its one node's)
+        path_s[d] = static_cast<uint8_t>(a);
         if (d-- == 0) break;
       }
     }
@@ -190,8 +191,8 @@ __global__ void __launch_bounds__(MmaShape<HD, MT>::kThreads) decode_mma_kernel(
   // This thread's C-fragment rows (quad and quad + 8 of its warp's m-tile) as block queries (-1: none).
   const int quad = lane >> 2, qc = lane & 3;
   const int ra = mt * 16 + quad;
-  const int qa = row0 + ra < row_end ? static_cast<int>((row0 + ra) / g_size - q_lo) : -1;
-  const int qb = row0 + ra + 8 < row_end ? static_cast<int>((row0 + ra + 8) / g_size - q_lo) : -1;
+  const int qa = row0 + ra < row_end ? (row0 + ra) / g_size - q_lo : -1;
+  const int qb = row0 + ra + 8 < row_end ? (row0 + ra + 8) / g_size - q_lo : -1;
   // ldmatrix: lane L addresses row (L & 7) of matrix L >> 3 (fragment layouts as in attention_mma.cu).
   const int lm_row = lane & 7, lm_mat = lane >> 3;
   const uint32_t q_addr = q_base + 2u * static_cast<uint32_t>((mt * 16 + lm_row + ((lm_mat & 1) << 3)) * LD +
@@ -226,7 +227,7 @@ __global__ void __launch_bounds__(MmaShape<HD, MT>::kThreads) decode_mma_kernel(
       if (kps_s[qi] == cur) ke_max = std::max(ke_max, std::min(kend_s[qi], kb + cur));
     // The chunk pointers of keys [kb, ke_max), staged once (a tree node's keys past the prefix may lie past
     // them: those are read from the table in global memory).
-    auto chunk_of = [&](int64_t j) { return p.chunk_shift >= 0 ? j >> p.chunk_shift : j / p.chunk_tokens; };
+    auto chunk_of = [&](int64_t j) { return j >> p.chunk_shift; };  // chunks of a power of two (launch_mma)
     const int64_t c0 = chunk_of(kb);
     const int64_t n_span = ke_max > kb ? chunk_of(ke_max - 1) - c0 + 1 : 0;
     const int n_tab = n_span <= S::kTabChunks ? static_cast<int>(n_span) : 0;
@@ -236,7 +237,6 @@ __global__ void __launch_bounds__(MmaShape<HD, MT>::kThreads) decode_mma_kernel(
     if (ke_max <= kb) continue;
     const int n_tiles = static_cast<int>((ke_max - kb + BN - 1) / BN);
     const int n_items = (n_tiles + 1) / 2;  // rounds of two tiles
-    const int qi = node_block ? 0 : -1;     // a node block gathers its node's path
     // The thread's rows' key ends in this pass (kb: the row is of another class, or of no query).
     const int64_t pe_a = qa >= 0 && kps_s[qa] == cur ? std::min(kend_s[qa], kb + cur) : kb;
     const int64_t pe_b = qb >= 0 && kps_s[qb] == cur ? std::min(kend_s[qb], kb + cur) : kb;
@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(MmaShape<HD, MT>::kThreads) decode_mma_kernel(
         const bool valid = j < ke;
         const char* src = reinterpret_cast<const char*>(p.q);  // any global address: not read when !valid
         if (valid) {  // key j's row of this KV head (a tree node's keys past the prefix: its path)
-          const int64_t pj = qi >= 0 && j >= n_prefix ? n_prefix + path_s[qi * kMaxPathQueries + (j - n_prefix)] : j;
+          const int64_t pj = node_block && j >= n_prefix ? n_prefix + path_s[j - n_prefix] : j;
           const int64_t ch = chunk_of(pj), tc = ch - c0;
           const float* base =
               tc >= 0 && tc < n_tab ? tab_s[kv * S::kTabChunks + tc] : (kv == 0 ? p.k_chunks : p.v_chunks)[ch];
@@ -267,6 +267,7 @@ __global__ void __launch_bounds__(MmaShape<HD, MT>::kThreads) decode_mma_kernel(
       }
     };
     // Step st issues item st and computes item st - (kRounds - 1) (one call site each: a short kernel).
+#pragma unroll 1
     for (int st = 0; st < n_items + S::kRounds - 1; ++st) {
       const int it = st - (S::kRounds - 1);
       if (it >= 0) {
@@ -336,9 +337,9 @@ __global__ void __launch_bounds__(MmaShape<HD, MT>::kThreads) decode_mma_kernel(
     const float M = fmaxf(m0, m1);
     const float f0 = m0 == M ? 1.0f : fast_exp2(m0 - M), f1 = m1 == M ? 1.0f : fast_exp2(m1 - M);
     const float L = l0 * f0 + l1 * f1;
-    const int64_t g = row0 + r;
-    if (g >= row_end || (!node_block && node_owned(static_cast<int>(g / g_size - q_lo)))) continue;
-    const int64_t row = g / g_size * p.n_heads + kvh * g_size + g % g_size;
+    const int g = row0 + r;
+    if (g >= row_end || (!node_block && node_owned(g / g_size - q_lo))) continue;
+    const int64_t row = static_cast<int64_t>(g / g_size) * p.n_heads + kvh * g_size + g % g_size;
     float ov[HD / 8][2];
 #pragma unroll
     for (int d = 0; d < HD / 8; ++d) {
@@ -410,7 +411,7 @@ cudaError_t launch_hd(const Params& p, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t launch_mma(const Params& p, int head_dim, cudaStream_t stream) {
-  if (!p.kv_f16) return cudaErrorInvalidValue;
+  if (!p.kv_f16 || p.chunk_shift < 0 || p.n_q > kMaxPathQueries) return cudaErrorInvalidValue;
   switch (head_dim) {
     case 64: return launch_hd<64>(p, stream);
     case 128: return launch_hd<128>(p, stream);

@@ -83,7 +83,8 @@ Tuning& tuning();
 cudaError_t launch(const Params& p, int head_dim, cudaStream_t stream);
 // The same call on the tensor cores (attention_decode_mma.cu; fp16 K/V only): the same splits and partials,
 // blocks of up to 96 rows of several queries sharing K/V tiles (blocks_per_query unused). GQA groups of up to
-// 64 heads (a model's constant, so that its decode and verify run the same kernel).
+// 64 heads and chunks of a power of two tokens (a model's and a store's constants, so that its decode and
+// verify run the same kernel).
 constexpr int64_t kMmaMaxGroup = 64;
 cudaError_t launch_mma(const Params& p, int head_dim, cudaStream_t stream);
 

@@ -574,7 +574,9 @@ Status CudaBackend::attention(const float* q, int64_t n_q, int64_t n_heads, cons
   DF_ASSIGN_OR_RETURN(const void* par, stage(parents_, mask.parents.data(), mask.parents.size_bytes()));
   cuda::DeviceAttnMask dmask{cuda::to_device(mask.kind), mask.n_prefix, static_cast<const int32_t*>(par)};
   dmask.window = mask.window;
-  dmask.path_tensor_cores = speculative_;  // decode and verify alike (attention.h)
+  // fp16 KV: decode and verify on the tensor-core path kernel alike (attention.h), with a draft or without, so
+  // that speculative decoding gives plain decoding's text.
+  dmask.path_tensor_cores = true;
   if (capturing_) {
     if (n_q != 1 || mask.kind != cpu::MaskKind::kCausal) return unsupported("a recorded step is one causal token");
     dmask.lengths = step_params_ + 2;  // the replay's {KV prefix, KV length}

@@ -34,7 +34,6 @@ class CudaBackend final : public Backend {
   // (exactly the numerics of decode, re-streaming the weights per slice).
   void set_tensor_core_prefill(bool on) { tensor_core_prefill_ = on; }
   void set_token_exact(bool on) override { token_exact_ = on; }
-  void set_speculative(bool on) override { speculative_ = on; }
   // fp16 KV stores: half the KV memory and the bytes decode attention reads (the kernels convert on load and
   // round to nearest even on store, as the CPU does).
   void set_kv_type(cpu::KvType t) { kv_type_ = t; }
@@ -177,7 +176,6 @@ class CudaBackend final : public Backend {
   bool tensor_core_prefill_ = true;
   cpu::KvType kv_type_ = cpu::KvType::kF32;
   bool token_exact_ = false;  // set_token_exact: products of any length as GEMV slices
-  bool speculative_ = false;  // set_speculative: path-mode attention on the tensor cores (fp16 KV)
   // Pinned staging ring: host arrays are copied here before their asynchronous upload.
   uint8_t* pinned_ = nullptr;
   std::vector<cudaEvent_t> marks_;  // events for mark(), reused after clear_marks()

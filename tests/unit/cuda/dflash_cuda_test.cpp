@@ -200,18 +200,14 @@ TEST_F(CudaDFlash, tree_verify_and_commit_match_the_cpu) {
   (void)V;
 }
 
-// On float32 and on fp16 KV stores (the GPU's default, --kv-type auto), the latter on both decode attention
-// kernels (Runner::set_speculative: what loading a draft turns on).
+// On float32 and on fp16 KV stores (the GPU's default, --kv-type auto; decode attention on the tensor cores).
 TEST_F(CudaDFlash, speculative_greedy_equals_plain_greedy_on_the_device) {
-  for (const int config : {0, 1, 2}) {
-    const cpu::KvType kv = config == 0 ? cpu::KvType::kF32 : cpu::KvType::kF16;
-    SCOPED_TRACE(std::string(cpu::kv_type_name(kv)) + (config == 2 ? ", speculative kernels" : ""));
+  for (const cpu::KvType kv : {cpu::KvType::kF32, cpu::KvType::kF16}) {
+    SCOPED_TRACE(cpu::kv_type_name(kv));
     be_->set_kv_type(kv);
-    gpu_->set_speculative(config == 2);
     speculative_greedy_equals_plain_greedy();
     if (HasFatalFailure()) return;
   }
-  gpu_->set_speculative(false);
 }
 
 void CudaDFlash::speculative_greedy_equals_plain_greedy() {
@@ -259,18 +255,15 @@ void CudaDFlash::speculative_greedy_equals_plain_greedy() {
 
 // Every node of a verify step -- a chain, and trees of 23, 41 and 100 nodes -- gets the logits plain decoding
 // of its path gets (recorded decode steps), bit for bit: greedy and sampled DFlash output is plain
-// decoding's on the device too, whichever node a walk reaches. On float32 and on fp16 KV stores, the latter
-// on both decode attention kernels.
+// decoding's on the device too, whichever node a walk reaches. On float32 and on fp16 KV stores (the float32
+// and the tensor-core path kernels).
 TEST_F(CudaDFlash, verify_logits_equal_plain_decoding_of_each_path_bit_for_bit) {
-  for (const int config : {0, 1, 2}) {
-    const cpu::KvType kv = config == 0 ? cpu::KvType::kF32 : cpu::KvType::kF16;
-    SCOPED_TRACE(std::string(cpu::kv_type_name(kv)) + (config == 2 ? ", speculative kernels" : ""));
+  for (const cpu::KvType kv : {cpu::KvType::kF32, cpu::KvType::kF16}) {
+    SCOPED_TRACE(cpu::kv_type_name(kv));
     be_->set_kv_type(kv);
-    gpu_->set_speculative(config == 2);
     verify_logits_equal_plain_decoding();
     if (HasFatalFailure()) return;
   }
-  gpu_->set_speculative(false);
 }
 
 void CudaDFlash::verify_logits_equal_plain_decoding() {

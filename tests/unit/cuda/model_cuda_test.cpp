@@ -105,7 +105,9 @@ TEST_P(CudaModel, logits_match_the_cpu_backend) {
 }
 
 // fp16 KV stores (--kv-type f16) on both backends: the kernels write K/V rounded to nearest even and read
-// them back exactly, as the CPU does, so the logits match the CPU's f16-KV logits as closely as f32's do.
+// them back exactly, as the CPU does; decode attention on fp16 KV runs on the tensor cores, which round q and
+// the softmax weights to f16 (ops/cuda/attention.h), so the bound is that of f16 attention inputs (measured on
+// an H100: up to 5.8e-4 at 7-20 tokens, 1.0e-4 / 6.8e-4 at 100; argmax identical).
 TEST_P(CudaModel, f16_kv_logits_match_the_cpu_backend_with_f16_kv) {
   be_->set_tensor_core_prefill(false);
   be_->set_kv_type(cpu::KvType::kF16);
@@ -115,30 +117,9 @@ TEST_P(CudaModel, f16_kv_logits_match_the_cpu_backend_with_f16_kv) {
     int mismatch = 0;
     compare_with_cpu(prompts_[k], &worst, &mismatch);
     std::printf("%s, %zu tokens, f16 KV: max rel err vs cpu %.3g\n", GetParam().c_str(), prompts_[k].size(), worst);
-    const double tol = prompts_[k].size() >= 64 ? 2e-3 : 1e-4;
-    EXPECT_LT(worst, tol) << GetParam() << ", " << prompts_[k].size() << " tokens";
-    EXPECT_EQ(mismatch, 0) << GetParam() << ", " << prompts_[k].size() << " tokens";
-  }
-}
-
-// The same with a draft attached (Backend::set_speculative): decode attention on the tensor cores rounds q
-// and the softmax weights to f16 (ops/cuda/attention.h), so the bound is that of f16 attention inputs
-// (measured on an H100: up to 5.8e-4 at 7-20 tokens, 1.0e-4 at 100; argmax identical).
-TEST_P(CudaModel, f16_kv_logits_match_the_cpu_backend_with_a_draft_attached) {
-  be_->set_tensor_core_prefill(false);
-  be_->set_kv_type(cpu::KvType::kF16);
-  be_->set_speculative(true);
-  dynamic_cast<CpuBackend&>(cpu_->backend()).set_kv_type(cpu::KvType::kF16);
-  for (size_t k = 0; k < prompts_.size(); ++k) {
-    double worst = 0;
-    int mismatch = 0;
-    compare_with_cpu(prompts_[k], &worst, &mismatch);
-    std::printf("%s, %zu tokens, f16 KV, tensor-core decode attention: max rel err vs cpu %.3g\n",
-                GetParam().c_str(), prompts_[k].size(), worst);
     EXPECT_LT(worst, 2e-3) << GetParam() << ", " << prompts_[k].size() << " tokens";
     EXPECT_EQ(mismatch, 0) << GetParam() << ", " << prompts_[k].size() << " tokens";
   }
-  be_->set_speculative(false);
 }
 
 // Prefill of more than 16 tokens on the tensor cores: bf16 GEMM inputs and (above 32 queries) f16 attention
