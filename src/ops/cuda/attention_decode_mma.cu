@@ -377,7 +377,9 @@ cudaError_t launch_mt(const Params& p, cudaStream_t stream) {
   Params q = p;
   q.node_split0 = 0;
   q.node_splits = 0;
-  if (p.tree && p.n_q > 0) {
+  if (p.tree && p.lengths != nullptr) {  // lengths known only on the device: every split may be a node's
+    q.node_splits = p.n_splits;
+  } else if (p.tree && p.n_q > 0) {
     const int64_t kend_lo = std::min<int64_t>(p.n_tokens, p.n_prefix + 1);
     const int64_t kend_hi = std::min<int64_t>(p.n_tokens, p.n_prefix + p.n_q);
     const int64_t kps_lo = decode_keys_per_split(kend_lo, p.n_splits, S::BN);

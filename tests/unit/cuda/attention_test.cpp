@@ -217,6 +217,8 @@ class AttentionTest : public ::testing::Test {
       dyn.lengths = arena.upload(lengths);
       dyn.n_prefix = 0;
       DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dout), q.size(), kNaN));
+      // Poisoned again: a partial the call leaves unwritten must not pass on the first call's bits.
+      if (ws_bytes) DF_ASSERT_CUDA(cuda::fill_u32(static_cast<uint32_t*>(ws), ws_bytes / 4, kNaN));
       ASSERT_EQ(cuda::attention_workspace_bytes(c.n_q, c.nh, dkv, dyn),
                 cuda::attention_workspace_bytes(c.n_q, c.nh, dkv, dmask));
       const Status st2 = cuda::attention_checked(dq, c.n_q, c.nh, dkv, dyn, scale, dout, ws, ws_bytes);
@@ -231,6 +233,7 @@ class AttentionTest : public ::testing::Test {
     if (f16) {
       // Deterministic: the same call again gives the same bits.
       DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dout), q.size(), kNaN));
+      if (ws_bytes) DF_ASSERT_CUDA(cuda::fill_u32(static_cast<uint32_t*>(ws), ws_bytes / 4, kNaN));
       const Status st2 = cuda::attention_checked(dq, c.n_q, c.nh, dkv, dmask, scale, dout, ws, ws_bytes);
       ASSERT_TRUE(st2.ok()) << st2.message();
       std::vector<float> got2(q.size());
