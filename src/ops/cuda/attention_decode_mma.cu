@@ -347,23 +347,7 @@ __global__ void __launch_bounds__(MmaShape<HD, MT>::kThreads, 1) decode_mma_kern
       ov[d][0] = o[d][2 * half] * f0 + c.x * f1;
       ov[d][1] = o[d][2 * half + 1] * f0 + c.y * f1;
     }
-    if (p.n_splits == 1) {
-      const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-      float* dst = p.out + row * HD + 2 * qc;
-#pragma unroll
-      for (int d = 0; d < HD / 8; ++d)
-        *reinterpret_cast<float2*>(dst + 8 * d) = make_float2(ov[d][0] * inv, ov[d][1] * inv);
-    } else {
-      const int64_t prow = split * n_rows + row;
-      float* dst = p.part_acc + prow * HD + 2 * qc;
-#pragma unroll
-      for (int d = 0; d < HD / 8; ++d) *reinterpret_cast<float2*>(dst + 8 * d) = make_float2(ov[d][0], ov[d][1]);
-      if (qc == 0) {
-        // m is in base-2 units of the scaled score; merge_kernel takes natural units (-inf stays -inf).
-        p.part_ml[2 * prow] = M * 0.69314718055994531f;
-        p.part_ml[2 * prow + 1] = L;
-      }
-    }
+    store_row<HD>(ov, M, L, row, qc, split, p.n_splits, n_rows, p.out, p.part_acc, p.part_ml);
   }
 }
 

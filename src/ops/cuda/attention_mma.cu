@@ -252,25 +252,14 @@ __global__ void __launch_bounds__(kThreads, Shape<HD, BN>::kMinBlocks) attn_mma_
     if (g >= row_end) continue;
     const int64_t i = g / group, h = static_cast<int64_t>(kvh) * group + g % group;
     const int64_t row = i * p.n_heads + h;
-    const float l = half ? l_b : l_a, m = half ? m_b : m_a;
-    if (p.n_splits == 1) {
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      float* dst = p.out + row * HD + 2 * qc;
+    float ov[HD / 8][2];  // the row's columns
 #pragma unroll
-      for (int d = 0; d < HD / 8; ++d)
-        *reinterpret_cast<float2*>(dst + 8 * d) = make_float2(o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
-    } else {
-      const int64_t prow = split * n_rows + row;
-      float* dst = p.part_acc + prow * HD + 2 * qc;
-#pragma unroll
-      for (int d = 0; d < HD / 8; ++d)
-        *reinterpret_cast<float2*>(dst + 8 * d) = make_float2(o[d][2 * half], o[d][2 * half + 1]);
-      if (qc == 0) {
-        // m is in base-2 units of the scaled score; merge_kernel takes natural units (-inf stays -inf).
-        p.part_ml[2 * prow] = m * 0.69314718055994531f;
-        p.part_ml[2 * prow + 1] = l;
-      }
+    for (int d = 0; d < HD / 8; ++d) {
+      ov[d][0] = o[d][2 * half];
+      ov[d][1] = o[d][2 * half + 1];
     }
+    store_row<HD>(ov, half ? m_b : m_a, half ? l_b : l_a, row, qc, split, p.n_splits, n_rows, p.out, p.part_acc,
+                  p.part_ml);
   }
 }
 

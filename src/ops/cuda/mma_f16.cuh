@@ -131,4 +131,30 @@ __device__ __forceinline__ void pv_tile(const float (&p)[BN / 8][4], float (&o)[
   }
 }
 
+// A row's result from the thread's columns 8 d + 2 qc + {0, 1} of its unnormalised O (max m in base-2 units,
+// sum l): O / l (0 for a row that saw no key) when the keys are not split, else split `split`'s partial (O, m in
+// natural units, l) that attention.cu's merge_kernel combines. `row` indexes the call's n_rows (query, head)
+// rows.
+template <int HD>
+__device__ __forceinline__ void store_row(const float (&o)[HD / 8][2], float m, float l, int64_t row, int qc,
+                                          int split, int n_splits, int64_t n_rows, float* out, float* part_acc,
+                                          float* part_ml) {
+  if (n_splits == 1) {
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float* dst = out + row * HD + 2 * qc;
+#pragma unroll
+    for (int d = 0; d < HD / 8; ++d)
+      *reinterpret_cast<float2*>(dst + 8 * d) = make_float2(o[d][0] * inv, o[d][1] * inv);
+  } else {
+    const int64_t prow = split * n_rows + row;
+    float* dst = part_acc + prow * HD + 2 * qc;
+#pragma unroll
+    for (int d = 0; d < HD / 8; ++d) *reinterpret_cast<float2*>(dst + 8 * d) = make_float2(o[d][0], o[d][1]);
+    if (qc == 0) {
+      part_ml[2 * prow] = m * 0.69314718055994531f;  // -inf stays -inf
+      part_ml[2 * prow + 1] = l;
+    }
+  }
+}
+
 }  // namespace dflash::cuda
