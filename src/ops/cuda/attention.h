@@ -1,7 +1,8 @@
-// Device attention over the chunked KV layout (kernels in attention.cu, attention_decode.cu and
-// attention_mma.cu); the math of cpu::attention (ops/cpu/ops.h), which is the reference: same masks, GQA
-// mapping, scale, "a query that sees no key gets zeros", a running max. Decode-shaped calls are float32
-// throughout; prefill-shaped calls run on the tensor cores with f16 inputs (below).
+// Device attention over the chunked KV layout (kernels in attention.cu, attention_decode.cu,
+// attention_decode_mma.cu and attention_mma.cu); the math of cpu::attention (ops/cpu/ops.h), which is the
+// reference: same masks, GQA mapping, scale, "a query that sees no key gets zeros", a running max.
+// Decode-shaped calls are float32 throughout, except path mode on fp16 K/V with
+// DeviceAttnMask::path_tensor_cores; prefill-shaped calls run on the tensor cores with f16 inputs (below).
 //
 // KV layout (chosen to mirror the CPU KvStore, so that a paged store needs no copy): a device array of
 // device chunk pointers per tensor. Chunk c holds positions [c * chunk_tokens, (c + 1) * chunk_tokens) as

@@ -25,7 +25,8 @@
 // Queries share no tiles: a verify query's blocks read the whole prefix, as its decode would. Blocks of up
 // to 32 / R queries sharing the prefix's tiles were measured (H100, 16 queries, fp16 KV, Qwen3-8B and
 // Qwen3.5-27B shapes at 512-32K keys) at 0.5-1.1x the speed of this: a block's float32 arithmetic grows with
-// its rows, and it has fewer blocks to run in parallel.
+// its rows, and it has fewer blocks to run in parallel. On fp16 K/V the backend runs attention_decode_mma.cu
+// instead, whose verify queries share tiles on the tensor cores.
 //
 // Every sum runs in an order fixed by (visible keys, n_splits) only, so a verify query's output equals the
 // one-token decode's at its position bit for bit.

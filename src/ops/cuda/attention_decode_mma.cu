@@ -283,16 +283,15 @@ __global__ void __launch_bounds__(MmaShape<HD, MT>::kThreads, 1) decode_mma_kern
       const int k = 2 * it + group;
       if (!computes || k >= n_tiles) continue;
       const int64_t j0 = kb + static_cast<int64_t>(k) * BN;
-      const int64_t ke_a = pe_a, ke_b = pe_b;
-      if (!__any_sync(0xffffffffu, ke_a > j0 || ke_b > j0)) continue;  // no row of the m-tile sees this tile
+      if (!__any_sync(0xffffffffu, pe_a > j0 || pe_b > j0)) continue;  // no row of the m-tile sees this tile
       const uint32_t kbuf = ring_base + static_cast<uint32_t>((it % S::kRounds) * kTileGroups + group) * S::kStageBytes;
       const uint32_t vbuf = kbuf + 2u * BN * LD;
 
       // 1. S = Q K^T; 2. keys past each row's end masked, online softmax; 3. O += P V.
       float s[BN / 8][4];
       qk_tile<HD, BN>(s, q_addr, kbuf + k_off, LD);
-      const int ne_a = static_cast<int>(std::min<int64_t>(BN, std::max<int64_t>(0, ke_a - j0)));
-      const int ne_b = static_cast<int>(std::min<int64_t>(BN, std::max<int64_t>(0, ke_b - j0)));
+      const int ne_a = static_cast<int>(std::min<int64_t>(BN, std::max<int64_t>(0, pe_a - j0)));
+      const int ne_b = static_cast<int>(std::min<int64_t>(BN, std::max<int64_t>(0, pe_b - j0)));
 #pragma unroll
       for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
