@@ -146,6 +146,32 @@ class Backend {
   virtual Status gated_delta_net(const float* q, const float* k, const float* v, const float* g, const float* beta,
                                  int64_t n, const cpu::DeltaNetShape& s, float* state, float* out,
                                  float* per_token_states, std::span<const int32_t> parents, bool chunked) = 0;
+  // A rolled-back step's recurrent layers restored at once (SequenceState::rollback_captured): per layer, its
+  // state from `from` (copied, or with q the n captured tokens re-run from it, as gated_delta_net's recurrent
+  // form runs them) and its conv window. A device backend does all layers in one launch.
+  struct DeltaNetRestore {
+    float* state = nullptr;
+    const float* from = nullptr;  // null: the state stays
+    const float *q = nullptr, *k = nullptr, *v = nullptr, *g = nullptr, *beta = nullptr;  // q null: a copy
+    float* conv = nullptr;
+    const float* conv_from = nullptr;
+    int64_t conv_elems = 0;
+  };
+  virtual Status restore_deltanet(std::span<const DeltaNetRestore> layers, int64_t n, const cpu::DeltaNetShape& s) {
+    const int64_t state_size = s.n_v_heads * s.d_v * s.d_k;
+    for (const DeltaNetRestore& l : layers) {
+      if (l.from != nullptr) {
+        DF_RETURN_IF_ERROR(copy(l.state, l.from, state_size));
+        if (l.q != nullptr) {
+          DF_ASSIGN_OR_RETURN(Buffer out, alloc(n * s.n_v_heads * s.d_v));
+          DF_RETURN_IF_ERROR(
+              gated_delta_net(l.q, l.k, l.v, l.g, l.beta, n, s, l.state, out.data(), nullptr, {}, false));
+        }
+      }
+      if (l.conv_elems > 0) DF_RETURN_IF_ERROR(copy(l.conv, l.conv_from, l.conv_elems));
+    }
+    return Status();
+  }
   virtual Status causal_conv1d_silu(const float* x, int64_t n, int64_t channels, const float* w, int64_t kernel,
                                     float* conv_state, float* out, std::span<const int32_t> parents) = 0;
   // An attention layer's input prep, as rms_norm of every q and k head (weights q_norm, k_norm [hd]),

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <utility>
 #include <string_view>
 
 #include "tensor/half.h"
@@ -271,24 +272,33 @@ Status SequenceState::rollback_captured(int64_t n_keep) {
   const int64_t C = g.conv_dim();
   const ChainCapture cc = chain_capture_layout(g, capture_n_);
   const cpu::DeltaNetShape shape{g.n_k_heads, g.n_v_heads, g.d_k, g.d_v};
+  // One restore call per backend (a split placement's layers live on several), every layer of it at once.
+  std::vector<std::pair<Backend*, std::vector<Backend::DeltaNetRestore>>> per_backend;
+  int64_t rerun = 0;  // tokens the chain layers re-run (all of them or none: every chain layer has the same)
   for (int64_t L = layer_begin_; L < layer_end_; ++L) {
     const size_t i = slot(L);
     if (kv_[i]) continue;
     const bool chain = marks_[i].chain;
     marks_[i] = StepMark{};  // consumed
-    const int64_t state_size = ssm_[i].size();
+    Backend::DeltaNetRestore r;
+    r.state = ssm_[i].data();
     if (!chain) {  // every token's state
-      DF_RETURN_IF_ERROR(be(i).copy(ssm_[i].data(), ssm_capture_[i].data() + (n_keep - 1) * state_size, state_size));
+      r.from = ssm_capture_[i].data() + (n_keep - 1) * ssm_[i].size();
     } else if (n_keep < capture_n_) {  // the state after the whole step is the one to keep otherwise
       const float* cap = ssm_capture_[i].data();
-      DF_RETURN_IF_ERROR(be(i).copy(ssm_[i].data(), cap + cc.state, state_size));
-      DF_ASSIGN_OR_RETURN(Buffer out, be(i).alloc(n_keep * g.value_dim()));
-      DF_RETURN_IF_ERROR(be(i).gated_delta_net(cap + cc.q, cap + cc.k, cap + cc.v, cap + cc.decay, cap + cc.beta,
-                                               n_keep, shape, ssm_[i].data(), out.data(), nullptr, {}, false));
+      r.from = cap + cc.state;
+      r.q = cap + cc.q, r.k = cap + cc.k, r.v = cap + cc.v, r.g = cap + cc.decay, r.beta = cap + cc.beta;
+      rerun = n_keep;
     }
     // The window after n_keep tokens: rows [n_keep, n_keep + K - 1) of (old window ; step inputs).
-    DF_RETURN_IF_ERROR(be(i).copy(conv_[i].data(), conv_capture_[i].data() + n_keep * C, conv_[i].size()));
+    r.conv = conv_[i].data();
+    r.conv_from = conv_capture_[i].data() + n_keep * C;
+    r.conv_elems = conv_[i].size();
+    Backend* b = &be(i);
+    if (per_backend.empty() || per_backend.back().first != b) per_backend.push_back({b, {}});
+    per_backend.back().second.push_back(r);
   }
+  for (auto& [b, layers] : per_backend) DF_RETURN_IF_ERROR(b->restore_deltanet(layers, rerun, shape));
   n_past_ = capture_base_ + n_keep;
   capture_base_ = -1;
   return Status();

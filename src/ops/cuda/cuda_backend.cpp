@@ -189,7 +189,8 @@ MemoryStats CudaBackend::memory_stats() const {
   m.buffers_live = allocated_bytes_ - cached_bytes_;
   m.buffers_peak = peak_live_;
   m.buffers_cached = cached_bytes_;
-  for (const Scratch* s : {&positions_, &parents_, &chunk_table_, &rows_, &workspace_, &embed_rows_, &top_k_})
+  for (const Scratch* s : {&positions_, &parents_, &chunk_table_, &rows_, &workspace_, &embed_rows_, &top_k_,
+                           &restore_table_})
     m.scratch += s->bytes;
   for (const auto& [key, table] : rope_tables_) m.scratch += static_cast<uint64_t>(key.rot_dims / 2) * sizeof(double);
   m.scratch += static_cast<uint64_t>(kQ8SideElems) * 11 / 8;
@@ -268,11 +269,11 @@ Result<void*> CudaBackend::reserve(Scratch& s, size_t bytes, bool recorded) {
   return s.ptr;
 }
 
-Result<const void*> CudaBackend::stage(Scratch& s, const void* host, size_t bytes) {
+Result<const void*> CudaBackend::stage(Scratch& s, const void* host, size_t bytes, bool recorded) {
   activate();
   if (bytes == 0) return static_cast<const void*>(nullptr);
   if (capturing_) return unsupported("host data cannot be staged while a step is recorded");
-  DF_ASSIGN_OR_RETURN(void* p, reserve(s, bytes));
+  DF_ASSIGN_OR_RETURN(void* p, reserve(s, bytes, recorded));
   // Stream-ordered: kernels queued earlier that read this slot run before the copy lands.
   const size_t slot = (bytes + 255) & ~size_t{255};
   if (slot > pinned_bytes_) {  // larger than the ring: copy from the caller's memory and wait for it
@@ -671,6 +672,32 @@ Status CudaBackend::gated_delta_net(const float* q, const float* k, const float*
   DF_ASSIGN_OR_RETURN(const void* par, stage(parents_, parents.data(), parents.size_bytes()));
   return cuda::run_gated_delta_net_recurrent(q, k, v, g, beta, n, dims, state, out, per_token_states,
                                              static_cast<const int32_t*>(par), stream_);
+}
+
+Status CudaBackend::restore_deltanet(std::span<const DeltaNetRestore> layers, int64_t n,
+                                     const cpu::DeltaNetShape& s) {
+  activate();
+  forget_q8();
+  if (layers.empty()) return Status();
+  const cuda::DeltaNetDims dims{s.n_k_heads, s.n_v_heads, s.d_k, s.d_v};
+  std::vector<cuda::DeltaNetRestoreLayer> table;
+  int vec_layers = 0, reruns = 0;
+  for (const DeltaNetRestore& l : layers) {
+    table.push_back({l.state, l.from, l.q, l.k, l.v, l.g, l.beta, l.conv, l.conv_from, l.conv_elems});
+    if (l.from != nullptr && l.q != nullptr) {
+      ++reruns;
+      vec_layers += cuda::gated_delta_net_restore_vec(&table.back(), 1, dims);
+    }
+  }
+  // A re-run token must sum in the layout its step used (float4 or not, from its pointers): where the layers
+  // differ, each its own launches.
+  if ((vec_layers != 0 && vec_layers != reruns) || table.size() > 65535 || n > INT32_MAX)
+    return Backend::restore_deltanet(layers, n, s);
+  DF_ASSIGN_OR_RETURN(const void* dev, stage(restore_table_, table.data(), table.size() * sizeof(table[0]), false));
+  return check(cuda::gated_delta_net_restore(static_cast<const cuda::DeltaNetRestoreLayer*>(dev),
+                                             static_cast<int>(table.size()), reruns > 0 && vec_layers == reruns, n,
+                                             dims, stream_),
+               "DeltaNet restore");
 }
 
 Status CudaBackend::causal_conv1d_silu(const float* x, int64_t n, int64_t channels, const float* w, int64_t kernel,

@@ -78,6 +78,7 @@ class CudaBackend final : public Backend {
   Status gated_delta_net(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t n,
                          const cpu::DeltaNetShape& s, float* state, float* out, float* per_token_states,
                          std::span<const int32_t> parents, bool chunked) override;
+  Status restore_deltanet(std::span<const DeltaNetRestore> layers, int64_t n, const cpu::DeltaNetShape& s) override;
   Status causal_conv1d_silu(const float* x, int64_t n, int64_t channels, const float* w, int64_t kernel,
                             float* conv_state, float* out, std::span<const int32_t> parents) override;
   Status kv_write(const cpu::KvView& kv, int64_t first_pos, const float* k, const float* v, int64_t n) override;
@@ -123,7 +124,7 @@ class CudaBackend final : public Backend {
   // Growing a scratch that recorded steps may use invalidates them (epoch_); `recorded` false is for
   // scratch only used outside recordings.
   Result<void*> reserve(Scratch& s, size_t bytes, bool recorded = true);
-  Result<const void*> stage(Scratch& s, const void* host, size_t bytes);
+  Result<const void*> stage(Scratch& s, const void* host, size_t bytes, bool recorded = true);
 
   // A recorded step: the executable graph, the scratch epoch it was recorded in, and the temporaries it
   // owns (allocated during the capture, kept out of the free lists while it lives).
@@ -191,6 +192,7 @@ class CudaBackend final : public Backend {
   uint64_t peak_live_ = 0;
   Scratch positions_, parents_, chunk_table_, rows_, workspace_, embed_rows_;
   Scratch top_k_;  // top_k_rows: its results, then the kernels' workspace (never used by a recording)
+  Scratch restore_table_;  // restore_deltanet's layer table (never used by a recording)
   // Pinned memory that downloads (up to kStagedDownloadBytes) and top_k_rows' results pass through on their way
   // to the caller's arrays; grown on demand (host_staging).
   static constexpr size_t kStagedDownloadBytes = size_t{8} << 20;

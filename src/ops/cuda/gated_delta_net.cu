@@ -66,20 +66,18 @@ __device__ __forceinline__ void warp_sum(float (&x)[R]) {
     for (int r = 0; r < R; ++r) x[r] += __shfl_xor_sync(0xffffffffu, x[r], off);
 }
 
+// The recurrence over n tokens for a warp's kRecRows rows of V-head h's state (row0 < dv): from `in` (the head's
+// incoming state), into `final` (the head's; not written with parents) and, per token, out and
+// per_token_states (each optional).
 template <int M, bool VEC>
-__global__ void __launch_bounds__(kRecWarps * 32)
-    gdn_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                         const float* __restrict__ g, const float* __restrict__ beta, int64_t n, int hk, int hv,
-                         int dk, int dv, float* state, float* __restrict__ out, float* per_token_states,
-                         const int32_t* __restrict__ parents) {
-  pdl_begin();
-  const int h = blockIdx.x;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row0 = (blockIdx.y * kRecWarps + warp) * kRecRows;
-  if (row0 >= dv) return;  // whole warp; the kernel has no block barrier
+__device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, const float* __restrict__ k,
+                                               const float* __restrict__ v, const float* __restrict__ g,
+                                               const float* __restrict__ beta, int64_t n, int hk, int hv, int dk,
+                                               int dv, int h, int row0, int lane, const float* in, float* final,
+                                               float* __restrict__ out, float* per_token_states,
+                                               const int32_t* __restrict__ parents) {
   const int kh = h % hk;
   const int64_t hs = int64_t(dv) * dk;
-  float* const st = state + h * hs;
 
   float s[kRecRows][M];
   auto load_state = [&](const float* base) {
@@ -99,14 +97,14 @@ __global__ void __launch_bounds__(kRecWarps * 32)
       if (row0 + r < dv) store_row<M, VEC>(base + int64_t(row0 + r) * dk, lane, dk, s[r]);
   };
 
-  load_state(st);
+  load_state(in);
   for (int64_t t = 0; t < n; ++t) {
     if (parents != nullptr) {
       int64_t p = parents[t];
       if (p >= t || p < -1) p = -1;
       // The registers hold the state after token t - 1 (or the incoming state at t = 0). Each thread
       // reads back only elements it wrote itself, so no barrier or fence is needed.
-      if (p != t - 1) load_state(p < 0 ? st : per_token_states + (p * hv + h) * hs);
+      if (p != t - 1) load_state(p < 0 ? in : per_token_states + (p * hv + h) * hs);
     }
     float kr[M], qr[M];
     load_row<M, VEC>(k + (t * hk + kh) * dk, lane, dk, kr);
@@ -141,13 +139,56 @@ __global__ void __launch_bounds__(kRecWarps * 32)
       o[r] = acc;
     }
     warp_sum(o);
-    float* ot = out + (t * hv + h) * dv + row0;
+    if (out != nullptr) {
+      float* ot = out + (t * hv + h) * dv + row0;
 #pragma unroll
-    for (int r = 0; r < kRecRows; ++r)
-      if (lane == r && row0 + r < dv) ot[r] = o[r];
+      for (int r = 0; r < kRecRows; ++r)
+        if (lane == r && row0 + r < dv) ot[r] = o[r];
+    }
     if (per_token_states != nullptr) store_state(per_token_states + (t * hv + h) * hs);
   }
-  if (parents == nullptr) store_state(st);
+  if (parents == nullptr) store_state(final);
+}
+
+template <int M, bool VEC>
+__global__ void __launch_bounds__(kRecWarps * 32)
+    gdn_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                         const float* __restrict__ g, const float* __restrict__ beta, int64_t n, int hk, int hv,
+                         int dk, int dv, float* state, float* __restrict__ out, float* per_token_states,
+                         const int32_t* __restrict__ parents) {
+  pdl_begin();
+  const int h = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row0 = (blockIdx.y * kRecWarps + warp) * kRecRows;
+  if (row0 >= dv) return;  // whole warp; the kernel has no block barrier
+  float* const st = state + h * int64_t(dv) * dk;
+  recurrent_rows<M, VEC>(q, k, v, g, beta, n, hk, hv, dk, dv, h, row0, lane, st, st, out, per_token_states, parents);
+}
+
+// gated_delta_net_restore: blocks (V-head, row tile, layer). A layer's blocks copy its conv window in slices; each
+// warp then restores its rows of the layer's state: re-run from `from` (with inputs) or copied from it.
+template <int M, bool VEC>
+__global__ void __launch_bounds__(kRecWarps * 32)
+    gdn_restore_kernel(const DeltaNetRestoreLayer* __restrict__ layers, int64_t n, int hk, int hv, int dk, int dv) {
+  pdl_begin();
+  const DeltaNetRestoreLayer L = layers[blockIdx.z];
+  const int64_t blocks = int64_t(gridDim.x) * gridDim.y, b = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+  for (int64_t i = b * blockDim.x + threadIdx.x; i < L.conv_elems; i += blocks * blockDim.x)
+    L.conv[i] = L.conv_from[i];
+  const int h = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row0 = (blockIdx.y * kRecWarps + warp) * kRecRows;
+  if (row0 >= dv || L.from == nullptr) return;
+  const int64_t hs = int64_t(dv) * dk;
+  if (L.q != nullptr) {
+    recurrent_rows<M, VEC>(L.q, L.k, L.v, L.g, L.beta, n, hk, hv, dk, dv, h, row0, lane, L.from + h * hs,
+                           L.state + h * hs, nullptr, nullptr, nullptr);
+    return;
+  }
+  for (int r = 0; r < kRecRows && row0 + r < dv; ++r) {
+    const int64_t row = h * hs + int64_t(row0 + r) * dk;
+    for (int c = lane; c < dk; c += 32) L.state[row + c] = L.from[row + c];
+  }
 }
 
 template <int M, bool VEC>
@@ -411,6 +452,39 @@ cudaError_t gated_delta_net_recurrent(const float* q, const float* k, const floa
     launch_recurrent<4, false>(grid, stream, q, k, v, g, beta, n, d, state, out, per_token_states, parents);
   } else {
     launch_recurrent<8, false>(grid, stream, q, k, v, g, beta, n, d, state, out, per_token_states, parents);
+  }
+  return cudaGetLastError();
+}
+
+bool gated_delta_net_restore_vec(const DeltaNetRestoreLayer* layers, int n_layers, const DeltaNetDims& d) {
+  if (d.d_k % 128 != 0) return false;
+  for (int i = 0; i < n_layers; ++i)
+    if (!aligned16(layers[i].state) || !aligned16(layers[i].from) || !aligned16(layers[i].q) || !aligned16(layers[i].k))
+      return false;
+  return true;
+}
+
+cudaError_t gated_delta_net_restore(const DeltaNetRestoreLayer* layers_dev, int n_layers, bool vec, int64_t n,
+                                    const DeltaNetDims& d, cudaStream_t stream) {
+  if (!dims_ok(d) || n < 0 || n_layers < 0 || n_layers > 65535 || (n_layers > 0 && layers_dev == nullptr))
+    return cudaErrorInvalidValue;
+  if (n_layers == 0) return cudaSuccess;
+  if (vec && d.d_k % 128 != 0) return cudaErrorInvalidValue;
+  const dim3 grid(unsigned(d.n_v_heads), unsigned((d.d_v + kRecTileRows - 1) / kRecTileRows), unsigned(n_layers));
+  const dim3 block(kRecWarps * 32);
+  const int hk = int(d.n_k_heads), hv = int(d.n_v_heads), dk = int(d.d_k), dv = int(d.d_v);
+  // The template of gated_delta_net_recurrent for these dims, so that a re-run token sums as the step did.
+  if (vec) {
+    if (dk == 128) launch_pdl(gdn_restore_kernel<4, true>, grid, block, 0, stream, layers_dev, n, hk, hv, dk, dv);
+    else launch_pdl(gdn_restore_kernel<8, true>, grid, block, 0, stream, layers_dev, n, hk, hv, dk, dv);
+  } else if (dk <= 32) {
+    launch_pdl(gdn_restore_kernel<1, false>, grid, block, 0, stream, layers_dev, n, hk, hv, dk, dv);
+  } else if (dk <= 64) {
+    launch_pdl(gdn_restore_kernel<2, false>, grid, block, 0, stream, layers_dev, n, hk, hv, dk, dv);
+  } else if (dk <= 128) {
+    launch_pdl(gdn_restore_kernel<4, false>, grid, block, 0, stream, layers_dev, n, hk, hv, dk, dv);
+  } else {
+    launch_pdl(gdn_restore_kernel<8, false>, grid, block, 0, stream, layers_dev, n, hk, hv, dk, dv);
   }
   return cudaGetLastError();
 }

@@ -42,6 +42,26 @@ cudaError_t gated_delta_net_recurrent(const float* q, const float* k, const floa
                                       float* out, float* per_token_states, const int32_t* parents,
                                       cudaStream_t stream = nullptr);
 
+// One recurrent layer's restore after a rolled-back step (gated_delta_net_restore): its state [Hv, dv, dk] from
+// `from`, either copied (q null) or re-run over the n captured tokens q, k, v, g, beta from it (as
+// gated_delta_net_recurrent would, so bit for bit the states the step computed on the way); `from` null: the state
+// stays. Then conv_elems floats of conv_from into conv (the conv window).
+struct DeltaNetRestoreLayer {
+  float* state;
+  const float* from;
+  const float *q, *k, *v, *g, *beta;
+  float* conv;
+  const float* conv_from;
+  int64_t conv_elems;
+};
+
+// Restores n_layers layers of the same dims in one launch; layers_dev: the table in device memory. vec must be
+// gated_delta_net_restore_vec of the (host) table: the float4 layout the recurrent form takes for those pointers.
+// cudaErrorInvalidValue (nothing launched) on bad dims or counts.
+bool gated_delta_net_restore_vec(const DeltaNetRestoreLayer* layers, int n_layers, const DeltaNetDims& dims);
+cudaError_t gated_delta_net_restore(const DeltaNetRestoreLayer* layers_dev, int n_layers, bool vec, int64_t n,
+                                    const DeltaNetDims& dims, cudaStream_t stream = nullptr);
+
 // Bytes of workspace the chunked form needs to process up to `tokens` tokens in one pass (rounded up to
 // whole chunks). Any workspace of at least gated_delta_net_chunked_workspace_bytes(kDeltaNetChunk, dims)
 // works: longer inputs are then processed in several passes (segments of whole chunks).

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -202,6 +203,58 @@ TEST(CudaGatedDeltaNet, RecurrentStepByStepEqualsOneCall) {
   DF_ASSERT_CUDA(cudaDeviceSynchronize());
   EXPECT_EQ(out_one.host(), out_step.host());
   EXPECT_EQ(st_one.host(), st_step.host());
+}
+
+// The batched restore after a rolled-back step (gated_delta_net_restore) in one launch over three layers of each
+// shape: a re-run of the first `keep` tokens from a kept state equals the recurrent form's call over them bit for
+// bit (the states a verify step computes on the way); a copied state equals its source; a layer without one keeps
+// its state; every layer's conv window is copied.
+TEST(CudaGatedDeltaNet, RestoreEqualsRecurrentBitForBit) {
+  if (!cuda_device_present()) DF_SKIP_LOUDLY("no CUDA device");
+  SeededRng s;
+  for (const cpu::DeltaNetShape& sh : kShapes) {
+    const int64_t n = 5, keep = 3, hs = sh.n_v_heads * sh.d_v * sh.d_k, conv_elems = 3 * 37 + 1;
+    const std::string what = describe(sh, keep, -3.0f);
+    const Inputs in = make_inputs(s.rng, sh, n, -3.0f);
+    const DeviceInputs d(in);
+    DF_ASSERT_CUDA(d.error());
+    const std::vector<float> other = normal_vec(s.rng, hs), untouched = normal_vec(s.rng, hs);
+    DevArray<float> from(in.state), copied_from(other), want_state(in.state), out(n * sh.n_v_heads * sh.d_v);
+    DevArray<float> rerun(std::vector<float>(hs, kNanPoison)), copied(std::vector<float>(hs, kNanPoison));
+    DevArray<float> kept(untouched);
+    std::vector<std::vector<float>> conv_src;
+    std::vector<std::unique_ptr<DevArray<float>>> conv_from, conv;
+    for (int l = 0; l < 3; ++l) {
+      conv_src.push_back(normal_vec(s.rng, conv_elems));
+      conv_from.push_back(std::make_unique<DevArray<float>>(conv_src.back()));
+      conv.push_back(std::make_unique<DevArray<float>>(std::vector<float>(conv_elems, kNanPoison)));
+    }
+    ASSERT_TRUE(cuda::run_gated_delta_net_recurrent(d.q.get(), d.k.get(), d.v.get(), d.g.get(), d.beta.get(), keep,
+                                                    dims_of(sh), want_state.get(), out.get(), nullptr, nullptr)
+                    .ok());
+    std::vector<cuda::DeltaNetRestoreLayer> table = {
+        {rerun.get(), from.get(), d.q.get(), d.k.get(), d.v.get(), d.g.get(), d.beta.get(), conv[0]->get(),
+         conv_from[0]->get(), conv_elems},
+        {copied.get(), copied_from.get(), nullptr, nullptr, nullptr, nullptr, nullptr, conv[1]->get(),
+         conv_from[1]->get(), conv_elems},
+        {kept.get(), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, conv[2]->get(), conv_from[2]->get(),
+         conv_elems}};
+    static_assert(sizeof(cuda::DeltaNetRestoreLayer) % sizeof(float) == 0);
+    std::vector<float> words(table.size() * sizeof(table[0]) / sizeof(float));  // the table's bytes, uploaded
+    std::memcpy(words.data(), table.data(), words.size() * sizeof(float));
+    DevArray<float> dev_table(words);
+    const bool vec = cuda::gated_delta_net_restore_vec(table.data(), 1, dims_of(sh));
+    EXPECT_EQ(vec, sh.d_k % 128 == 0) << what;
+    DF_ASSERT_CUDA(cuda::gated_delta_net_restore(reinterpret_cast<const cuda::DeltaNetRestoreLayer*>(dev_table.get()),
+                                                 3, vec, keep, dims_of(sh)));
+    DF_ASSERT_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(rerun.host(), want_state.host()) << what;
+    EXPECT_EQ(copied.host(), other) << what;
+    EXPECT_EQ(kept.host(), untouched) << what;
+    for (int l = 0; l < 3; ++l) EXPECT_EQ(conv[l]->host(), conv_src[l]) << what << " layer " << l;
+  }
+  EXPECT_EQ(cuda::gated_delta_net_restore(nullptr, 2, false, 1, dims_of(kShapes[0])), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::gated_delta_net_restore(nullptr, 0, false, 1, dims_of(kShapes[0])), cudaSuccess);
 }
 
 TEST(CudaGatedDeltaNet, TreeMatchesCpu) {

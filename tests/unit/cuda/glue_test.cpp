@@ -25,7 +25,11 @@ template <typename T>
 struct Dev {
   T* p = nullptr;
   size_t n = 0;
-  explicit Dev(size_t count) : n(count) { EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)), cudaSuccess); }
+  // Zeroed: an element no kernel writes compares equal between two arrays (not whatever the allocator left).
+  explicit Dev(size_t count) : n(count) {
+    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(p, 0, std::max<size_t>(1, n) * sizeof(T)), cudaSuccess);
+  }
   ~Dev() { cudaFree(p); }
   void put(const std::vector<T>& h) { ASSERT_EQ(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess); }
   std::vector<T> get() const {
