@@ -351,7 +351,7 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
   double spec_s = 0;
   for (int rep = 0; rep < 2; ++rep) {
     SequenceState st(s, runner.state_layout());
-    FeatureRing ring(draft->feature_width(), spec.feature_window);
+    FeatureRing ring = feature_ring_for(*draft, runner, spec.feature_window);
     DFlashDraft::Context ctx(*draft);
     DF_ASSIGN_OR_RETURN(StepOutput o,
                         forward_capturing(runner, st, ring, draft->capture_layers(), prompt, runner.prefill_chunk()));
@@ -376,7 +376,7 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
     DF_ASSIGN_OR_RETURN(std::unique_ptr<DFlashDraft> prof_draft,
                         DFlashDraft::create(draft->weights(), model.weights(), prof));
     SequenceState st(s, runner.state_layout());
-    FeatureRing ring(draft->feature_width(), spec.feature_window);
+    FeatureRing ring = feature_ring_for(*prof_draft, runner, spec.feature_window);
     DFlashDraft::Context ctx(*prof_draft);
     DF_ASSIGN_OR_RETURN(StepOutput o,
                         forward_capturing(runner, st, ring, draft->capture_layers(), prompt, runner.prefill_chunk()));

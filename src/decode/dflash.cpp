@@ -71,11 +71,17 @@ Result<DraftTopK> DFlashDraft::propose(Context& ctx, const FeatureRing& ring, in
   Backend& be = *be_;
   const int64_t s_pos = ring.end();
   const int64_t n_new = s_pos - ctx.end_;
-  DF_ASSIGN_OR_RETURN(std::vector<float> feats, ring.rows_from(ctx.end_));
-  DF_ASSIGN_OR_RETURN(Buffer f, be.alloc(n_new * feature_width()));
   DF_ASSIGN_OR_RETURN(Buffer c, be.alloc(n_new * H));
   if (n_new > 0) {
-    DF_RETURN_IF_ERROR(be.upload(f.data(), feats.data(), n_new * feature_width()));
+    // The new rows in this backend's memory: a device ring's where the draft computes (no host hop), else uploaded.
+    Buffer f;
+    if (ring.device() != nullptr && ring.device()->memory_owner() == be.memory_owner()) {
+      DF_ASSIGN_OR_RETURN(f, ring.device_rows_from(ctx.end_));
+    } else {
+      DF_ASSIGN_OR_RETURN(std::vector<float> feats, ring.rows_from(ctx.end_));
+      DF_ASSIGN_OR_RETURN(f, be.alloc(n_new * feature_width()));
+      DF_RETURN_IF_ERROR(be.upload(f.data(), feats.data(), n_new * feature_width()));
+    }
     DF_RETURN_IF_ERROR(draft_context(draft_, f.data(), n_new, c.data(), be));
   }
   std::vector<int32_t> block(static_cast<size_t>(B), mask_);
@@ -102,7 +108,15 @@ Result<std::span<const float>> NodeLogits::row() {
   return std::span<const float>(host_);
 }
 
-Status append_features(FeatureRing& ring, int64_t first_pos, const StepOutput& out, int64_t n) {
+Status append_features(FeatureRing& ring, int64_t first_pos, const StepOutput& out, int64_t n,
+                       std::span<const int64_t> pick) {
+  if (!out.device_features.empty()) {
+    if (ring.device() == nullptr) return internal_error("device features for a feature ring on the host");
+    std::vector<const float*> layers;
+    for (const Buffer& f : out.device_features) layers.push_back(f.data());
+    return ring.append_layers(first_pos, layers, n, pick);
+  }
+  if (!pick.empty()) return internal_error("host features are appended whole");
   if (out.features.empty()) return internal_error("the step captured no features");
   const auto m = static_cast<int64_t>(out.features.size());
   const int64_t H = ring.width() / m;
@@ -117,6 +131,13 @@ Status append_features(FeatureRing& ring, int64_t first_pos, const StepOutput& o
   return ring.append(first_pos, rows);
 }
 
+FeatureRing feature_ring_for(const DFlashDraft& draft, const Runner& target, int64_t window) {
+  Backend& be = draft.backend();
+  const bool on_device = be.device_memory() && target.shards().size() == 1 &&
+                         target.shards().front().backend->memory_owner() == be.memory_owner();
+  return FeatureRing(draft.feature_width(), window, feature_tag(draft.capture_layers()), on_device ? &be : nullptr);
+}
+
 Result<StepOutput> forward_capturing(Runner& target, SequenceState& state, FeatureRing& ring,
                                      std::span<const int64_t> capture_layers, std::span<const int32_t> tokens,
                                      int64_t chunk) {
@@ -128,6 +149,7 @@ Result<StepOutput> forward_capturing(Runner& target, SequenceState& state, Featu
     Step step;
     step.tokens = tokens.subspan(off, std::min(len, tokens.size() - off));
     step.capture_layers = capture_layers;
+    step.features_on_device = ring.device() != nullptr;
     const int64_t pos = state.n_past();
     DF_ASSIGN_OR_RETURN(out, target.forward(state, step));
     DF_RETURN_IF_ERROR(append_features(ring, pos, out, static_cast<int64_t>(step.tokens.size())));
@@ -205,6 +227,7 @@ Result<SpecStepResult> verify_tree(Runner& target, SequenceState& state, Feature
   step.logits_on_device = true;
   step.capture_recurrent = true;
   step.capture_layers = capture_layers;
+  step.features_on_device = ring.device() != nullptr;
   if (!is_chain) {
     step.positions = positions;
     step.mask = cpu::MaskKind::kTree;
@@ -240,7 +263,12 @@ Result<SpecStepResult> verify_tree(Runner& target, SequenceState& state, Feature
     DF_RETURN_IF_ERROR(append_features(ring, s, out, keep));
   } else {
     DF_RETURN_IF_ERROR(state.commit_tree(tree.parents, path));
-    DF_RETURN_IF_ERROR(append_features(ring, s, gather_features(out, path, H), keep));
+    if (out.device_features.empty()) {
+      DF_RETURN_IF_ERROR(append_features(ring, s, gather_features(out, path, H), keep));
+    } else {
+      const std::vector<int64_t> rows(path.begin(), path.end());
+      DF_RETURN_IF_ERROR(append_features(ring, s, out, keep, rows));
+    }
   }
   if (stats != nullptr) {
     ++stats->steps;

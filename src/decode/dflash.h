@@ -120,8 +120,15 @@ struct SpecStepResult {
   bool stopped = false;
 };
 
-// Target features of a step's tokens appended to the ring (rows [n, m * H] from the capture layers' outputs).
-Status append_features(FeatureRing& ring, int64_t first_pos, const StepOutput& out, int64_t n);
+// Target features of a step's tokens appended to the ring (rows [n, m * H] from the capture layers' outputs: the
+// step's device_features for a device ring, else its downloaded features); pick (device features only): the step's
+// rows to append, in order (a tree's accepted path), instead of its first n.
+Status append_features(FeatureRing& ring, int64_t first_pos, const StepOutput& out, int64_t n,
+                       std::span<const int64_t> pick = {});
+// The feature ring of a sequence drafting with `draft` for `target` (`window` rows, feature_tag of its capture
+// layers): in the draft's device memory where the target runs there too on one device (features never cross
+// the bus), else on the host.
+FeatureRing feature_ring_for(const DFlashDraft& draft, const Runner& target, int64_t window);
 
 // Plain causal target steps over `tokens` after the state (prefill chunks of at most `chunk` tokens, or a decode
 // step) whose capture layers' outputs go to `ring`: what keeps the ring at the sequence's end outside

@@ -69,6 +69,22 @@ Status ProfilingBackend::copy(float* dst, const float* src, int64_t n) {
   return timed("copy", 2 * kF * n, [&] { return inner_.copy(dst, src, n); });
 }
 
+Status ProfilingBackend::copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t cols,
+                                   int64_t rows) {
+  return timed("copy", 2 * kF * cols * rows,
+               [&] { return inner_.copy_rows(dst, dst_stride, src, src_stride, cols, rows); });
+}
+
+Status ProfilingBackend::restore_deltanet(std::span<const DeltaNetRestore> layers, int64_t n,
+                                          const cpu::DeltaNetShape& s) {
+  const double st = kF * s.n_v_heads * s.d_k * s.d_v;
+  double bytes = 0;
+  for (const DeltaNetRestore& l : layers)
+    bytes += (l.from != nullptr ? 2 * st : 0.0) + 2 * kF * l.conv_elems +
+             (l.q != nullptr ? kF * n * (2.0 * s.n_k_heads * s.d_k + s.n_v_heads * s.d_v + 2.0 * s.n_v_heads) : 0.0);
+  return timed("restore_deltanet", bytes, [&] { return inner_.restore_deltanet(layers, n, s); });
+}
+
 Status ProfilingBackend::matmul(const cpu::WeightView& w, const float* x, int64_t n, float* y) {
   const double bytes = weight_read_bytes(inner_, w) + kF * n * static_cast<double>(w.rows + w.cols);
   return timed(w.type == DType::kF32 ? "matmul f32" : "matmul", bytes, [&] { return inner_.matmul(w, x, n, y); });

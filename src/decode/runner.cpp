@@ -113,10 +113,14 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
     out.logits.resize(static_cast<size_t>(out.rows * s.vocab));
     DF_RETURN_IF_ERROR(be.download(out.logits.data(), logits.data(), out.rows * s.vocab));
   }
-  for (size_t c = 0; c < feature_bufs.size(); ++c) {
-    out.features.emplace_back(static_cast<size_t>(n * s.hidden));
-    DF_RETURN_IF_ERROR(shard_of(step.capture_layers[c])
-                           .backend->download(out.features.back().data(), feature_bufs[c].data(), n * s.hidden));
+  if (step.features_on_device) {
+    out.device_features = std::move(feature_bufs);
+  } else {
+    for (size_t c = 0; c < feature_bufs.size(); ++c) {
+      out.features.emplace_back(static_cast<size_t>(n * s.hidden));
+      DF_RETURN_IF_ERROR(shard_of(step.capture_layers[c])
+                             .backend->download(out.features.back().data(), feature_bufs[c].data(), n * s.hidden));
+    }
   }
   if (step.mask != cpu::MaskKind::kTree) state.set_n_past(state.n_past() + n);
   return out;
@@ -286,9 +290,15 @@ Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& ste
   out.logits.resize(static_cast<size_t>(s.vocab));
   DF_RETURN_IF_ERROR(be.download(out.logits.data(), rec.logits.data(), s.vocab));
   for (size_t c = 0; c < rec.features.size(); ++c) {
-    out.features.emplace_back(static_cast<size_t>(s.hidden));
-    DF_RETURN_IF_ERROR(shard_of(rec.capture_layers[c])
-                           .backend->download(out.features.back().data(), rec.features[c].data(), s.hidden));
+    Backend& fb = *shard_of(rec.capture_layers[c]).backend;
+    if (step.features_on_device) {  // a copy: the recording overwrites its own buffers next replay
+      DF_ASSIGN_OR_RETURN(Buffer f, fb.alloc(s.hidden));
+      DF_RETURN_IF_ERROR(fb.copy(f.data(), rec.features[c].data(), s.hidden));
+      out.device_features.push_back(std::move(f));
+    } else {
+      out.features.emplace_back(static_cast<size_t>(s.hidden));
+      DF_RETURN_IF_ERROR(fb.download(out.features.back().data(), rec.features[c].data(), s.hidden));
+    }
   }
   state.set_n_past(pos + 1);
   *used = true;

@@ -28,6 +28,9 @@ struct Step {
   bool capture_recurrent = false;      // keep per-token DeltaNet states: SequenceState::rollback_captured
   std::span<const int64_t> capture_layers;  // layers whose outputs to return (DFlash features)
   bool logits_on_device = false;  // leave the logits in the backend's memory (StepOutput::device_logits)
+  // Leave the captured layers' outputs in their backends' memory (StepOutput::device_features) instead of
+  // downloading them (StepOutput::features).
+  bool features_on_device = false;
 };
 
 struct StepOutput {
@@ -35,6 +38,7 @@ struct StepOutput {
   Buffer device_logits;       // [rows, V] in the backend's memory, when Step::logits_on_device
   int64_t rows = 0;
   std::vector<std::vector<float>> features;  // per capture layer: [n, H]
+  std::vector<Buffer> device_features;       // the same, each in its layer's backend memory (features_on_device)
 };
 
 // One shard of a placement: layers [layer_begin, layer_end) of `weights`, computed by `backend` (the weights'

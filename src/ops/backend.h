@@ -65,6 +65,15 @@ class Backend {
   virtual Status upload(float* dst, const float* host_src, int64_t n) = 0;
   virtual Status download(float* host_dst, const float* src, int64_t n) = 0;
   virtual Status copy(float* dst, const float* src, int64_t n) = 0;
+  // rows x cols floats between strided layouts in this backend's memory: row r of src at src + r * src_stride
+  // into dst + r * dst_stride (strides >= cols). A device backend does it as one 2D copy.
+  virtual Status copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t cols,
+                           int64_t rows) {
+    if (rows < 0 || cols < 0 || dst_stride < cols || src_stride < cols)
+      return invalid_argument("copy_rows: {} rows of {} with strides {} and {}", rows, cols, dst_stride, src_stride);
+    for (int64_t r = 0; r < rows; ++r) DF_RETURN_IF_ERROR(copy(dst + r * dst_stride, src + r * src_stride, cols));
+    return Status();
+  }
   // A weight's bytes in this backend's memory (Weights::to_backend): weight_bytes() of them, written by
   // pack_weight() into host memory and then uploaded. A device backend may keep a type in a form of its own
   // (CUDA: q6_K, q8_0 and q4_0 rows with aligned blocks, ops/cuda/weight_form.h); the default is the stored

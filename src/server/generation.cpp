@@ -178,7 +178,7 @@ Status Generation::start(SequenceState& state) {
   if (engine_.draft != nullptr && draft_ == nullptr) {
     DF_ASSIGN_OR_RETURN(draft_, engine_.draft->acquire());
     draft_ctx_ = std::make_unique<DFlashDraft::Context>(*draft_);
-    ring_.emplace(draft_->feature_width(), engine_.spec.feature_window, feature_tag(draft_->capture_layers()));
+    ring_.emplace(feature_ring_for(*draft_, *engine_.runner, engine_.spec.feature_window));
     res_.speculative = true;
   }
   if ((engine_.prefix_cache != nullptr && engine_.prefix_cache->enabled()) || engine_.disk_cache != nullptr)

@@ -13,22 +13,102 @@ uint32_t feature_tag(std::span<const int64_t> layers) {
   return h & 0xFFFFFFu;
 }
 
+FeatureRing::FeatureRing(const FeatureRing& o)
+    : width_(o.width_), capacity_(o.capacity_), tag_(o.tag_), device_(o.device_), rows_(o.rows_), count_(o.count_),
+      end_(o.end_) {
+  if (device_ == nullptr || o.dev_.data() == nullptr) return;
+  auto buf = device_->alloc(capacity_ * width_);
+  if (buf.ok() && device_->copy(buf->data(), o.dev_.data(), capacity_ * width_).ok()) {
+    dev_ = std::move(buf).value();
+  } else {
+    clear(end_);
+  }
+}
+
+FeatureRing& FeatureRing::operator=(const FeatureRing& o) {
+  if (this != &o) *this = FeatureRing(o);
+  return *this;
+}
+
 Status FeatureRing::append(int64_t pos, std::span<const float> rows) {
   if (width_ <= 0) return internal_error("a feature ring of width {}", width_);
   if (rows.size() % static_cast<size_t>(width_) != 0)
     return invalid_argument("{} feature values are not whole rows of {}", rows.size(), width_);
-  if (pos != end_ && !rows_.empty())
+  if (pos != end_ && count_ > 0)
     return internal_error("feature rows for position {} do not follow the ring's end {}", pos, end_);
   const auto n = static_cast<int64_t>(rows.size()) / width_;
   // Only the newest capacity_ rows of this block can survive.
   const int64_t skip = std::max<int64_t>(0, n - capacity_);
+  if (device_ != nullptr) {
+    DF_RETURN_IF_ERROR(place(pos + skip, n - skip));
+    int64_t r = skip;
+    for (const Run& run : runs(pos + skip, n - skip)) {
+      DF_RETURN_IF_ERROR(device_->upload(dev_.data() + run.slot * width_, rows.data() + r * width_, run.rows * width_));
+      r += run.rows;
+    }
+    return Status();
+  }
   if (skip > 0) rows_.clear();
   for (int64_t r = skip; r < n; ++r) {
     const float* p = rows.data() + r * width_;
     rows_.emplace_back(p, p + width_);
     if (static_cast<int64_t>(rows_.size()) > capacity_) rows_.pop_front();
   }
+  count_ = static_cast<int64_t>(rows_.size());
   end_ = pos + n;
+  return Status();
+}
+
+std::vector<FeatureRing::Run> FeatureRing::runs(int64_t p, int64_t n) const {
+  std::vector<Run> out;
+  while (n > 0) {
+    const int64_t slot = p % capacity_, len = std::min(n, capacity_ - slot);
+    out.push_back({slot, len});
+    p += len, n -= len;
+  }
+  return out;
+}
+
+Status FeatureRing::place(int64_t pos, int64_t n) {
+  if (dev_.data() == nullptr) {
+    DF_ASSIGN_OR_RETURN(dev_, device_->alloc(capacity_ * width_));
+  }
+  if (count_ == 0) end_ = pos;
+  // Rows [pos, pos + n) follow end_; the window keeps the newest capacity_ of [first, pos + n).
+  count_ = std::min(capacity_, count_ + n);
+  end_ = pos + n;
+  return Status();
+}
+
+Status FeatureRing::append_layers(int64_t pos, std::span<const float* const> layers, int64_t n,
+                                  std::span<const int64_t> pick) {
+  if (device_ == nullptr) return internal_error("device feature rows for a ring on the host");
+  const auto m = static_cast<int64_t>(layers.size());
+  if (m < 1 || width_ % m != 0) return internal_error("{} capture layers for feature rows of {}", m, width_);
+  if (!pick.empty()) n = static_cast<int64_t>(pick.size());
+  if (n < 0) return invalid_argument("{} feature rows", n);
+  if (pos != end_ && count_ > 0)
+    return internal_error("feature rows for position {} do not follow the ring's end {}", pos, end_);
+  const int64_t H = width_ / m, skip = std::max<int64_t>(0, n - capacity_);
+  // Picked rows (a tree's accepted path) gathered first, so that each layer is one strided copy a run.
+  std::vector<Buffer> gathered;
+  std::vector<const float*> src(layers.begin(), layers.end());
+  if (!pick.empty()) {
+    for (int64_t c = 0; c < m; ++c) {
+      DF_ASSIGN_OR_RETURN(Buffer g, device_->alloc(n * H));
+      DF_RETURN_IF_ERROR(device_->gather_rows(layers[static_cast<size_t>(c)], H, pick, g.data()));
+      src[static_cast<size_t>(c)] = g.data();
+      gathered.push_back(std::move(g));
+    }
+  }
+  DF_RETURN_IF_ERROR(place(pos + skip, n - skip));
+  int64_t r = skip;
+  for (const Run& run : runs(pos + skip, n - skip)) {
+    for (int64_t c = 0; c < m; ++c)
+      DF_RETURN_IF_ERROR(device_->copy_rows(dev_.data() + run.slot * width_ + c * H, width_,
+                                            src[static_cast<size_t>(c)] + r * H, H, H, run.rows));
+    r += run.rows;
+  }
   return Status();
 }
 
@@ -36,19 +116,44 @@ Result<std::vector<float>> FeatureRing::rows_from(int64_t from) const {
   if (from < first() || from > end_)
     return internal_error("feature rows from {} asked of a ring holding [{}, {})", from, first(), end_);
   std::vector<float> out;
+  if (device_ != nullptr) {
+    out.resize(static_cast<size_t>((end_ - from) * width_));
+    int64_t r = 0;
+    for (const Run& run : runs(from, end_ - from)) {
+      DF_RETURN_IF_ERROR(
+          device_->download(out.data() + r * width_, dev_.data() + run.slot * width_, run.rows * width_));
+      r += run.rows;
+    }
+    return out;
+  }
   out.reserve(static_cast<size_t>((end_ - from) * width_));
   for (size_t i = static_cast<size_t>(from - first()); i < rows_.size(); ++i)
     out.insert(out.end(), rows_[i].begin(), rows_[i].end());
   return out;
 }
 
+Result<Buffer> FeatureRing::device_rows_from(int64_t from) const {
+  if (device_ == nullptr) return internal_error("device feature rows asked of a ring on the host");
+  if (from < first() || from > end_)
+    return internal_error("feature rows from {} asked of a ring holding [{}, {})", from, first(), end_);
+  DF_ASSIGN_OR_RETURN(Buffer out, device_->alloc((end_ - from) * width_));
+  int64_t r = 0;
+  for (const Run& run : runs(from, end_ - from)) {
+    DF_RETURN_IF_ERROR(device_->copy(out.data() + r * width_, dev_.data() + run.slot * width_, run.rows * width_));
+    r += run.rows;
+  }
+  return out;
+}
+
 void FeatureRing::export_to(Snapshot& snap) const {
-  const auto n = static_cast<int64_t>(rows_.size());
+  int64_t n = count_;
+  auto rows = rows_from(first());
+  if (!rows.ok()) n = 0;  // a device that cannot hand its rows back: the snapshot carries none
   SnapshotTensor meta{"dflash_feature_meta", {4},
-                      {static_cast<float>(first()), static_cast<float>(n), static_cast<float>(width_), static_cast<float>(tag_)}};
+                      {static_cast<float>(first() + count_ - n), static_cast<float>(n), static_cast<float>(width_),
+                       static_cast<float>(tag_)}};
   SnapshotTensor data{"dflash_feature_data", {n, width_}, {}};
-  data.data.reserve(static_cast<size_t>(n * width_));
-  for (const auto& r : rows_) data.data.insert(data.data.end(), r.begin(), r.end());
+  if (n > 0) data.data = std::move(rows).value();
   snap.tensors.push_back(std::move(meta));
   snap.tensors.push_back(std::move(data));
 }

@@ -1,7 +1,9 @@
 // FeatureRing: the DFlash target features of a sequence's last committed positions (algorithms.md A.2):
 // per position t, f_t = [h_t^{l1}; ...; h_t^{lm}] (the outputs of the draft's capture layers, [m * H]
-// float32), kept on the host for the newest `capacity` positions. The draft reads the rows it has not yet
-// turned into its context K/V; a snapshot carries the window so a restored sequence keeps drafting.
+// float32), kept for the newest `capacity` positions: on the host, or in a device backend's memory where the
+// target and the draft both compute (the rows then never cross the bus: a 4096-token window of a Qwen3-8B's five
+// capture layers is 335 MB). The draft reads the rows it has not yet turned into its context K/V; a snapshot
+// carries the window so a restored sequence keeps drafting.
 #pragma once
 
 #include <cstdint>
@@ -22,23 +24,44 @@ class FeatureRing {
   // Rows of `width` floats (m * H); the newest `capacity` positions are kept (>= 1). `tag` names what the
   // rows are (which target layers: feature_tag), so a snapshot's window is only taken by the same kind of
   // draft.
-  FeatureRing(int64_t width, int64_t capacity, uint32_t tag = 0)
-      : width_(width), capacity_(capacity < 1 ? 1 : capacity), tag_(tag & 0xFFFFFFu) {}
+  // `device`: keep the rows in that backend's memory (a circular buffer of capacity rows, allocated with the
+  // first rows); null: on the host.
+  FeatureRing(int64_t width, int64_t capacity, uint32_t tag = 0, Backend* device = nullptr)
+      : width_(width), capacity_(capacity < 1 ? 1 : capacity), tag_(tag & 0xFFFFFFu), device_(device) {}
+
+  // A copy holds its own rows (a device ring's in a buffer of its own; should that allocation fail, the copy is
+  // empty at end(): a draft then starts its context afresh there).
+  FeatureRing(const FeatureRing& o);
+  FeatureRing& operator=(const FeatureRing& o);
+  FeatureRing(FeatureRing&&) noexcept = default;
+  FeatureRing& operator=(FeatureRing&&) noexcept = default;
 
   int64_t width() const { return width_; }
   int64_t capacity() const { return capacity_; }
+  Backend* device() const { return device_; }
   // Positions held: [first(), end()).
-  int64_t first() const { return end_ - static_cast<int64_t>(rows_.size()); }
+  int64_t first() const { return end_ - count_; }
   int64_t end() const { return end_; }
-  bool empty() const { return rows_.empty(); }
+  bool empty() const { return count_ == 0; }
 
-  // Appends rows for positions [pos, pos + n) where n = rows.size() / width(). `pos` must be end() (the
-  // next position), or anything when the ring is empty. Older rows beyond the capacity are dropped.
+  // Appends rows for positions [pos, pos + n) where n = rows.size() / width() (host memory). `pos` must be end()
+  // (the next position), or anything when the ring is empty. Older rows beyond the capacity are dropped.
   Status append(int64_t pos, std::span<const float> rows);
-  // Rows of positions [from, end()) as one [n, width] block; `from` must be within [first(), end()].
+  // The same from a step's captures in the device's memory (device rings only): layers[c] holds capture layer
+  // c's outputs [*, width / m] (m = layers.size()); row r of the block is their row pick[r] (all of pick's
+  // entries, in order), or r for r < n when pick is empty.
+  Status append_layers(int64_t pos, std::span<const float* const> layers, int64_t n,
+                       std::span<const int64_t> pick = {});
+  // Rows of positions [from, end()) as one [n, width] block on the host; `from` must be within [first(), end()].
   Result<std::vector<float>> rows_from(int64_t from) const;
+  // The same block in the device's memory (device rings only).
+  Result<Buffer> device_rows_from(int64_t from) const;
   // Empties the ring; the next rows are those of position `pos`.
-  void clear(int64_t pos = 0) { rows_.clear(); end_ = pos; }
+  void clear(int64_t pos = 0) {
+    rows_.clear();
+    count_ = 0;
+    end_ = pos;
+  }
 
   // Snapshot tensors: "dflash_feature_meta" [4] = {first, n, width, tag} and "dflash_feature_data" [n, width].
   void export_to(Snapshot& snap) const;
@@ -48,10 +71,20 @@ class FeatureRing {
   bool import_from(const Snapshot& snap);
 
  private:
+  // Device rings: the slots of positions [p, p + n) as at most two runs (slot, rows) of the circular buffer.
+  struct Run {
+    int64_t slot, rows;
+  };
+  std::vector<Run> runs(int64_t p, int64_t n) const;
+  // Device rings: advances the window over [pos, pos + n) (n <= capacity), the buffer allocated first.
+  Status place(int64_t pos, int64_t n);
+
   int64_t width_, capacity_;
   uint32_t tag_;
-  std::deque<std::vector<float>> rows_;
-  int64_t end_ = 0;
+  Backend* device_ = nullptr;
+  std::deque<std::vector<float>> rows_;  // host rings
+  Buffer dev_;                           // device rings: [capacity, width], position p at slot p % capacity
+  int64_t count_ = 0, end_ = 0;
 };
 
 }  // namespace dflash

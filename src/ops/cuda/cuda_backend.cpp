@@ -441,6 +441,20 @@ Status CudaBackend::copy(float* dst, const float* src, int64_t n) {
                "device copy");
 }
 
+Status CudaBackend::copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t cols,
+                              int64_t rows) {
+  activate();
+  forget_q8();
+  if (rows < 0 || cols < 0 || dst_stride < cols || src_stride < cols)
+    return invalid_argument("copy_rows: {} rows of {} with strides {} and {}", rows, cols, dst_stride, src_stride);
+  if (rows == 0 || cols == 0) return Status();
+  constexpr size_t f = sizeof(float);
+  return check(cudaMemcpy2DAsync(dst, f * static_cast<size_t>(dst_stride), src, f * static_cast<size_t>(src_stride),
+                                 f * static_cast<size_t>(cols), static_cast<size_t>(rows), cudaMemcpyDeviceToDevice,
+                                 stream_),
+               "device 2D copy");
+}
+
 // Decode and verify steps (n <= 16) run the GEMV kernels: the integer-dot path for the common block
 // types, f32 for the rest (bf16/f16 weights: one token only). Longer steps (prefill) run the bf16 tensor-core GEMM (both inputs rounded to
 // bf16, f32 accumulation: the precision HF transformers runs bf16 checkpoints at), or, with

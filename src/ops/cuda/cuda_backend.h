@@ -62,6 +62,8 @@ class CudaBackend final : public Backend {
   Status upload(float* dst, const float* src, int64_t n) override;
   Status download(float* dst, const float* src, int64_t n) override;
   Status copy(float* dst, const float* src, int64_t n) override;
+  Status copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t cols,
+                   int64_t rows) override;
   // Weights in the kernels' device form (ops/cuda/weight_form.h: q6_K, q8_0 and q4_0 rows with aligned blocks).
   Result<uint64_t> weight_bytes(const cpu::WeightView& w) const override;
   Status pack_weight(const cpu::WeightView& w, void* dst) const override;

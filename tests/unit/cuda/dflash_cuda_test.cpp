@@ -229,9 +229,13 @@ void CudaDFlash::speculative_greedy_equals_plain_greedy() {
       plain.push_back(t);
     }
   }
+  // A ring on the host, and the device ring the server and bench take (features never leave the GPU).
+  for (const bool on_device : {false, true})
   for (bool ddtree : {false, true}) {
     SequenceState st(target_.dev->spec(), *be_);
-    FeatureRing ring(gpu_draft_->feature_width(), 4096);
+    FeatureRing ring = on_device ? feature_ring_for(*gpu_draft_, *gpu_, 4096)
+                                 : FeatureRing(gpu_draft_->feature_width(), 4096);
+    ASSERT_EQ(ring.device() != nullptr, on_device);
     const std::vector<float> l = prefill(*gpu_, st, ring, prompt_);
     std::vector<int32_t> got = {argmax(l)};
     DFlashDraft::Context ctx(*gpu_draft_);
@@ -249,7 +253,7 @@ void CudaDFlash::speculative_greedy_equals_plain_greedy() {
     std::printf("%s: %lld steps, drafted %lld, accepted %lld\n", ddtree ? "ddtree" : "chain",
                 static_cast<long long>(stats.steps), static_cast<long long>(stats.drafted),
                 static_cast<long long>(stats.accepted));
-    EXPECT_EQ(got, plain) << (ddtree ? "ddtree" : "chain");
+    EXPECT_EQ(got, plain) << (ddtree ? "ddtree" : "chain") << (on_device ? ", device ring" : ", host ring");
   }
 }
 

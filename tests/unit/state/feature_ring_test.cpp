@@ -5,6 +5,8 @@
 // lists apart. Rows hold fresh random values each run (the seed is printed on failure).
 #include "state/feature_ring.h"
 
+#include "ops/backend.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -340,6 +342,89 @@ TEST(FeatureTag, tells_layer_lists_apart_and_fits_24_bits) {
   FeatureRing same(2, 4, 0x123456u);
   EXPECT_TRUE(same.import_from(s));
   EXPECT_EQ(same.end(), 2);
+}
+
+// A ring in a backend's memory (here the CPU backend's, as a device ring lives in a GPU's) against a host ring
+// fed the same rows: random appends of 0..9 rows (whole blocks, or the per-layer captures of a step with and
+// without a picked subset of its rows) wrap the circular buffer many times; after each, every suffix reads the
+// same on the host and in the backend's memory. Copies hold their own rows; the snapshot round trip works.
+TEST_F(FeatureRingTest, a_ring_in_backend_memory_holds_what_a_host_ring_holds) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  CpuBackend be(1);
+  const int64_t m = 3, H = 4, W = m * H, cap = 7;
+  FeatureRing host(W, cap, 0x42), dev(W, cap, 0x42, &be);
+  EXPECT_EQ(dev.device(), &be);
+  EXPECT_EQ(host.device(), nullptr);
+  int64_t end = 5;
+  std::uniform_int_distribution<int> count(0, 9), kind(0, 2);
+  for (int step = 0; step < 60; ++step) {
+    const int64_t n = count(rng_);
+    const int k = kind(rng_);
+    std::vector<float> block;  // the [n, W] rows the host ring gets
+    if (k == 0) {
+      block = rows(n, W);
+      ASSERT_TRUE(dev.append(end, block).ok());
+    } else {
+      // A step's captures: layer c [steps, H]; rows appended are `pick` (k == 2) or the first n.
+      const int64_t steps = n + 3;
+      std::vector<std::vector<float>> layers;
+      std::vector<Buffer> bufs;
+      std::vector<const float*> ptrs;
+      for (int64_t c = 0; c < m; ++c) {
+        layers.push_back(rows(steps, H));
+        auto b = be.alloc(steps * H);
+        ASSERT_TRUE(b.ok());
+        ASSERT_TRUE(be.upload(b->data(), layers.back().data(), steps * H).ok());
+        ptrs.push_back(b->data());
+        bufs.push_back(std::move(b).value());
+      }
+      std::vector<int64_t> pick;
+      if (k == 2)
+        for (int64_t r = 0; r < n; ++r) pick.push_back(std::uniform_int_distribution<int64_t>(0, steps - 1)(rng_));
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t c = 0; c < m; ++c) {
+          const float* src = layers[static_cast<size_t>(c)].data() + (k == 2 ? pick[static_cast<size_t>(r)] : r) * H;
+          block.insert(block.end(), src, src + H);
+        }
+      ASSERT_TRUE(dev.append_layers(end, ptrs, n, pick).ok());
+    }
+    ASSERT_TRUE(host.append(end, block).ok());
+    end += n;
+    ASSERT_EQ(dev.first(), host.first()) << step;
+    ASSERT_EQ(dev.end(), host.end()) << step;
+    for (int64_t from = host.first(); from <= host.end(); ++from) {
+      auto want = host.rows_from(from), got = dev.rows_from(from);
+      ASSERT_TRUE(want.ok() && got.ok()) << step;
+      EXPECT_EQ(*got, *want) << "step " << step << " from " << from;
+      auto on_dev = dev.device_rows_from(from);
+      ASSERT_TRUE(on_dev.ok()) << on_dev.status().to_string();
+      std::vector<float> back(want->size());
+      ASSERT_TRUE(be.download(back.data(), on_dev->data(), static_cast<int64_t>(back.size())).ok());
+      EXPECT_EQ(back, *want) << "step " << step << " from " << from << " (device_rows_from)";
+    }
+  }
+  // Out of range, and host-only calls: refused.
+  EXPECT_FALSE(dev.device_rows_from(dev.first() - 1).ok());
+  EXPECT_FALSE(host.device_rows_from(host.end()).ok());
+  const float* none[] = {nullptr};
+  EXPECT_FALSE(host.append_layers(host.end(), none, 0).ok());
+  // A copy holds its own rows: appending to it leaves the original as it was.
+  FeatureRing copy = dev;
+  const auto more = rows(2, W);
+  ASSERT_TRUE(copy.append(copy.end(), more).ok());
+  auto orig = dev.rows_from(dev.first()), want = host.rows_from(host.first());
+  ASSERT_TRUE(orig.ok() && want.ok());
+  EXPECT_EQ(*orig, *want);
+  EXPECT_EQ(copy.end(), dev.end() + 2);
+  // The snapshot round trip, device to host ring and back.
+  Snapshot snap;
+  snap.n_past = dev.end();
+  dev.export_to(snap);
+  FeatureRing restored(W, cap, 0x42, &be), restored_host(W, cap, 0x42);
+  ASSERT_TRUE(restored.import_from(snap));
+  ASSERT_TRUE(restored_host.import_from(snap));
+  expect_holds(restored, host.first(), host.end(), *want, "device ring from a snapshot");
+  expect_holds(restored_host, host.first(), host.end(), *want, "host ring from a device ring's snapshot");
 }
 
 }  // namespace
