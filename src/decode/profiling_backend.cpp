@@ -193,13 +193,15 @@ Status ProfilingBackend::deltanet_gates(float* alpha_to_decay, float* beta, cons
 Status ProfilingBackend::deltanet_prep(const float* mixed, int64_t n, const cpu::DeltaNetShape& s,
                                        const float* conv_w, int64_t kernel, float* conv_state,
                                        std::span<const int32_t> parents, float* q, float* k, float* v,
-                                       float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a) {
-  // mixed read and q/k/v written, the window and weights, the gates read and written.
+                                       float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a,
+                                       float* conv_capture) {
+  // mixed read and q/k/v written, the window and weights, the gates read and written; the capture written.
   const double C = 2.0 * s.n_k_heads * s.d_k + static_cast<double>(s.n_v_heads) * s.d_v;
-  const double bytes = kF * (2.0 * n * C + C * (2.0 * kernel - 1) + 4.0 * n * s.n_v_heads);
+  const double bytes = kF * (2.0 * n * C + C * (2.0 * kernel - 1) + 4.0 * n * s.n_v_heads +
+                             (conv_capture != nullptr ? (kernel - 1.0 + n) * C : 0.0));
   return timed("deltanet_prep", bytes, [&] {
     return inner_.deltanet_prep(mixed, n, s, conv_w, kernel, conv_state, parents, q, k, v, alpha_to_decay, beta,
-                                dt_bias, ssm_a);
+                                dt_bias, ssm_a, conv_capture);
   });
 }
 Status ProfilingBackend::rms_norm_silu_gate(float* o, const float* w, float eps, int64_t rows, int64_t dim, float* z) {

@@ -84,7 +84,8 @@ class ProfilingBackend final : public Backend {
   Status l2_norm_rows(float* x, int64_t rows, int64_t dim, float eps, float scale) override;
   Status deltanet_prep(const float* mixed, int64_t n, const cpu::DeltaNetShape& s, const float* conv_w, int64_t kernel,
                        float* conv_state, std::span<const int32_t> parents, float* q, float* k, float* v,
-                       float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a) override;
+                       float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a,
+                       float* conv_capture = nullptr) override;
   Status rms_norm_silu_gate(float* o, const float* w, float eps, int64_t rows, int64_t dim, float* z) override;
   Status sigmoid_gate_mul(float* o, const float* gate, int64_t rows, int64_t dim, int64_t gate_stride) override;
 

@@ -127,13 +127,12 @@ Status deltanet_mixer(const Weights& w, int64_t L, const StepShape& st, const fl
     DF_RETURN_IF_ERROR(be.matmul_group(ws, xn, n, ys));
   }
 
+  // A captured step keeps the window before it, then its inputs (deltanet_prep writes them): rollback to any
+  // prefix reads its window there.
+  float* conv_cap = nullptr;
   if (capture) {
-    // The window before the step, then this step's inputs: rollback to any prefix reads its window here.
-    float* conv_cap = state.conv_capture(L, n);
+    conv_cap = state.conv_capture(L, n);
     if (conv_cap == nullptr) return no_capture_memory(L);
-    const int64_t window = (g.conv_kernel - 1) * C;
-    DF_RETURN_IF_ERROR(be.copy(conv_cap, state.conv_state(L), window));
-    DF_RETURN_IF_ERROR(be.copy(conv_cap + window, mixed.data(), n * C));
   }
   // Conv + SiLU, split [q | k | v], L2-normalise q and k per head (eps 1e-6), scale q by 1/sqrt(dk); the gates:
   // a -> decay = ssm_a * softplus(a + dt_bias) (ssm_a = -exp(A_log) <= 0), b -> beta = sigmoid(b).
@@ -145,7 +144,7 @@ Status deltanet_mixer(const Weights& w, int64_t L, const StepShape& st, const fl
   float* k = chain != nullptr ? chain + cc.k : k_own.data();
   float* v = chain != nullptr ? chain + cc.v : v_own.data();
   DF_RETURN_IF_ERROR(be.deltanet_prep(mixed.data(), n, shape, conv_w, g.conv_kernel, state.conv_state(L), st.parents,
-                                      q, k, v, a, b, dt_bias, ssm_a));
+                                      q, k, v, a, b, dt_bias, ssm_a, conv_cap));
 
   DF_ASSIGN_OR_RETURN(Buffer o, be.alloc(n * Hv * dv));
   if (chain != nullptr) DF_RETURN_IF_ERROR(be.copy(chain + cc.state, state.ssm_state(L), g.state_floats()));

@@ -225,9 +225,12 @@ class Backend {
   // (C = 2 Hk dk + Hv dv; window conv_state; the tree form with parents), its columns split into q [n, Hk, dk],
   // k [n, Hk, dk] and v [n, Hv, dv], q and k L2-normalised per head (l2_norm_rows, eps 1e-6; q scaled by
   // 1/sqrt(dk)), and deltanet_gates of alpha and beta [n, Hv]. A device backend fuses it into one launch.
+  // conv_capture (a captured step's, SequenceState::conv_capture): also the window before the step, then mixed,
+  // [K - 1 + n, C] (what a rollback or a tree commit reads its new window from).
   virtual Status deltanet_prep(const float* mixed, int64_t n, const cpu::DeltaNetShape& s, const float* conv_w,
                                int64_t kernel, float* conv_state, std::span<const int32_t> parents, float* q, float* k,
-                               float* v, float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a);
+                               float* v, float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a,
+                               float* conv_capture = nullptr);
   // The DeltaNet output gate: o [rows, dim] = rms_norm(o, w, eps) * silu(z), as rms_norm, silu_inplace(z) and
   // mul_inplace (z [rows, dim] may be overwritten). A device backend fuses it into one launch.
   virtual Status rms_norm_silu_gate(float* o, const float* w, float eps, int64_t rows, int64_t dim, float* z) {

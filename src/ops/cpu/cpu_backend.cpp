@@ -59,8 +59,14 @@ Status Backend::kv_write(const cpu::KvView& kv, int64_t first_pos, const float* 
 
 Status Backend::deltanet_prep(const float* mixed, int64_t n, const cpu::DeltaNetShape& s, const float* conv_w,
                               int64_t kernel, float* conv_state, std::span<const int32_t> parents, float* q, float* k,
-                              float* v, float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a) {
+                              float* v, float* alpha_to_decay, float* beta, const float* dt_bias, const float* ssm_a,
+                              float* conv_capture) {
   const int64_t qk = s.n_k_heads * s.d_k, C = 2 * qk + s.n_v_heads * s.d_v;
+  if (conv_capture != nullptr) {  // before the conv moves the window
+    const int64_t window = (kernel - 1) * C;
+    if (window > 0) DF_RETURN_IF_ERROR(copy(conv_capture, conv_state, window));
+    DF_RETURN_IF_ERROR(copy(conv_capture + window, mixed, n * C));
+  }
   DF_ASSIGN_OR_RETURN(Buffer u, alloc(n * C));
   DF_RETURN_IF_ERROR(causal_conv1d_silu(mixed, n, C, conv_w, kernel, conv_state, u.data(), parents));
   DF_RETURN_IF_ERROR(slice_columns(u.data(), n, C, 0, qk, q));

@@ -775,13 +775,13 @@ Status CudaBackend::rms_norm_silu_gate(float* o, const float* w, float eps, int6
 Status CudaBackend::deltanet_prep(const float* mixed, int64_t n, const cpu::DeltaNetShape& s, const float* conv_w,
                                   int64_t kernel, float* conv_state, std::span<const int32_t> parents, float* q,
                                   float* k, float* v, float* alpha_to_decay, float* beta, const float* dt_bias,
-                                  const float* ssm_a) {
+                                  const float* ssm_a, float* conv_capture) {
   activate();
   forget_q8();
   constexpr int64_t kMaxDim = 32 * cuda::kDeltaNetPrepMaxPer;
   if (s.d_k > kMaxDim || s.d_v > kMaxDim || n > 65535)
     return Backend::deltanet_prep(mixed, n, s, conv_w, kernel, conv_state, parents, q, k, v, alpha_to_decay, beta,
-                                  dt_bias, ssm_a);
+                                  dt_bias, ssm_a, conv_capture);
   if (kernel < 1 || kernel > cuda::kConvMaxKernel)
     return invalid_argument("deltanet_prep: conv kernel size {} outside [1, {}]", kernel, cuda::kConvMaxKernel);
   if (!parents.empty() && static_cast<int64_t>(parents.size()) != n)
@@ -798,6 +798,7 @@ Status CudaBackend::deltanet_prep(const float* mixed, int64_t n, const cpu::Delt
   a.dt_bias = dt_bias;
   a.ssm_a = ssm_a;
   a.q_scale = 1.0f / std::sqrt(static_cast<float>(s.d_k));
+  a.conv_capture = conv_capture;
   return check(cuda::deltanet_prep(a, n, stream_), "deltanet_prep");
 }
 Status CudaBackend::slice_columns(const float* src, int64_t rows, int64_t src_width, int64_t offset, int64_t width,

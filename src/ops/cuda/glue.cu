@@ -97,6 +97,14 @@ __global__ void __launch_bounds__(kPrepWarps * 32) deltanet_prep_kernel(DeltaNet
     c0 = 2 * Hk * a.d_k + h * a.d_v;
     dst = a.v + (t * Hv + h) * a.d_v;
   }
+  if (a.conv_capture != nullptr) {  // this warp's channels: token t's inputs, and (token 0) the window before the step
+    const int64_t window = int64_t{a.kernel - 1} * C;
+    for (int64_t c = lane; c < width; c += 32) {
+      a.conv_capture[window + t * C + c0 + c] = a.mixed[t * C + c0 + c];
+      if (t == 0)
+        for (int64_t j = 0; j < a.kernel - 1; ++j) a.conv_capture[j * C + c0 + c] = a.conv_state[j * C + c0 + c];
+    }
+  }
   float val[kDeltaNetPrepMaxPer];
 #pragma unroll
   for (int j = 0; j < kDeltaNetPrepMaxPer; ++j) {

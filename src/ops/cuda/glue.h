@@ -36,6 +36,7 @@ struct DeltaNetPrepArgs {
   const float* dt_bias = nullptr;
   const float* ssm_a = nullptr;
   float q_scale = 1.0f;
+  float* conv_capture = nullptr;  // optional: the window before the step, then mixed ([K - 1 + n, C])
 };
 cudaError_t deltanet_prep(const DeltaNetPrepArgs& a, int64_t n, cudaStream_t stream = nullptr);
 // out[r, :] = x[rows[r], :]; `rows` is a device array of m indices.

@@ -145,7 +145,8 @@ class CudaDeltaNetPrep : public CudaGlue {
                     .ok());
     return r;
   }
-  // Calls of `steps` tokens each (their sum is n), the window carried on the device.
+  // Calls of `steps` tokens each (their sum is n), the window carried on the device. The first call also writes
+  // its capture (DeltaNetPrepArgs::conv_capture), checked bit for bit: the window before it, then its inputs.
   PrepRun gpu_run(const PrepShape& sh, int64_t n, const std::vector<int32_t>& parents, std::vector<int64_t> steps) {
     const int64_t C = 2 * sh.Hk * sh.dk + sh.Hv * sh.dv;
     Dev<float> dm(mixed_.size()), dw(w_.size()), dst(std::max<size_t>(1, st0_.size())), dq(n * sh.Hk * sh.dk),
@@ -155,6 +156,8 @@ class CudaDeltaNetPrep : public CudaGlue {
     if (!st0_.empty()) dst.put(st0_);
     if (!parents.empty()) dpar.put(parents);
     dq.poison(), dk.poison(), dv.poison();
+    Dev<float> cap((sh.K - 1 + steps.at(0)) * C);
+    cap.poison();
     int64_t t0 = 0;
     for (const int64_t len : steps) {
       cuda::DeltaNetPrepArgs a;
@@ -168,10 +171,14 @@ class CudaDeltaNetPrep : public CudaGlue {
       a.alpha = da.p + t0 * sh.Hv, a.beta = db.p + t0 * sh.Hv;
       a.dt_bias = ddt.p, a.ssm_a = dssm.p;
       a.q_scale = 1.0f / std::sqrt(static_cast<float>(sh.dk));
+      if (t0 == 0) a.conv_capture = cap.p;
       EXPECT_EQ(cuda::deltanet_prep(a, len, nullptr), cudaSuccess);
       t0 += len;
     }
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> want_cap = st0_;
+    want_cap.insert(want_cap.end(), mixed_.begin(), mixed_.begin() + steps[0] * C);
+    EXPECT_EQ(cap.get(), want_cap) << "conv capture of the first call";
     PrepRun r{dq.get(), dk.get(), dv.get(), da.get(), db.get(), st0_.empty() ? std::vector<float>{} : dst.get()};
     return r;
   }
