@@ -17,9 +17,10 @@ FeatureRing::FeatureRing(const FeatureRing& o)
     : width_(o.width_), capacity_(o.capacity_), tag_(o.tag_), device_(o.device_), rows_(o.rows_), count_(o.count_),
       end_(o.end_) {
   if (device_ == nullptr || o.dev_.data() == nullptr) return;
-  auto buf = device_->alloc(capacity_ * width_);
-  if (buf.ok() && device_->copy(buf->data(), o.dev_.data(), capacity_ * width_).ok()) {
+  auto buf = device_->alloc(o.slots_ * width_);
+  if (buf.ok() && device_->copy(buf->data(), o.dev_.data(), o.slots_ * width_).ok()) {
     dev_ = std::move(buf).value();
+    slots_ = o.slots_;
   } else {
     clear(end_);
   }
@@ -62,7 +63,7 @@ Status FeatureRing::append(int64_t pos, std::span<const float> rows) {
 std::vector<FeatureRing::Run> FeatureRing::runs(int64_t p, int64_t n) const {
   std::vector<Run> out;
   while (n > 0) {
-    const int64_t slot = p % capacity_, len = std::min(n, capacity_ - slot);
+    const int64_t slot = p % slots_, len = std::min(n, slots_ - slot);
     out.push_back({slot, len});
     p += len, n -= len;
   }
@@ -70,10 +71,26 @@ std::vector<FeatureRing::Run> FeatureRing::runs(int64_t p, int64_t n) const {
 }
 
 Status FeatureRing::place(int64_t pos, int64_t n) {
-  if (dev_.data() == nullptr) {
-    DF_ASSIGN_OR_RETURN(dev_, device_->alloc(capacity_ * width_));
-  }
   if (count_ == 0) end_ = pos;
+  const int64_t need = std::min(capacity_, count_ + n);
+  if (need > slots_) {  // grow (doubling, from 64 rows, up to the window), the rows held laid out anew
+    const int64_t slots = std::min(capacity_, std::max({need, 2 * slots_, int64_t{64}}));
+    DF_ASSIGN_OR_RETURN(Buffer grown, device_->alloc(slots * width_));
+    if (count_ > 0) {
+      DF_ASSIGN_OR_RETURN(Buffer held, device_rows_from(first()));
+      const int64_t first_pos = first();
+      dev_ = std::move(grown);
+      slots_ = slots;
+      int64_t r = 0;
+      for (const Run& run : runs(first_pos, count_)) {
+        DF_RETURN_IF_ERROR(device_->copy(dev_.data() + run.slot * width_, held.data() + r * width_, run.rows * width_));
+        r += run.rows;
+      }
+    } else {
+      dev_ = std::move(grown);
+      slots_ = slots;
+    }
+  }
   // Rows [pos, pos + n) follow end_; the window keeps the newest capacity_ of [first, pos + n).
   count_ = std::min(capacity_, count_ + n);
   end_ = pos + n;

@@ -24,8 +24,8 @@ class FeatureRing {
   // Rows of `width` floats (m * H); the newest `capacity` positions are kept (>= 1). `tag` names what the
   // rows are (which target layers: feature_tag), so a snapshot's window is only taken by the same kind of
   // draft.
-  // `device`: keep the rows in that backend's memory (a circular buffer of capacity rows, allocated with the
-  // first rows); null: on the host.
+  // `device`: keep the rows in that backend's memory (a circular buffer grown with the rows, doubling from 64 up
+  // to capacity); null: on the host.
   FeatureRing(int64_t width, int64_t capacity, uint32_t tag = 0, Backend* device = nullptr)
       : width_(width), capacity_(capacity < 1 ? 1 : capacity), tag_(tag & 0xFFFFFFu), device_(device) {}
 
@@ -76,14 +76,15 @@ class FeatureRing {
     int64_t slot, rows;
   };
   std::vector<Run> runs(int64_t p, int64_t n) const;
-  // Device rings: advances the window over [pos, pos + n) (n <= capacity), the buffer allocated first.
+  // Device rings: advances the window over [pos, pos + n) (n <= capacity), the buffer grown first.
   Status place(int64_t pos, int64_t n);
 
   int64_t width_, capacity_;
   uint32_t tag_;
   Backend* device_ = nullptr;
   std::deque<std::vector<float>> rows_;  // host rings
-  Buffer dev_;                           // device rings: [capacity, width], position p at slot p % capacity
+  Buffer dev_;                           // device rings: [slots, width], position p at slot p % slots
+  int64_t slots_ = 0;                    // rows dev_ holds: grown with the rows, up to capacity
   int64_t count_ = 0, end_ = 0;
 };
 

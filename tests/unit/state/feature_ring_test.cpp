@@ -47,6 +47,8 @@ class FeatureRingTest : public ::testing::Test {
     EXPECT_EQ(*got, want) << what;
   }
 
+  void ring_in_backend_memory(int64_t cap, int most);
+
   uint32_t seed_ = 0;
   std::mt19937 rng_;
 };
@@ -345,18 +347,25 @@ TEST(FeatureTag, tells_layer_lists_apart_and_fits_24_bits) {
 }
 
 // A ring in a backend's memory (here the CPU backend's, as a device ring lives in a GPU's) against a host ring
-// fed the same rows: random appends of 0..9 rows (whole blocks, or the per-layer captures of a step with and
-// without a picked subset of its rows) wrap the circular buffer many times; after each, every suffix reads the
-// same on the host and in the backend's memory. Copies hold their own rows; the snapshot round trip works.
+// fed the same rows: random appends (whole blocks, or the per-layer captures of a step with and without a picked
+// subset of its rows) wrap the circular buffer many times, and (window 300, appends up to 40 rows) grow it from 64
+// rows to the window; after each, every suffix reads the same on the host and in the backend's memory. Copies
+// hold their own rows; the snapshot round trip works.
 TEST_F(FeatureRingTest, a_ring_in_backend_memory_holds_what_a_host_ring_holds) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
+  for (const auto& [cap, most] : std::vector<std::pair<int64_t, int>>{{7, 9}, {300, 40}})
+    ring_in_backend_memory(cap, most);
+}
+
+void FeatureRingTest::ring_in_backend_memory(int64_t cap, int most) {
+  SCOPED_TRACE("window " + std::to_string(cap));
   CpuBackend be(1);
-  const int64_t m = 3, H = 4, W = m * H, cap = 7;
+  const int64_t m = 3, H = 4, W = m * H;
   FeatureRing host(W, cap, 0x42), dev(W, cap, 0x42, &be);
   EXPECT_EQ(dev.device(), &be);
   EXPECT_EQ(host.device(), nullptr);
   int64_t end = 5;
-  std::uniform_int_distribution<int> count(0, 9), kind(0, 2);
+  std::uniform_int_distribution<int> count(0, most), kind(0, 2);
   for (int step = 0; step < 60; ++step) {
     const int64_t n = count(rng_);
     const int k = kind(rng_);
