@@ -97,6 +97,22 @@ __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, cons
       if (row0 + r < dv) store_row<M, VEC>(base + int64_t(row0 + r) * dk, lane, dk, s[r]);
   };
 
+  // A token's inputs: k and q rows of its K-head, its log decay and beta, the warp's rows of v. Token t + 1's are
+  // loaded while token t is computed (the loop is a chain of tokens, each otherwise waiting on its loads).
+  struct Inputs {
+    float k[M], q[M], v[kRecRows], g, b;
+  };
+  auto load_inputs = [&](int64_t t, Inputs& x) {
+    load_row<M, VEC>(k + (t * hk + kh) * dk, lane, dk, x.k);
+    load_row<M, VEC>(q + (t * hk + kh) * dk, lane, dk, x.q);
+    x.g = g[t * hv + h];
+    x.b = beta[t * hv + h];
+    const float* vt = v + (t * hv + h) * dv + row0;
+#pragma unroll
+    for (int r = 0; r < kRecRows; ++r) x.v[r] = row0 + r < dv ? vt[r] : 0.0f;
+  };
+  Inputs cur, next;
+  if (n > 0) load_inputs(0, cur);
   load_state(in);
   for (int64_t t = 0; t < n; ++t) {
     if (parents != nullptr) {
@@ -106,12 +122,11 @@ __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, cons
       // reads back only elements it wrote itself, so no barrier or fence is needed.
       if (p != t - 1) load_state(p < 0 ? in : per_token_states + (p * hv + h) * hs);
     }
-    float kr[M], qr[M];
-    load_row<M, VEC>(k + (t * hk + kh) * dk, lane, dk, kr);
-    load_row<M, VEC>(q + (t * hk + kh) * dk, lane, dk, qr);
-    const float decay = expf(g[t * hv + h]);
-    const float b = beta[t * hv + h];
-    const float* vt = v + (t * hv + h) * dv + row0;
+    if (t + 1 < n) load_inputs(t + 1, next);
+    const float (&kr)[M] = cur.k;
+    const float (&qr)[M] = cur.q;
+    const float decay = expf(cur.g);
+    const float b = cur.b;
 
     float e[kRecRows];
 #pragma unroll
@@ -128,8 +143,7 @@ __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, cons
     float o[kRecRows];
 #pragma unroll
     for (int r = 0; r < kRecRows; ++r) {
-      const float vr = row0 + r < dv ? vt[r] : 0.0f;
-      const float u = b * (vr - e[r]);
+      const float u = b * (cur.v[r] - e[r]);
       float acc = 0.0f;
 #pragma unroll
       for (int m = 0; m < M; ++m) {
@@ -146,6 +160,7 @@ __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, cons
         if (lane == r && row0 + r < dv) ot[r] = o[r];
     }
     if (per_token_states != nullptr) store_state(per_token_states + (t * hv + h) * hs);
+    cur = next;
   }
   if (parents == nullptr) store_state(final);
 }
