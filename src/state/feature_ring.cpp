@@ -13,6 +13,16 @@ uint32_t feature_tag(std::span<const int64_t> layers) {
   return h & 0xFFFFFFu;
 }
 
+template <typename F>
+Status FeatureRing::each_run(int64_t p, int64_t n, F&& f) const {
+  for (int64_t r = 0; r < n;) {
+    const int64_t slot = (p + r) % slots_, len = std::min(n - r, slots_ - slot);
+    DF_RETURN_IF_ERROR(f(dev_.data() + slot * width_, r, len));
+    r += len;
+  }
+  return Status();
+}
+
 FeatureRing::FeatureRing(const FeatureRing& o)
     : width_(o.width_), capacity_(o.capacity_), tag_(o.tag_), device_(o.device_), rows_(o.rows_), count_(o.count_),
       end_(o.end_) {
@@ -42,12 +52,9 @@ Status FeatureRing::append(int64_t pos, std::span<const float> rows) {
   const int64_t skip = std::max<int64_t>(0, n - capacity_);
   if (device_ != nullptr) {
     DF_RETURN_IF_ERROR(place(pos + skip, n - skip));
-    int64_t r = skip;
-    for (const Run& run : runs(pos + skip, n - skip)) {
-      DF_RETURN_IF_ERROR(device_->upload(dev_.data() + run.slot * width_, rows.data() + r * width_, run.rows * width_));
-      r += run.rows;
-    }
-    return Status();
+    return each_run(pos + skip, n - skip, [&](float* at, int64_t r, int64_t len) {
+      return device_->upload(at, rows.data() + (skip + r) * width_, len * width_);
+    });
   }
   if (skip > 0) rows_.clear();
   for (int64_t r = skip; r < n; ++r) {
@@ -58,16 +65,6 @@ Status FeatureRing::append(int64_t pos, std::span<const float> rows) {
   count_ = static_cast<int64_t>(rows_.size());
   end_ = pos + n;
   return Status();
-}
-
-std::vector<FeatureRing::Run> FeatureRing::runs(int64_t p, int64_t n) const {
-  std::vector<Run> out;
-  while (n > 0) {
-    const int64_t slot = p % slots_, len = std::min(n, slots_ - slot);
-    out.push_back({slot, len});
-    p += len, n -= len;
-  }
-  return out;
 }
 
 Status FeatureRing::place(int64_t pos, int64_t n) {
@@ -81,11 +78,9 @@ Status FeatureRing::place(int64_t pos, int64_t n) {
       const int64_t first_pos = first();
       dev_ = std::move(grown);
       slots_ = slots;
-      int64_t r = 0;
-      for (const Run& run : runs(first_pos, count_)) {
-        DF_RETURN_IF_ERROR(device_->copy(dev_.data() + run.slot * width_, held.data() + r * width_, run.rows * width_));
-        r += run.rows;
-      }
+      DF_RETURN_IF_ERROR(each_run(first_pos, count_, [&](float* at, int64_t r, int64_t len) {
+        return device_->copy(at, held.data() + r * width_, len * width_);
+      }));
     } else {
       dev_ = std::move(grown);
       slots_ = slots;
@@ -119,14 +114,12 @@ Status FeatureRing::append_layers(int64_t pos, std::span<const float* const> lay
     }
   }
   DF_RETURN_IF_ERROR(place(pos + skip, n - skip));
-  int64_t r = skip;
-  for (const Run& run : runs(pos + skip, n - skip)) {
+  return each_run(pos + skip, n - skip, [&](float* at, int64_t r, int64_t len) {
     for (int64_t c = 0; c < m; ++c)
-      DF_RETURN_IF_ERROR(device_->copy_rows(dev_.data() + run.slot * width_ + c * H, width_,
-                                            src[static_cast<size_t>(c)] + r * H, H, H, run.rows));
-    r += run.rows;
-  }
-  return Status();
+      DF_RETURN_IF_ERROR(
+          device_->copy_rows(at + c * H, width_, src[static_cast<size_t>(c)] + (skip + r) * H, H, H, len));
+    return Status();
+  });
 }
 
 Result<std::vector<float>> FeatureRing::rows_from(int64_t from) const {
@@ -135,12 +128,9 @@ Result<std::vector<float>> FeatureRing::rows_from(int64_t from) const {
   std::vector<float> out;
   if (device_ != nullptr) {
     out.resize(static_cast<size_t>((end_ - from) * width_));
-    int64_t r = 0;
-    for (const Run& run : runs(from, end_ - from)) {
-      DF_RETURN_IF_ERROR(
-          device_->download(out.data() + r * width_, dev_.data() + run.slot * width_, run.rows * width_));
-      r += run.rows;
-    }
+    DF_RETURN_IF_ERROR(each_run(from, end_ - from, [&](float* at, int64_t r, int64_t len) {
+      return device_->download(out.data() + r * width_, at, len * width_);
+    }));
     return out;
   }
   out.reserve(static_cast<size_t>((end_ - from) * width_));
@@ -154,11 +144,9 @@ Result<Buffer> FeatureRing::device_rows_from(int64_t from) const {
   if (from < first() || from > end_)
     return internal_error("feature rows from {} asked of a ring holding [{}, {})", from, first(), end_);
   DF_ASSIGN_OR_RETURN(Buffer out, device_->alloc((end_ - from) * width_));
-  int64_t r = 0;
-  for (const Run& run : runs(from, end_ - from)) {
-    DF_RETURN_IF_ERROR(device_->copy(out.data() + r * width_, dev_.data() + run.slot * width_, run.rows * width_));
-    r += run.rows;
-  }
+  DF_RETURN_IF_ERROR(each_run(from, end_ - from, [&](float* at, int64_t r, int64_t len) {
+    return device_->copy(out.data() + r * width_, at, len * width_);
+  }));
   return out;
 }
 

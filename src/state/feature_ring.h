@@ -71,11 +71,10 @@ class FeatureRing {
   bool import_from(const Snapshot& snap);
 
  private:
-  // Device rings: the slots of positions [p, p + n) as at most two runs (slot, rows) of the circular buffer.
-  struct Run {
-    int64_t slot, rows;
-  };
-  std::vector<Run> runs(int64_t p, int64_t n) const;
+  // Device rings: f(at, r, rows) for the slots of positions [p, p + n), at most two runs of the circular buffer:
+  // `rows` rows from `at` (in dev_), which hold rows [r, r + rows) of the block [p, p + n). Stops at an error.
+  template <typename F>
+  Status each_run(int64_t p, int64_t n, F&& f) const;
   // Device rings: advances the window over [pos, pos + n) (n <= capacity), the buffer grown first.
   Status place(int64_t pos, int64_t n);
 
