@@ -50,6 +50,7 @@ struct BenchOptions {
   DraftOptions draft;   // speculative decoding beside plain decoding (when a draft is given or bundled)
   std::string prompt;   // a real prompt for the speculative run (drafts accept on real text, not random ids)
   bool chat = false;    // wrap --prompt in the chat template
+  bool no_spec_graphs = false;  // draft and verify steps eagerly (plain decode steps stay recorded)
 };
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
@@ -311,6 +312,7 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
   if (resident == nullptr) return nlohmann::json();
   DF_ASSIGN_OR_RETURN(DFlashDraft * draft, resident->acquire());
   Runner& runner = *model.runner;
+  draft->set_step_graphs(!opt.no_spec_graphs);
   const ModelSpec& s = model.weights().spec();
   std::vector<int32_t> prompt(ids_random.begin(), ids_random.end());
   if (!opt.prompt.empty()) {
@@ -349,7 +351,9 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
   std::vector<int32_t> got;
   SpecStats stats;
   double spec_s = 0;
+  nlohmann::json graphs;  // the measured run's recorded steps
   for (int rep = 0; rep < 2; ++rep) {
+    const int64_t replayed0 = runner.replayed_steps(), recordings0 = runner.recordings();
     SequenceState st(s, runner.state_layout());
     FeatureRing ring = feature_ring_for(*draft, runner, spec.feature_window);
     DFlashDraft::Context ctx(*draft);
@@ -366,6 +370,10 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
       got.insert(got.end(), r.tokens.begin(), r.tokens.end());
     }
     spec_s = now_s() - t0;
+    graphs = {{"target_replays", runner.replayed_steps() - replayed0},
+              {"target_recordings", runner.recordings() - recordings0},
+              {"draft_replays", ctx.replayed_steps()},
+              {"draft_recordings", ctx.recordings()}};
   }
   got.resize(plain.size());
   // Then `--profile` speculative steps (draft + verify) through a ProfilingBackend, on a fresh sequence.
@@ -417,6 +425,7 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
                         {"verify_ms_per_step", stats.verify_ms / steps},
                         // The acceptance length at which a step (draft + verify) costs what as many plain tokens do.
                         {"break_even_tau", step_ms / (1e3 / std::max(plain_tps, 1e-9))},
+                        {"graphs", graphs},
                         {"profile", profile}};
 }
 
@@ -432,6 +441,7 @@ Status run_bench(const BenchOptions& opt) {
   if (s.max_context > 0 && opt.prompt_len + opt.gen_len + opt.profile > s.max_context)
     return invalid_argument("{} + {} tokens exceed the model's context of {}", opt.prompt_len, opt.gen_len, s.max_context);
   Runner& runner = *model.runner;
+  runner.set_verify_graphs(!opt.no_spec_graphs);
   ThreadPool copy_pool(opt.threads);
   const bool on_cpu = model.device_name() == "cpu";
   DF_ASSIGN_OR_RETURN(const double bandwidth,
@@ -634,6 +644,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--json", opt->json, "Machine-readable output");
   cmd->add_option("--prompt", opt->prompt, "With a draft: the prompt of the speculative run (default: --prompt-len random ids)");
   cmd->add_flag("--chat", opt->chat, "With --prompt: wrap it in the model's chat template");
+  cmd->add_flag("--no-spec-graphs", opt->no_spec_graphs,
+                "Run draft and verify steps (--draft, --verify-cost) eagerly, op by op (plain decode steps stay recorded)");
   add_draft_options(cmd, opt->draft);
   cmd->callback([opt, &exit_code] {
     Status st;

@@ -1,7 +1,9 @@
 #include "decode/dflash.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <numeric>
 #include <cmath>
 
 #include "decode/ddtree.h"
@@ -51,11 +53,131 @@ Result<std::unique_ptr<DFlashDraft>> DFlashDraft::create(const Weights& draft, c
   return std::unique_ptr<DFlashDraft>(new DFlashDraft(draft, target, be, static_cast<int32_t>(*d.mask_token_id)));
 }
 
-DFlashDraft::Context::Context(const DFlashDraft& d) : kv_(d.spec(), d.backend()) {}
+namespace {
+std::atomic<uint64_t> g_next_draft_id{1};
+}  // namespace
+
+DFlashDraft::DFlashDraft(const Weights& draft, const Weights& target, Backend& be, int32_t mask)
+    : draft_(draft), target_(target), be_(&be), mask_(mask), id_(g_next_draft_id++) {}
+
+DFlashDraft::Context::Context(const DFlashDraft& d) : be_(&d.backend()), kv_(d.spec(), d.backend()) {}
+
+DFlashDraft::Context::~Context() { drop(); }
+
+void DFlashDraft::Context::reset() {
+  base_ = end_ = 0;
+  started_ = false;
+}
+
+void DFlashDraft::Context::drop() {
+  for (const Recorded& r : recs_) be_->drop_step(r.id);
+  recs_.clear();
+  features_ = Buffer();
+  logits_ = Buffer();
+}
+
+Status DFlashDraft::ring_rows_to(const FeatureRing& ring, int64_t from, float* dst) const {
+  // A device ring's rows where the draft computes are copied there (no host hop); others are uploaded.
+  if (ring.device() != nullptr && ring.device()->memory_owner() == be_->memory_owner())
+    return ring.copy_rows_to(from, dst);
+  DF_ASSIGN_OR_RETURN(std::vector<float> feats, ring.rows_from(from));
+  return be_->upload(dst, feats.data(), static_cast<int64_t>(feats.size()));
+}
+
+Status DFlashDraft::forward_eager(Context& ctx, const FeatureRing& ring, int32_t root, int64_t rows, float* logits) {
+  const ModelSpec& s = draft_.spec();
+  const int64_t B = s.block_size, H = s.hidden;
+  Backend& be = *be_;
+  const int64_t n_new = ring.end() - ctx.end_;
+  DF_ASSIGN_OR_RETURN(Buffer c, be.alloc(n_new * H));
+  if (n_new > 0) {
+    DF_ASSIGN_OR_RETURN(Buffer f, be.alloc(n_new * feature_width()));
+    DF_RETURN_IF_ERROR(ring_rows_to(ring, ctx.end_, f.data()));
+    DF_RETURN_IF_ERROR(draft_context(draft_, f.data(), n_new, c.data(), be));
+  }
+  std::vector<int32_t> block(static_cast<size_t>(B), mask_);
+  block[0] = root;
+  std::vector<int32_t> positions(static_cast<size_t>(n_new + B));
+  std::iota(positions.begin(), positions.end(), static_cast<int32_t>(ctx.end_));
+  DF_ASSIGN_OR_RETURN(Buffer x, be.alloc(B * H));
+  const cpu::WeightView* embd = target_.find("token_embd");
+  if (embd == nullptr) return not_found("the target has no token embedding");
+  DF_RETURN_IF_ERROR(be.embedding(*embd, block, x.data()));
+  DF_RETURN_IF_ERROR(draft_layers(draft_, c.data(), n_new, ctx.end_ - ctx.base_, positions, x.data(), B, ctx.kv_, be));
+  std::vector<int64_t> out_rows(static_cast<size_t>(rows));
+  std::iota(out_rows.begin(), out_rows.end(), 1);
+  return draft_head(draft_, target_, x.data(), out_rows, logits, be);
+}
+
+Result<const float*> DFlashDraft::forward_recorded(Context& ctx, const FeatureRing& ring, int32_t root) {
+  constexpr int kMaxFailures = 3;
+  Backend& be = *be_;
+  const ModelSpec& s = draft_.spec();
+  const int64_t B = s.block_size, H = s.hidden, V = target_.spec().vocab;
+  const float* none = nullptr;
+  const int64_t n_new = ring.end() - ctx.end_;
+  if (!graphs_on_ || !be.step_graphs_supported() || ctx.failures_ >= kMaxFailures || n_new < 1 || n_new > B)
+    return none;
+  const int64_t slot = ctx.end_ - ctx.base_;
+  // The recordings add no KV chunks: the context rows' and the block's first.
+  for (int64_t L = 0; L < s.n_layers; ++L) DF_RETURN_IF_ERROR(ctx.kv_.reserve_kv(L, slot + n_new + B));
+  if (ctx.rec_draft_ != id_ || ctx.rec_layout_ != ctx.kv_.layout_version()) ctx.drop();
+  auto rec = std::find_if(ctx.recs_.begin(), ctx.recs_.end(), [&](const Context::Recorded& r) { return r.n_new == n_new; });
+  if (rec != ctx.recs_.end() && !be.step_replayable(rec->id)) {
+    be.drop_step(rec->id);
+    ctx.recs_.erase(rec);
+    rec = ctx.recs_.end();
+  }
+  std::vector<int32_t> block(static_cast<size_t>(B), mask_);
+  block[0] = root;
+  std::vector<int32_t> positions(static_cast<size_t>(n_new + B));
+  std::iota(positions.begin(), positions.end(), static_cast<int32_t>(ctx.end_));
+  const StepValues values{block, positions, {}, slot, slot + n_new, slot + n_new + B};
+  if (rec == ctx.recs_.end()) {
+    if (ctx.seen_.size() < static_cast<size_t>(B + 1)) ctx.seen_.resize(static_cast<size_t>(B + 1));
+    if (ctx.seen_[static_cast<size_t>(n_new)]++ == 0) return none;  // recorded when this count comes again
+    const cpu::WeightView* embd = target_.find("token_embd");
+    if (embd == nullptr) return not_found("the target has no token embedding");
+    if (ctx.features_.size() == 0) {
+      DF_ASSIGN_OR_RETURN(ctx.features_, be.alloc(B * feature_width()));
+      DF_ASSIGN_OR_RETURN(ctx.logits_, be.alloc((B - 1) * V));
+    }
+    std::vector<int64_t> out_rows(static_cast<size_t>(B - 1));  // every row: the step's shape is the same to the end
+    std::iota(out_rows.begin(), out_rows.end(), 1);
+    ctx.kv_.set_recording(true);
+    Status st = be.begin_step_capture(values);
+    if (st.ok()) {
+      st = [&]() -> Status {  // forward_eager's step, reading the rows from features_
+        DF_ASSIGN_OR_RETURN(Buffer c, be.alloc(n_new * H));
+        DF_RETURN_IF_ERROR(draft_context(draft_, ctx.features_.data(), n_new, c.data(), be));
+        DF_ASSIGN_OR_RETURN(Buffer x, be.alloc(B * H));
+        DF_RETURN_IF_ERROR(be.embedding(*embd, block, x.data()));
+        DF_RETURN_IF_ERROR(draft_layers(draft_, c.data(), n_new, slot, positions, x.data(), B, ctx.kv_, be));
+        return draft_head(draft_, target_, x.data(), out_rows, ctx.logits_.data(), be);
+      }();
+      if (!st.ok()) be.abort_step_capture();
+    }
+    Result<int64_t> id = st.ok() ? be.end_step_capture() : Result<int64_t>(st);
+    ctx.kv_.set_recording(false);
+    if (!id.ok()) {  // run it eagerly
+      ++ctx.failures_;
+      return none;
+    }
+    ctx.rec_draft_ = id_;
+    ctx.rec_layout_ = ctx.kv_.layout_version();
+    ctx.recs_.push_back(Context::Recorded{*id, n_new});
+    ++ctx.recordings_;
+    rec = ctx.recs_.end() - 1;
+  }
+  DF_RETURN_IF_ERROR(ring_rows_to(ring, ctx.end_, ctx.features_.data()));
+  DF_RETURN_IF_ERROR(be.replay_step(rec->id, values));
+  ++ctx.replayed_;
+  return static_cast<const float*>(ctx.logits_.data());
+}
 
 Result<DraftTopK> DFlashDraft::propose(Context& ctx, const FeatureRing& ring, int32_t root, int64_t rows, int64_t k) {
   const ModelSpec& s = draft_.spec();
-  const int64_t B = s.block_size, H = s.hidden, V = target_.spec().vocab;
+  const int64_t B = s.block_size, V = target_.spec().vocab;
   if (rows < 1 || rows > B - 1) return invalid_argument("a draft block yields 1 to {} rows, not {}", B - 1, rows);
   if (k < 1 || k > std::min<int64_t>(V, Backend::kMaxTopK))
     return invalid_argument("draft candidates per position must be 1..{}, not {}", std::min<int64_t>(V, Backend::kMaxTopK), k);
@@ -69,35 +191,15 @@ Result<DraftTopK> DFlashDraft::propose(Context& ctx, const FeatureRing& ring, in
     ctx.started_ = true;
   }
   Backend& be = *be_;
-  const int64_t s_pos = ring.end();
-  const int64_t n_new = s_pos - ctx.end_;
-  DF_ASSIGN_OR_RETURN(Buffer c, be.alloc(n_new * H));
-  if (n_new > 0) {
-    // The new rows in this backend's memory: a device ring's where the draft computes (no host hop), else uploaded.
-    Buffer f;
-    if (ring.device() != nullptr && ring.device()->memory_owner() == be.memory_owner()) {
-      DF_ASSIGN_OR_RETURN(f, ring.device_rows_from(ctx.end_));
-    } else {
-      DF_ASSIGN_OR_RETURN(std::vector<float> feats, ring.rows_from(ctx.end_));
-      DF_ASSIGN_OR_RETURN(f, be.alloc(n_new * feature_width()));
-      DF_RETURN_IF_ERROR(be.upload(f.data(), feats.data(), n_new * feature_width()));
-    }
-    DF_RETURN_IF_ERROR(draft_context(draft_, f.data(), n_new, c.data(), be));
+  DF_ASSIGN_OR_RETURN(const float* logits, forward_recorded(ctx, ring, root));
+  Buffer eager;
+  if (logits == nullptr) {
+    DF_ASSIGN_OR_RETURN(eager, be.alloc(rows * V));
+    DF_RETURN_IF_ERROR(forward_eager(ctx, ring, root, rows, eager.data()));
+    logits = eager.data();
   }
-  std::vector<int32_t> block(static_cast<size_t>(B), mask_);
-  block[0] = root;
-  DF_ASSIGN_OR_RETURN(Buffer x, be.alloc(B * H));
-  const cpu::WeightView* embd = target_.find("token_embd");
-  if (embd == nullptr) return not_found("the target has no token embedding");
-  DF_RETURN_IF_ERROR(be.embedding(*embd, block, x.data()));
-  DF_RETURN_IF_ERROR(
-      draft_layers(draft_, c.data(), n_new, ctx.end_ - ctx.base_, ctx.end_, x.data(), B, ctx.kv_, be));
-  ctx.end_ = s_pos;
-  std::vector<int64_t> out_rows(static_cast<size_t>(rows));
-  for (int64_t i = 0; i < rows; ++i) out_rows[static_cast<size_t>(i)] = i + 1;
-  DF_ASSIGN_OR_RETURN(Buffer logits, be.alloc(rows * V));
-  DF_RETURN_IF_ERROR(draft_head(draft_, target_, x.data(), out_rows, logits.data(), be));
-  return draft_top_k(be, logits.data(), rows, V, k);
+  ctx.end_ = ring.end();
+  return draft_top_k(be, logits, rows, V, k);
 }
 
 Result<std::span<const float>> NodeLogits::row() {

@@ -59,34 +59,71 @@ class DFlashDraft {
   // Floats per feature row: m * H.
   int64_t feature_width() const { return static_cast<int64_t>(capture_layers().size()) * draft_.spec().hidden; }
 
-  // The draft's per-sequence state: its layers' context K/V (slot = position - base).
+  // The draft's per-sequence state: its layers' context K/V (slot = position - base), and its recorded step.
   class Context {
    public:
     explicit Context(const DFlashDraft& d);
+    ~Context();
+    Context(const Context&) = delete;
+    Context& operator=(const Context&) = delete;
     int64_t base() const { return base_; }
     int64_t end() const { return end_; }  // context positions [base, end) are in the K/V
-    void reset() { base_ = end_ = 0; started_ = false; }
+    void reset();
+    // Draft steps that ran as a replay of a recording, and recordings made (for tests and benchmarks).
+    int64_t replayed_steps() const { return replayed_; }
+    int64_t recordings() const { return recordings_; }
 
    private:
     friend class DFlashDraft;
+    // Draft steps recorded on the backend (Backend::begin_step_capture), one per count of new context rows (each
+    // recorded the second time it comes: a count seen once, as at a request's end, is not worth a recording), all
+    // made with one draft (DFlashDraft::id(): a re-loaded draft's weights move) while the K/V tables stay where
+    // they were (kv_.layout_version()). They read the new ring rows from `features_` and leave the logits of
+    // every block row after the root in `logits_`.
+    struct Recorded {
+      int64_t id = -1, n_new = 0;
+    };
+    std::vector<Recorded> recs_;
+    std::vector<int> seen_;  // eager steps by count of new rows
+    uint64_t rec_draft_ = 0, rec_layout_ = 0;
+    Buffer features_;  // [B, m * H]
+    Buffer logits_;    // [B - 1, V]
+    int failures_ = 0;
+    void drop();
+    Backend* be_;
     SequenceState kv_;
     int64_t base_ = 0, end_ = 0;
     bool started_ = false;
+    int64_t replayed_ = 0, recordings_ = 0;
   };
 
   // One draft forward for the block [root, mask, ...] at positions s .. s + B - 1, s = ring.end(): the ring's
   // rows the context does not hold yet become context K/V first (from ring.first() when the context is
   // empty or the ring no longer reaches back to its end). Returns the top `k` tokens of block rows 1 .. rows
   // (rows <= B - 1) with their log-probabilities, reduced on the backend (Backend::top_k_rows).
+  // Where the backend records steps and 1 to B rows are new, the step is recorded once per sequence and count of
+  // new rows and replayed (one launch), with the eager step's arithmetic (its head on all B - 1 rows).
   Result<DraftTopK> propose(Context& ctx, const FeatureRing& ring, int32_t root, int64_t rows, int64_t k);
+  // Turns recorded draft steps off (or back on); on by default where the backend supports them.
+  void set_step_graphs(bool on) { graphs_on_ = on; }
+  // Unique among the drafts of this process (a recording made with another draft is stale).
+  uint64_t id() const { return id_; }
 
  private:
-  DFlashDraft(const Weights& draft, const Weights& target, Backend& be, int32_t mask)
-      : draft_(draft), target_(target), be_(&be), mask_(mask) {}
+  DFlashDraft(const Weights& draft, const Weights& target, Backend& be, int32_t mask);
+  // The draft forward of propose, eager (n_new context rows) or recorded (the last B rows).
+  Status forward_eager(Context& ctx, const FeatureRing& ring, int32_t root, int64_t rows, float* logits);
+  // The recorded step's logits (rows 1 .. B - 1 of the block), or null when it does not run recorded now (run
+  // eagerly).
+  Result<const float*> forward_recorded(Context& ctx, const FeatureRing& ring, int32_t root);
+  // The ring's rows [from, ring.end()) into dst [n, m * H] in the draft backend's memory.
+  Status ring_rows_to(const FeatureRing& ring, int64_t from, float* dst) const;
   const Weights& draft_;
   const Weights& target_;
   Backend* be_;
   int32_t mask_;
+  uint64_t id_;
+  bool graphs_on_ = true;
 };
 
 // A verified node's logits, for the caller's choice: their argmax (reduced on the backend for every node of

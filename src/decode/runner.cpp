@@ -80,12 +80,20 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
   DF_RETURN_IF_ERROR(state.status());
   if (!state.laid_out_as(layout_))
     return invalid_argument("the sequence state is laid out for another placement than this runner's");
-  const bool plain_decode = n == 1 && step.positions.empty() && step.mask == cpu::MaskKind::kCausal &&
-                            !step.capture_recurrent && !step.logits_on_device;
-  if (plain_decode && graphs_on_ && records_steps()) {
-    bool used = false;
-    auto out = decode_recorded(state, step, &used);
-    if (used || !out.ok()) return out;
+  // A verify step (rolled back or committed node by node) computes every token as a one-token step would.
+  const bool tree = step.mask == cpu::MaskKind::kTree;
+  const bool verify = step.capture_recurrent || tree;
+  if (graphs_on_ && records_steps()) {
+    const bool causal = step.mask == cpu::MaskKind::kCausal && step.positions.empty();
+    const bool plain_decode = n == 1 && causal && !step.capture_recurrent && !step.logits_on_device;
+    const bool verify_shape = verify_graphs_on_ && verify && (tree || causal) && step.all_logits &&
+                              step.logits_on_device && n <= kMaxRecordedVerify;
+    if (plain_decode || verify_shape) {
+      bool used = false;
+      const RecordedKind kind = plain_decode ? RecordedKind::kDecode : tree ? RecordedKind::kTree : RecordedKind::kChain;
+      auto out = forward_recorded(state, step, positions, kind, &used);
+      if (used || !out.ok()) return out;
+    }
   }
 
   Backend& be = backend();
@@ -101,11 +109,9 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
   DF_ASSIGN_OR_RETURN(Buffer logits, be.alloc(out.rows * s.vocab));
   std::vector<Buffer> feature_bufs;
   if (step.capture_recurrent && step.mask == cpu::MaskKind::kCausal) state.begin_captured_step(n);
-  // A verify step (rolled back or committed node by node) computes every token as a one-token step would.
-  const bool verify = step.capture_recurrent || step.mask == cpu::MaskKind::kTree;
-  if (verify) be.set_token_exact(true);
+  if (verify) set_token_exact(true);
   const Status run = run_layers(state, step, positions, rows, logits.data(), feature_bufs);
-  if (verify) be.set_token_exact(false);
+  if (verify) set_token_exact(false);
   DF_RETURN_IF_ERROR(run);
   if (step.logits_on_device) {
     out.device_logits = std::move(logits);
@@ -201,106 +207,139 @@ Status Runner::run_layers(SequenceState& state, const Step& step, std::span<cons
   return Status();
 }
 
-Result<StepOutput> Runner::decode_recorded(SequenceState& state, const Step& step, bool* used) {
+void Runner::set_token_exact(bool on) {
+  for (const RunnerShard& sh : shards_) sh.backend->set_token_exact(on);
+}
+
+Result<bool> Runner::record(Recorded& rec, SequenceState& state, const Step& step, std::span<const int32_t> positions,
+                            const StepValues& values, bool verify) {
+  const ModelSpec& s = spec();
+  const auto n = static_cast<int64_t>(step.tokens.size());
+  const int64_t n_rows = step.all_logits ? n : 1;
+  // What the recordings read and leave, allocated before they start (what is allocated while recording
+  // belongs to the recording): each shard's residual rows, the logits, the captured layers.
+  std::vector<Buffer> xs;
+  for (const RunnerShard& sh : shards_) {
+    DF_ASSIGN_OR_RETURN(Buffer x, sh.backend->alloc(n * s.hidden));
+    xs.push_back(std::move(x));
+  }
+  DF_ASSIGN_OR_RETURN(Buffer logits, backend().alloc(n_rows * s.vocab));
+  std::vector<Buffer> features;
+  for (int64_t layer : step.capture_layers) {
+    DF_ASSIGN_OR_RETURN(Buffer f, shard_of(layer).backend->alloc(n * s.hidden));
+    features.push_back(std::move(f));
+  }
+  std::vector<int64_t> rows(static_cast<size_t>(n_rows));
+  std::iota(rows.begin(), rows.end(), n - n_rows);
+  const int64_t pos = state.n_past();
+  const StepShape shape{n, pos, positions, step.mask, step.parents, step.capture_recurrent};
+  if (step.capture_recurrent && step.mask == cpu::MaskKind::kCausal) state.begin_captured_step(n);
+  // One recording per shard: its part of the step, from its residual rows (the embedding on the first).
+  state.set_recording(true);
+  if (verify) set_token_exact(true);
+  bool ok = true;
+  for (size_t k = 0; k < shards_.size() && ok; ++k) {
+    Backend& be = *shards_[k].backend;
+    Status st = be.begin_step_capture(values);
+    if (st.ok()) {
+      st = run_shard(k, state, step, shape, rows, xs[k].data(), logits.data(), features);
+      if (!st.ok()) be.abort_step_capture();
+    }
+    Result<int64_t> id = st.ok() ? be.end_step_capture() : Result<int64_t>(st);
+    if (id.ok()) rec.ids.push_back(*id);
+    ok = id.ok();
+  }
+  if (verify) set_token_exact(false);
+  state.set_recording(false);
+  if (!ok) {  // run it eagerly: an error there is a real one
+    drop(rec);
+    ++rec.failures;
+    return false;
+  }
+  ++recordings_;
+  rec.layout = state.layout_version();
+  rec.xs = std::move(xs);
+  rec.logits = std::move(logits);
+  rec.capture_layers.assign(step.capture_layers.begin(), step.capture_layers.end());
+  rec.features = std::move(features);
+  rec.marks = state.step_marks(pos);
+  return true;
+}
+
+Result<StepOutput> Runner::forward_recorded(SequenceState& state, const Step& step, std::span<const int32_t> positions,
+                                            RecordedKind kind, bool* used) {
   constexpr int kMaxFailures = 3;
-  // Sequences with a recording (at least serve's --parallel maximum, so round-robin slots keep theirs);
-  // the least recently used goes first.
+  // Recordings kept (at least serve's --parallel maximum of sequences, each with its shapes, so round-robin
+  // slots keep theirs); the least recently used goes first.
   constexpr size_t kMaxRecorded = 64;
   *used = false;
   const ModelSpec& s = spec();
+  const auto n = static_cast<int64_t>(step.tokens.size());
   const int64_t pos = state.n_past();
-  // The recording does not run the host side of the layers: reserve this position's KV chunks first.
+  const bool verify = kind != RecordedKind::kDecode;
+  // The recording does not run the host side of the layers: reserve this step's KV chunks first.
   for (int64_t L = 0; L < s.n_layers; ++L)
-    if (!s.is_recurrent(L)) DF_RETURN_IF_ERROR(state.reserve_kv(L, pos + 1));
-  // One entry for the sequence; std::map references stay valid (eviction skips this sequence).
-  Recorded& rec = recorded_[state.id()];
+    if (!s.is_recurrent(L)) DF_RETURN_IF_ERROR(state.reserve_kv(L, pos + n));
+  const RecordedKey key{state.id(), kind, n};
+  // std::map references stay valid (eviction skips this entry).
+  Recorded& rec = recorded_[key];
   rec.last_use = ++uses_;
   const bool same_captures = std::equal(rec.capture_layers.begin(), rec.capture_layers.end(),
                                         step.capture_layers.begin(), step.capture_layers.end());
-  if (!rec.ids.empty() && (rec.layout != state.layout_version() || !same_captures)) drop(rec);
+  bool replayable = rec.layout == state.layout_version() && same_captures;
+  for (size_t k = 0; k < rec.ids.size() && replayable; ++k)
+    replayable = shards_[k].backend->step_replayable(rec.ids[k]);
+  if (!rec.ids.empty() && !replayable) drop(rec);
+  const StepValues values{step.tokens, positions, step.parents, pos, pos, pos + n};
   if (rec.ids.empty()) {
     if (rec.failures >= kMaxFailures) return StepOutput{};
-    if (recorded_.size() > kMaxRecorded) {  // forget the least recently used other sequence
+    // The first step of a verify shape runs eagerly: it allocates the capture buffers the step needs.
+    if (verify && rec.seen++ == 0) return StepOutput{};
+    if (recorded_.size() > kMaxRecorded) {  // forget the least recently used other recording
       auto victim = recorded_.end();
       for (auto it = recorded_.begin(); it != recorded_.end(); ++it)
-        if (it->first != state.id() && (victim == recorded_.end() || it->second.last_use < victim->second.last_use))
+        if (it->first.state != key.state && (victim == recorded_.end() || it->second.last_use < victim->second.last_use))
           victim = it;
       if (victim != recorded_.end()) {
         drop(victim->second);
         recorded_.erase(victim);
       }
     }
-    // What the recordings read and leave, allocated before they start (what is allocated while recording
-    // belongs to the recording): each shard's residual row, the logits, the captured layers.
-    std::vector<Buffer> xs;
-    for (const RunnerShard& sh : shards_) {
-      auto x = sh.backend->alloc(s.hidden);
-      if (!x.ok()) return x.status();
-      xs.push_back(std::move(x).value());
-    }
-    auto logits = backend().alloc(s.vocab);
-    if (!logits.ok()) return logits.status();
-    std::vector<Buffer> features;
-    for (int64_t layer : step.capture_layers) {
-      auto f = shard_of(layer).backend->alloc(s.hidden);
-      if (!f.ok()) return f.status();
-      features.push_back(std::move(f).value());
-    }
-    // One recording per shard: its part of the step, from its residual row (the embedding on the first).
-    const int32_t position = static_cast<int32_t>(pos);
-    const int64_t last = 0;
-    const StepShape shape{1, pos, std::span<const int32_t>(&position, 1), step.mask, step.parents, false};
-    for (size_t k = 0; k < shards_.size(); ++k) {
-      Backend& be = *shards_[k].backend;
-      Status st = be.begin_step_capture();
-      if (st.ok()) {
-        st = run_shard(k, state, step, shape, std::span<const int64_t>(&last, 1), xs[k].data(), logits->data(),
-                       features);
-        if (!st.ok()) be.abort_step_capture();
-      }
-      Result<int64_t> id = st.ok() ? be.end_step_capture() : Result<int64_t>(st);
-      if (!id.ok()) {
-        drop(rec);
-        ++rec.failures;
-        return StepOutput{};  // run it eagerly: an error there is a real one
-      }
-      rec.ids.push_back(*id);
-    }
-    rec.layout = state.layout_version();
-    rec.xs = std::move(xs);
-    rec.logits = std::move(logits).value();
-    rec.capture_layers.assign(step.capture_layers.begin(), step.capture_layers.end());
-    rec.features = std::move(features);
+    DF_ASSIGN_OR_RETURN(const bool recorded, record(rec, state, step, positions, values, verify));
+    if (!recorded) return StepOutput{};
   }
+  if (step.capture_recurrent && step.mask == cpu::MaskKind::kCausal) state.begin_captured_step(n);
   for (size_t k = 0; k < shards_.size(); ++k) {
     if (k > 0) {
       DF_RETURN_IF_ERROR(hand_over(rec.xs[k - 1].data(), *shards_[k - 1].backend, rec.xs[k].data(),
-                                   *shards_[k].backend, s.hidden));
+                                   *shards_[k].backend, n * s.hidden));
     }
-    const Status st = shards_[k].backend->replay_step(rec.ids[k], step.tokens[0], pos);
-    if (st.code() == ErrorCode::kNotFound) {  // invalidated: record again next step, run this one eagerly
-      drop(rec);
-      return StepOutput{};
-    }
-    DF_RETURN_IF_ERROR(st);
+    DF_RETURN_IF_ERROR(shards_[k].backend->replay_step(rec.ids[k], values));
   }
-  Backend& be = backend();
+  state.replay_step_marks(rec.marks);
   StepOutput out;
-  out.rows = 1;
-  out.logits.resize(static_cast<size_t>(s.vocab));
-  DF_RETURN_IF_ERROR(be.download(out.logits.data(), rec.logits.data(), s.vocab));
+  out.rows = rec.logits.size() / s.vocab;
+  if (step.logits_on_device) {  // the recording's own buffer: valid until the sequence's next step
+    out.device_logits = Buffer(nullptr, rec.logits.data(), rec.logits.size());
+  } else {
+    out.logits.resize(static_cast<size_t>(rec.logits.size()));
+    DF_RETURN_IF_ERROR(backend().download(out.logits.data(), rec.logits.data(), rec.logits.size()));
+  }
   for (size_t c = 0; c < rec.features.size(); ++c) {
     Backend& fb = *shard_of(rec.capture_layers[c]).backend;
-    if (step.features_on_device) {  // a copy: the recording overwrites its own buffers next replay
-      DF_ASSIGN_OR_RETURN(Buffer f, fb.alloc(s.hidden));
-      DF_RETURN_IF_ERROR(fb.copy(f.data(), rec.features[c].data(), s.hidden));
+    const int64_t elems = rec.features[c].size();
+    if (step.features_on_device && verify) {  // the recording's own buffers, as the logits
+      out.device_features.push_back(Buffer(nullptr, rec.features[c].data(), elems));
+    } else if (step.features_on_device) {  // a copy: a decoding sequence's next step overwrites them
+      DF_ASSIGN_OR_RETURN(Buffer f, fb.alloc(elems));
+      DF_RETURN_IF_ERROR(fb.copy(f.data(), rec.features[c].data(), elems));
       out.device_features.push_back(std::move(f));
     } else {
-      out.features.emplace_back(static_cast<size_t>(s.hidden));
-      DF_RETURN_IF_ERROR(fb.download(out.features.back().data(), rec.features[c].data(), s.hidden));
+      out.features.emplace_back(static_cast<size_t>(elems));
+      DF_RETURN_IF_ERROR(fb.download(out.features.back().data(), rec.features[c].data(), elems));
     }
   }
-  state.set_n_past(pos + 1);
+  if (step.mask != cpu::MaskKind::kTree) state.set_n_past(pos + n);
   *used = true;
   ++replayed_;
   return out;

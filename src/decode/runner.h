@@ -82,15 +82,22 @@ class Runner {
   HandoffStats handoff_stats() const { return handoffs_; }
 
   // Runs the step and advances state.n_past by the number of tokens (causal steps). Tree steps leave
-  // n_past unchanged: the caller commits accepted nodes. On a backend that records steps, a plain
-  // one-token decode step (causal, default position, no recurrent capture; capture layers allowed) is
-  // recorded once per sequence and replayed afterwards (one launch instead of one per op); outputs are those
-  // of the eager step.
+  // n_past unchanged: the caller commits accepted nodes. Where every shard's backend records steps, two
+  // shapes are recorded per sequence and replayed afterwards (one launch a shard instead of one per op),
+  // their outputs those of the eager step: a plain one-token decode step (causal, default position, no
+  // recurrent capture; capture layers allowed), recorded at once; and a verify step (a chain with
+  // capture_recurrent or a tree, every row's logits left on the device, at most kMaxRecordedVerify tokens),
+  // recorded the second time its shape comes (the first, eager, allocates what it needs). A replayed verify
+  // step's device logits and features are the recording's own buffers: valid until the sequence's next step.
   Result<StepOutput> forward(SequenceState& state, const Step& step);
-  // Turns recorded decode steps off (or back on); on by default where the backend supports them.
+  static constexpr int64_t kMaxRecordedVerify = 32;
+  // Turns recorded steps off (or back on); on by default where the backend supports them. set_verify_graphs
+  // turns off (or on) the recorded verify steps alone.
   void set_step_graphs(bool on) { graphs_on_ = on; }
-  // Decode steps that ran as a replay of a recording (for tests and benchmarks).
+  void set_verify_graphs(bool on) { verify_graphs_on_ = on; }
+  // Steps that ran as a replay of a recording, and recordings made (for tests and benchmarks).
   int64_t replayed_steps() const { return replayed_; }
+  int64_t recordings() const { return recordings_; }
 
   // Prompt tokens a prefill step (prefill()'s chunks, and the server's prefill steps): kDevicePrefillChunk
   // where every shard computes on a device, else kPrefillChunk; set_prefill_chunk (>= 1) overrides it.
@@ -114,14 +121,26 @@ class Runner {
   Status warm_up(int64_t max_tokens);
 
  private:
-  // A recorded decode step of one sequence: one recording per shard, the residual row handed between them.
+  // The shapes a sequence's steps are recorded in.
+  enum class RecordedKind { kDecode, kChain, kTree };
+  struct RecordedKey {
+    uint64_t state = 0;  // SequenceState::id()
+    RecordedKind kind = RecordedKind::kDecode;
+    int64_t n = 1;
+    bool operator<(const RecordedKey& o) const {
+      return state != o.state ? state < o.state : kind != o.kind ? kind < o.kind : n < o.n;
+    }
+  };
+  // A recorded step of one sequence: one recording per shard, the residual rows handed between them.
   struct Recorded {
     std::vector<int64_t> ids;  // per shard (empty: not recorded)
     uint64_t layout = 0;  // SequenceState::layout_version() when recorded
-    std::vector<Buffer> xs;  // per shard: its residual row ([H], in its memory) that its recording reads and leaves
-    Buffer logits;        // where the recording leaves the logits ([V]); reserved for it
+    std::vector<Buffer> xs;  // per shard: its residual rows ([n, H], in its memory) that its recording reads and leaves
+    Buffer logits;        // where the recording leaves the logits ([rows, V]); reserved for it
     std::vector<int64_t> capture_layers;  // the layers whose outputs it copies out (DFlash features)
-    std::vector<Buffer> features;         // where it leaves them ([H] each); reserved for it
+    std::vector<Buffer> features;         // where it leaves them ([n, H] each); reserved for it
+    SequenceState::StepMarks marks;       // what the step asks of the state (left again by each replay)
+    int seen = 0;         // eager steps of this shape (a verify shape is recorded at its second)
     int failures = 0;     // recordings that failed (scratch growing mid-capture); gives up after a few
     uint64_t last_use = 0;
   };
@@ -133,8 +152,14 @@ class Runner {
   // `feature_bufs` (the caller's when it holds one per capture layer, else allocated here).
   Status run_layers(SequenceState& state, const Step& step, std::span<const int32_t> positions,
                     std::span<const int64_t> rows, float* logits, std::vector<Buffer>& feature_bufs);
-  // The recorded path of a plain decode step; *used = false when it fell back to the caller.
-  Result<StepOutput> decode_recorded(SequenceState& state, const Step& step, bool* used);
+  // The recorded path of a step of a recordable shape (`kind`); *used = false when it fell back to the caller.
+  Result<StepOutput> forward_recorded(SequenceState& state, const Step& step, std::span<const int32_t> positions,
+                                      RecordedKind kind, bool* used);
+  // Records `rec` (one recording per shard) for the step; false when a recording failed (run it eagerly).
+  Result<bool> record(Recorded& rec, SequenceState& state, const Step& step, std::span<const int32_t> positions,
+                      const StepValues& values, bool verify);
+  // Turns token-exact products on or off on every shard's backend (verify steps).
+  void set_token_exact(bool on);
 
   explicit Runner(std::vector<RunnerShard> shards);
   // Copies x [n, H] from `from`'s memory into a new buffer of `to`'s (a shard boundary).
@@ -152,9 +177,10 @@ class Runner {
   HandoffStats handoffs_;
   int64_t prefill_chunk_ = kPrefillChunk;
   bool graphs_on_ = true;
-  std::map<uint64_t, Recorded> recorded_;  // by SequenceState::id()
+  bool verify_graphs_on_ = true;
+  std::map<RecordedKey, Recorded> recorded_;
   uint64_t uses_ = 0;
-  int64_t replayed_ = 0;
+  int64_t replayed_ = 0, recordings_ = 0;
 };
 
 }  // namespace dflash

@@ -299,18 +299,16 @@ Status draft_context(const Weights& draft, const float* features, int64_t n, flo
   return be.rms_norm(ctx, hidden_norm, static_cast<float>(s.rms_eps), n, s.hidden, ctx);
 }
 
-Status draft_layers(const Weights& draft, const float* ctx, int64_t n_new, int64_t first_slot, int64_t first_pos,
-                    float* x, int64_t B, LayerStateAccess& state, Backend& be) {
+Status draft_layers(const Weights& draft, const float* ctx, int64_t n_new, int64_t first_slot,
+                    std::span<const int32_t> positions, float* x, int64_t B, LayerStateAccess& state, Backend& be) {
   const ModelSpec& s = draft.spec();
   if (s.family != ModelFamily::kDFlashDraft) return invalid_argument("draft_layers needs a DFlash draft");
-  if (n_new < 0 || first_slot < 0 || first_pos < 0 || B < 1)
-    return invalid_argument("draft step: {} context rows at slot {} position {}, block of {}", n_new, first_slot,
-                            first_pos, B);
+  if (n_new < 0 || first_slot < 0 || B < 1 || static_cast<int64_t>(positions.size()) != n_new + B)
+    return invalid_argument("draft step: {} context rows at slot {}, block of {}, {} positions", n_new, first_slot, B,
+                            positions.size());
   if (s.rope_scaling.type == RopeScalingType::kYarn) return unsupported("YaRN RoPE scaling is not implemented yet");
   const int64_t H = s.hidden, rows = n_new + B;
   const float eps = static_cast<float>(s.rms_eps);
-  std::vector<int32_t> positions(static_cast<size_t>(rows));
-  for (int64_t i = 0; i < rows; ++i) positions[static_cast<size_t>(i)] = static_cast<int32_t>(first_pos + i);
   // z = [context rows ; the block's normed rows]; the context part is the same for every layer.
   DF_ASSIGN_OR_RETURN(Buffer z, be.alloc(rows * H));
   if (n_new > 0) DF_RETURN_IF_ERROR(be.copy(z.data(), ctx, n_new * H));

@@ -103,12 +103,12 @@ Status lm_head(const Weights& w, const float* x, std::span<const int64_t> rows, 
 Status draft_context(const Weights& draft, const float* features, int64_t n, float* ctx, Backend& be);
 
 // The draft's layers on the block x [B, H] (target embeddings of [root, mask, ...]) in place. ctx [n_new, H]:
-// context rows of positions first_pos .. first_pos + n_new - 1, which every layer projects and appends at KV
-// slots first_slot ..; the block takes positions s = first_pos + n_new .. s + B - 1 and slots right after
-// them, and attends to all slots [0, first_slot + n_new + B) (bidirectional). The block's K/V stay past the
-// context (the next call overwrites them).
-Status draft_layers(const Weights& draft, const float* ctx, int64_t n_new, int64_t first_slot, int64_t first_pos,
-                    float* x, int64_t B, LayerStateAccess& state, Backend& be);
+// context rows, which every layer projects and appends at KV slots first_slot ..; the block takes the slots
+// right after them, and attends to all slots [0, first_slot + n_new + B) (bidirectional). `positions` [n_new + B]
+// are the rows' RoPE positions: the context's, then the block's (s .. s + B - 1 after a context ending at s - 1).
+// The block's K/V stay past the context (the next call overwrites them).
+Status draft_layers(const Weights& draft, const float* ctx, int64_t n_new, int64_t first_slot,
+                    std::span<const int32_t> positions, float* x, int64_t B, LayerStateAccess& state, Backend& be);
 
 // logits [rows.size(), V] of the given block rows: the draft's own final norm, then the target's LM head
 // (the target's output norm is not applied).

@@ -53,6 +53,15 @@ class Buffer {
   int64_t n_ = 0;
 };
 
+// The values a recorded step reads on the device (Backend::begin_step_capture, replay_step).
+struct StepValues {
+  std::span<const int32_t> tokens;     // embedding() ids
+  std::span<const int32_t> positions;  // RoPE positions (rope_neox, attention_prep)
+  std::span<const int32_t> parents;    // a tree step's parents (attention, DeltaNet, conv); empty otherwise
+  int64_t first_slot = 0;              // the first KV slot the step writes (kv_write, attention_prep)
+  int64_t n_prefix = 0, n_tokens = 0;  // attention: keys before the step's own, and all its keys
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -112,22 +121,32 @@ class Backend {
   virtual double elapsed_ms(int64_t a, int64_t b) const;
   virtual void clear_marks() { host_marks_.clear(); }
 
-  // ---- replayable decode steps
-  // A device backend can record the work of one decode step (one token, causal mask) once and replay it
-  // at later positions with a single launch: between begin_step_capture() and end_step_capture() ops are
-  // recorded, not run, and the per-step values (the token id of embedding(), the position of rope_neox()
-  // and kv_write(), the KV lengths of attention()) are bound to parameters that replay_step() sets. Every
-  // buffer the recorded ops touch must stay where it is while the recording lives (temporaries allocated
-  // during the capture stay reserved for it). A failed capture leaves nothing recorded: abort, run eagerly.
+  // ---- replayable steps
+  // A device backend can record the work of one step (a decode token, a verify block, a draft block) once and
+  // replay it with other values in a single launch: between begin_step_capture(v) and end_step_capture() ops
+  // are recorded, not run, and the step's values `v` (StepValues) are bound to parameters that replay_step()
+  // sets: an op handed a host array that lies inside one of v's arrays (token ids, positions, tree parents), or
+  // v's first KV slot or attention lengths, reads the replay's values on the device. Any other host data an op
+  // needs fails the recording. Every buffer the recorded ops touch must stay where it is while the recording
+  // lives (temporaries allocated during the capture stay reserved for it). A failed capture leaves nothing
+  // recorded: abort, run eagerly. The recording runs first at its first replay.
   virtual bool step_graphs_supported() const { return false; }
-  virtual Status begin_step_capture() { return unsupported("{} backend does not record steps", name()); }
+  virtual Status begin_step_capture(const StepValues& v) {
+    (void)v;
+    return unsupported("{} backend does not record steps", name());
+  }
   virtual Result<int64_t> end_step_capture() { return unsupported("{} backend does not record steps", name()); }
   virtual void abort_step_capture() {}
-  // Runs recording `id` for `token` at position `pos` (KV length pos + 1). kNotFound when the recording
-  // is gone (dropped, or invalidated because scratch it used moved): record again.
-  virtual Status replay_step(int64_t id, int32_t token, int64_t pos) {
-    (void)id, (void)token, (void)pos;
+  // Runs recording `id` with values `v` (arrays of the lengths it was recorded with). kNotFound when the
+  // recording is gone (dropped, or invalidated because scratch it used moved): record again.
+  virtual Status replay_step(int64_t id, const StepValues& v) {
+    (void)id, (void)v;
     return unsupported("{} backend does not record steps", name());
+  }
+  // Whether recording `id` would replay (not dropped, nothing it used has moved).
+  virtual bool step_replayable(int64_t id) const {
+    (void)id;
+    return false;
   }
   virtual void drop_step(int64_t id) { (void)id; }
 

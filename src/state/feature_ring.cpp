@@ -144,10 +144,17 @@ Result<Buffer> FeatureRing::device_rows_from(int64_t from) const {
   if (from < first() || from > end_)
     return internal_error("feature rows from {} asked of a ring holding [{}, {})", from, first(), end_);
   DF_ASSIGN_OR_RETURN(Buffer out, device_->alloc((end_ - from) * width_));
-  DF_RETURN_IF_ERROR(each_run(from, end_ - from, [&](float* at, int64_t r, int64_t len) {
-    return device_->copy(out.data() + r * width_, at, len * width_);
-  }));
+  DF_RETURN_IF_ERROR(copy_rows_to(from, out.data()));
   return out;
+}
+
+Status FeatureRing::copy_rows_to(int64_t from, float* dst) const {
+  if (device_ == nullptr) return internal_error("device feature rows asked of a ring on the host");
+  if (from < first() || from > end_)
+    return internal_error("feature rows from {} asked of a ring holding [{}, {})", from, first(), end_);
+  return each_run(from, end_ - from, [&](float* at, int64_t r, int64_t len) {
+    return device_->copy(dst + r * width_, at, len * width_);
+  });
 }
 
 void FeatureRing::export_to(Snapshot& snap) const {

@@ -54,8 +54,9 @@ class FeatureRing {
                        std::span<const int64_t> pick = {});
   // Rows of positions [from, end()) as one [n, width] block on the host; `from` must be within [first(), end()].
   Result<std::vector<float>> rows_from(int64_t from) const;
-  // The same block in the device's memory (device rings only).
+  // The same block in the device's memory (device rings only): a new buffer, or into dst [n, width] there.
   Result<Buffer> device_rows_from(int64_t from) const;
+  Status copy_rows_to(int64_t from, float* dst) const;
   // Empties the ring; the next rows are those of position `pos`.
   void clear(int64_t pos = 0) {
     rows_.clear();

@@ -107,7 +107,7 @@ Result<Buffer> zeros(Backend& be, int64_t n) {
 }  // namespace
 
 uint64_t SequenceState::layout_version() const {
-  uint64_t v = 0;
+  uint64_t v = capture_version_;
   for (const auto& kv : kv_)
     if (kv) v += kv->table_version();
   return v;
@@ -204,22 +204,40 @@ Status SequenceState::reserve_kv(int64_t layer, int64_t n_total) {
   DF_RETURN_IF_ERROR(status_);
   if (layer < layer_begin_ || layer >= layer_end_ || !kv_[slot(layer)])
     return internal_error("layer {} has no KV in this state", layer);
+  if (recording_ && kv_[slot(layer)]->capacity() < n_total)
+    return unsupported("layer {}: KV chunks cannot be added while a step is recorded", layer);
   DF_RETURN_IF_ERROR(kv_[slot(layer)]->reserve(n_total));
   marks_[slot(layer)] = StepMark{n_past_, n_total - n_past_};
   return Status();
 }
 
-// Capture buffers grow to the step's size and are kept for the next step.
-static float* ensure_capture(Backend& be, Buffer& buf, int64_t n, Status& status) {
+float* SequenceState::ensure_capture(Backend& be, Buffer& buf, int64_t n) {
   if (buf.size() < n) {
+    if (recording_) return nullptr;  // the step fails and runs eagerly, which grows it
     auto b = be.alloc(n);
     if (!b.ok()) {
-      status = b.status();
+      status_ = b.status();
       return nullptr;
     }
     buf = std::move(b).value();
+    ++capture_version_;
   }
   return buf.data();
+}
+
+SequenceState::StepMarks SequenceState::step_marks(int64_t base) const {
+  StepMarks m = marks_;
+  for (StepMark& k : m)
+    if (k.base != base) k = StepMark{};
+  return m;
+}
+
+void SequenceState::replay_step_marks(const StepMarks& marks) {
+  for (size_t i = 0; i < marks.size() && i < marks_.size(); ++i)
+    if (marks[i].base >= 0) {
+      marks_[i] = marks[i];
+      marks_[i].base = n_past_;
+    }
 }
 
 void SequenceState::mark_capture(size_t i, int64_t n, bool conv, bool chain) {
@@ -232,20 +250,19 @@ void SequenceState::mark_capture(size_t i, int64_t n, bool conv, bool chain) {
 float* SequenceState::ssm_capture(int64_t layer, int64_t n) {
   if (ssm_capture_.size() != ssm_.size()) ssm_capture_.resize(ssm_.size());
   mark_capture(slot(layer), n, false);
-  return ensure_capture(be(slot(layer)), ssm_capture_[slot(layer)], n * ssm_[slot(layer)].size(), status_);
+  return ensure_capture(be(slot(layer)), ssm_capture_[slot(layer)], n * ssm_[slot(layer)].size());
 }
 
 float* SequenceState::ssm_chain_capture(int64_t layer, int64_t n) {
   if (ssm_capture_.size() != ssm_.size()) ssm_capture_.resize(ssm_.size());
   mark_capture(slot(layer), n, false, true);
-  return ensure_capture(be(slot(layer)), ssm_capture_[slot(layer)], chain_capture_layout(spec_.gdn, n).end, status_);
+  return ensure_capture(be(slot(layer)), ssm_capture_[slot(layer)], chain_capture_layout(spec_.gdn, n).end);
 }
 
 float* SequenceState::conv_capture(int64_t layer, int64_t n) {
   if (conv_capture_.size() != conv_.size()) conv_capture_.resize(conv_.size());
   mark_capture(slot(layer), n, true);
-  return ensure_capture(be(slot(layer)), conv_capture_[slot(layer)], conv_[slot(layer)].size() + n * spec_.gdn.conv_dim(),
-                        status_);
+  return ensure_capture(be(slot(layer)), conv_capture_[slot(layer)], conv_[slot(layer)].size() + n * spec_.gdn.conv_dim());
 }
 
 void SequenceState::begin_captured_step(int64_t n) {

@@ -114,6 +114,21 @@ class SequenceState : public LayerStateAccess {
   // Called before a step run with capture_recurrent (the Runner does): remembers where it starts.
   void begin_captured_step(int64_t n);
 
+  // What a step asked of each layer (KV rows, capture buffers), which rollback_captured and commit_tree read.
+  struct StepMark {
+    int64_t base = -1, n = 0;
+    bool conv = false, ssm = false;  // DeltaNet: which capture buffers the step filled
+    bool chain = false;              // ssm: ssm_chain_capture's form (a causal step), not per-token states
+  };
+  using StepMarks = std::vector<StepMark>;
+  // The marks a step that started at `base` left (base -1 for the layers it did not touch), and the same marks
+  // left again by a replay of that step's recording at n_past() (which runs none of the calls that leave them).
+  StepMarks step_marks(int64_t base) const;
+  void replay_step_marks(const StepMarks& marks);
+  // While a step is recorded (Runner, CUDA graphs), the state must not move: KV chunks or capture buffers the
+  // step would need to allocate fail it instead (the recording is abandoned and the step runs eagerly).
+  void set_recording(bool on) { recording_ = on; }
+
   // After a tree step (MaskKind::kTree over nodes at KV slots n_past .. n_past + n_nodes - 1, `parents` as
   // given to the step, node 0 the root with parent -1; the step leaves n_past where it was) keeps the
   // accepted path `path` (path[0] == 0, each path[d] a child of path[d - 1]), algorithms.md B.6/B.7:
@@ -153,15 +168,8 @@ class SequenceState : public LayerStateAccess {
   void mark_capture(size_t i, int64_t n, bool conv, bool chain = false);
   Status check_tree_step(std::span<const int32_t> parents, std::span<const int32_t> path) const;
 
-  // What the last step run on the state asked of each layer: reserve_kv (attention) or both capture
-  // buffers (DeltaNet) for n tokens from position base. A tree step leaves n_past unchanged and calls
-  // nothing else on the state, so commit_tree finds it here; rollback_captured checks that no later step
-  // overwrote its captures.
-  struct StepMark {
-    int64_t base = -1, n = 0;
-    bool conv = false, ssm = false;  // DeltaNet: which capture buffers the step filled
-    bool chain = false;              // ssm: ssm_chain_capture's form (a causal step), not per-token states
-  };
+  // Capture buffers grow to the step's size and are kept for the next step (capture_version_ counts moves).
+  float* ensure_capture(Backend& be, Buffer& buf, int64_t n);
 
   ModelSpec spec_;
   std::vector<StateShard> shards_;
@@ -176,7 +184,13 @@ class SequenceState : public LayerStateAccess {
   std::vector<Buffer> ssm_capture_;   // per layer: [n, Hv, dv, dk], or ssm_chain_capture's layout
   std::vector<Buffer> conv_capture_;  // per layer: [(K-1) + n, conv_dim]
   int64_t capture_base_ = -1, capture_n_ = 0;     // the captured step: first position and token count
+  // What the last step run on the state asked of each layer: reserve_kv (attention) or both capture
+  // buffers (DeltaNet) for n tokens from position base. A tree step leaves n_past unchanged and calls
+  // nothing else on the state, so commit_tree finds it here; rollback_captured checks that no later step
+  // overwrote its captures.
   std::vector<StepMark> marks_;                   // per layer in range
+  uint64_t capture_version_ = 0;
+  bool recording_ = false;
 };
 
 }  // namespace dflash

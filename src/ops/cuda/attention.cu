@@ -346,7 +346,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const float* part_
   }
 }
 
-constexpr int64_t kDecodeMaxQueries = 32;
+constexpr int64_t kDecodeMaxQueries = kAttnDeviceLengthsMaxQueries;
 constexpr int64_t kMinKeysPerSplit = 128;
 
 struct Plan {

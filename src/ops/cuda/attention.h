@@ -76,6 +76,10 @@ struct DeviceAttnMask {
   bool path_tensor_cores = false;
 };
 
+// The most queries a call with DeviceAttnMask::lengths takes (decode-shaped calls, whose launch is the same at
+// every key count).
+inline constexpr int64_t kAttnDeviceLengthsMaxQueries = 32;
+
 bool attention_head_dim_supported(int64_t head_dim);
 
 // Bytes of workspace that lets attention() use its preferred split-K plan for this call shape on the

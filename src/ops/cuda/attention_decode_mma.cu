@@ -113,14 +113,15 @@ __global__ void __launch_bounds__(MmaShape<HD, MT>::kThreads, 1) decode_mma_kern
   // (node, split node_split0 + t) for t < node_splits: one node's rows.
   const int row_blocks = (n_rows_kv + S::kRows - 1) / S::kRows, bx = static_cast<int>(blockIdx.x);
   const bool node_block = bx >= row_blocks * p.n_splits;
-  int split, row0, row_end;
+  int split, row0, row_end, node_t = 0;
   if (!node_block) {
     split = bx % p.n_splits;
     row0 = bx / p.n_splits * S::kRows;
     row_end = std::min(row0 + S::kRows, n_rows_kv);
   } else {
     const int t = bx - row_blocks * p.n_splits;
-    split = p.node_split0 + t % p.node_splits;
+    node_t = t % p.node_splits;
+    split = p.node_split0 + node_t;  // node_split0 < 0: counted from the node's first split past the prefix (below)
     row0 = t / p.node_splits * g_size;
     row_end = row0 + g_size;
   }
@@ -186,6 +187,10 @@ __global__ void __launch_bounds__(MmaShape<HD, MT>::kThreads, 1) decode_mma_kern
   auto node_owned = [&](int qi) {
     return p.tree && (split + 1) * kps_s[qi] > n_prefix && split * kps_s[qi] < kend_s[qi];
   };
+  if (node_block && p.node_split0 < 0) {  // lengths read here: the node's splits from the one holding key n_prefix
+    split = static_cast<int>(n_prefix / kps_s[0]) + node_t;
+    if (split >= p.n_splits) return;
+  }
   if (node_block && !node_owned(0)) return;  // the whole block: before any other barrier
 
   // This thread's C-fragment rows (quad and quad + 8 of its warp's m-tile) as block queries (-1: none).
@@ -360,8 +365,12 @@ cudaError_t launch_mt(const Params& p, cudaStream_t stream) {
   Params q = p;
   q.node_split0 = 0;
   q.node_splits = 0;
-  if (p.tree && p.lengths != nullptr) {  // lengths known only on the device: every split may be a node's
-    q.node_splits = p.n_splits;
+  if (p.tree && p.lengths != nullptr) {
+    // Lengths known only on the device: each node's splits counted from its first past the prefix there. A node
+    // owns the splits from floor(n_prefix / kps) to floor((n_prefix + depth) / kps): at most depth / BN + 2 of
+    // them (kps >= BN), and depth <= n_q - 1.
+    q.node_split0 = -1;
+    q.node_splits = static_cast<int32_t>(std::min<int64_t>(p.n_splits, (p.n_q - 1) / S::BN + 2));
   } else if (p.tree && p.n_q > 0) {
     const int64_t kend_lo = std::min<int64_t>(p.n_tokens, p.n_prefix + 1);
     const int64_t kend_hi = std::min<int64_t>(p.n_tokens, p.n_prefix + p.n_q);

@@ -65,7 +65,8 @@ struct Params {
   float* part_ml;           // [n_splits][n_q * n_heads][2]: (max, sum)
   const int32_t* lengths;   // device {n_prefix, n_tokens} overriding the fields above, or null
   int32_t kv_f16;           // 1: K/V chunks hold fp16 elements
-  int32_t node_split0;      // launch_mma (trees): its node blocks' splits [node_split0, + node_splits); set by it
+  int32_t node_split0;      // launch_mma (trees): its node blocks' splits [node_split0, + node_splits), set by it;
+                            // -1: each node's [floor(n_prefix / its kps), + node_splits) (lengths on the device)
   int32_t node_splits;
 };
 

@@ -64,11 +64,13 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device) {
   DF_RETURN_IF_ERROR(check(cudaStreamCreate(&be->stream_), "cudaStreamCreate"));
   DF_RETURN_IF_ERROR(check(cudaMallocHost(reinterpret_cast<void**>(&be->pinned_), kPinnedBytes), "cudaMallocHost"));
   be->pinned_bytes_ = kPinnedBytes;
-  DF_RETURN_IF_ERROR(check(cudaMallocHost(reinterpret_cast<void**>(&be->step_params_host_), 4 * sizeof(int32_t)),
+  constexpr size_t kParamBytes = kStepParamInts * sizeof(int32_t);
+  DF_RETURN_IF_ERROR(check(cudaMallocHost(reinterpret_cast<void**>(&be->step_params_host_), kStepParamSlots * kParamBytes),
                            "cudaMallocHost"));
-  DF_RETURN_IF_ERROR(check(cudaMalloc(reinterpret_cast<void**>(&be->step_params_), 4 * sizeof(int32_t)), "cudaMalloc"));
-  DF_RETURN_IF_ERROR(check(cudaMemset(be->step_params_, 0, 4 * sizeof(int32_t)), "cudaMemset"));
-  DF_RETURN_IF_ERROR(check(cudaEventCreateWithFlags(&be->params_copied_, cudaEventDisableTiming), "cudaEventCreate"));
+  DF_RETURN_IF_ERROR(check(cudaMalloc(reinterpret_cast<void**>(&be->step_params_), kParamBytes), "cudaMalloc"));
+  DF_RETURN_IF_ERROR(check(cudaMemset(be->step_params_, 0, kParamBytes), "cudaMemset"));
+  for (cudaEvent_t& e : be->params_copied_)
+    DF_RETURN_IF_ERROR(check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
   constexpr size_t kQ = static_cast<size_t>(kQ8SideElems);
   uint8_t* q8 = nullptr;
   DF_RETURN_IF_ERROR(check(cudaMalloc(reinterpret_cast<void**>(&q8), kQ + kQ / 8 + kQ / 4), "cudaMalloc"));
@@ -91,7 +93,8 @@ CudaBackend::~CudaBackend() {
   if (step_params_host_) cudaFreeHost(step_params_host_);
   if (step_params_) cudaFree(step_params_);
   if (q8_buf_.xq) cudaFree(q8_buf_.xq);
-  if (params_copied_) cudaEventDestroy(params_copied_);
+  for (cudaEvent_t e : params_copied_)
+    if (e) cudaEventDestroy(e);
   if (handoff_event_) cudaEventDestroy(handoff_event_);
   for (auto& [key, table] : rope_tables_) cudaFree(table);
   for (cudaEvent_t e : marks_) cudaEventDestroy(e);
@@ -100,13 +103,20 @@ CudaBackend::~CudaBackend() {
 
 // ---- step recording
 
-Status CudaBackend::begin_step_capture() {
+Status CudaBackend::begin_step_capture(const StepValues& v) {
   activate();
   forget_q8();
   if (capturing_) return internal_error("a step is already being recorded");
+  if (kStepHeaderInts + v.tokens.size() + v.positions.size() + v.parents.size() > kStepParamInts)
+    return unsupported("a recorded step takes at most {} token ids, positions and parents together",
+                       kStepParamInts - kStepHeaderInts);
+  if (v.first_slot < 0 || v.n_prefix < 0 || v.n_tokens < v.n_prefix || v.n_tokens >= INT32_MAX)
+    return invalid_argument("recorded step: first slot {}, {} prefix keys of {}", v.first_slot, v.n_prefix, v.n_tokens);
   DF_RETURN_IF_ERROR(check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture"));
   capturing_ = true;
+  capture_values_ = v;
   capture_owned_.clear();
+  capture_free_.clear();
   return Status();
 }
 
@@ -119,6 +129,8 @@ void CudaBackend::abort_step_capture() {
   if (graph) cudaGraphDestroy(graph);
   cudaGetLastError();
   capturing_ = false;
+  capture_values_ = StepValues{};
+  capture_free_.clear();
   for (float* p : capture_owned_) free_list_push(p);
   capture_owned_.clear();
 }
@@ -132,7 +144,12 @@ Result<int64_t> CudaBackend::end_step_capture() {
   capturing_ = false;
   Graph g;
   g.owned = std::move(capture_owned_);
+  g.tokens = capture_values_.tokens.size();
+  g.positions = capture_values_.positions.size();
+  g.parents = capture_values_.parents.size();
   capture_owned_.clear();
+  capture_free_.clear();
+  capture_values_ = StepValues{};
   cudaError_t ei = e;
   if (e == cudaSuccess) ei = cudaGraphInstantiate(&g.exec, graph, 0);
   if (graph) cudaGraphDestroy(graph);
@@ -148,6 +165,11 @@ Result<int64_t> CudaBackend::end_step_capture() {
   return id;
 }
 
+bool CudaBackend::step_replayable(int64_t id) const {
+  auto it = graphs_.find(id);
+  return it != graphs_.end() && it->second.epoch == epoch_;
+}
+
 void CudaBackend::drop_step(int64_t id) {
   activate();
   auto it = graphs_.find(id);
@@ -160,27 +182,62 @@ void CudaBackend::drop_step(int64_t id) {
   graphs_.erase(it);
 }
 
-Status CudaBackend::replay_step(int64_t id, int32_t token, int64_t pos) {
+Status CudaBackend::replay_step(int64_t id, const StepValues& v) {
   activate();
   forget_q8();
   auto it = graphs_.find(id);
   if (it == graphs_.end()) return not_found("no recorded step {}", id);
-  if (it->second.epoch != epoch_) {
+  const Graph& g = it->second;
+  if (g.epoch != epoch_) {
     drop_step(id);
     return not_found("recorded step {} used scratch that has moved", id);
   }
-  if (pos < 0 || pos >= INT32_MAX) return invalid_argument("position {} is out of range", pos);
-  DF_RETURN_IF_ERROR(check(cudaEventSynchronize(params_copied_), "step parameters"));
-  const auto p = static_cast<int32_t>(pos);
-  step_params_host_[0] = token;
-  step_params_host_[1] = p;
-  step_params_host_[2] = p;      // KV prefix before this token
-  step_params_host_[3] = p + 1;  // KV length with it
-  DF_RETURN_IF_ERROR(check(cudaMemcpyAsync(step_params_, step_params_host_, 4 * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                           stream_),
-                           "step parameters"));
-  DF_RETURN_IF_ERROR(check(cudaEventRecord(params_copied_, stream_), "step parameters"));
-  return check(cudaGraphLaunch(it->second.exec, stream_), "cudaGraphLaunch");
+  if (v.tokens.size() != g.tokens || v.positions.size() != g.positions || v.parents.size() != g.parents)
+    return invalid_argument("recorded step {} takes {} tokens, {} positions and {} parents, not {}, {} and {}", id,
+                            g.tokens, g.positions, g.parents, v.tokens.size(), v.positions.size(), v.parents.size());
+  if (v.first_slot < 0 || v.n_prefix < 0 || v.n_tokens < v.n_prefix || v.n_tokens >= INT32_MAX ||
+      v.first_slot >= INT32_MAX)
+    return invalid_argument("recorded step: first slot {}, {} prefix keys of {}", v.first_slot, v.n_prefix, v.n_tokens);
+  // A pinned slot whose last copy is done (the ring's oldest: its copy was queued kStepParamSlots replays ago).
+  const size_t slot = params_slot_;
+  params_slot_ = (params_slot_ + 1) % kStepParamSlots;
+  DF_RETURN_IF_ERROR(check(cudaEventSynchronize(params_copied_[slot]), "step parameters"));
+  int32_t* h = step_params_host_ + slot * kStepParamInts;
+  h[0] = static_cast<int32_t>(v.first_slot);
+  h[1] = static_cast<int32_t>(v.n_prefix);
+  h[2] = static_cast<int32_t>(v.n_tokens);
+  int32_t* p = h + kStepHeaderInts;
+  for (std::span<const int32_t> a : {v.tokens, v.positions, v.parents}) p = std::copy(a.begin(), a.end(), p);
+  const size_t bytes = static_cast<size_t>(p - h) * sizeof(int32_t);
+  DF_RETURN_IF_ERROR(
+      check(cudaMemcpyAsync(step_params_, h, bytes, cudaMemcpyHostToDevice, stream_), "step parameters"));
+  DF_RETURN_IF_ERROR(check(cudaEventRecord(params_copied_[slot], stream_), "step parameters"));
+  return check(cudaGraphLaunch(g.exec, stream_), "cudaGraphLaunch");
+}
+
+Result<const int32_t*> CudaBackend::recorded_ints(std::span<const int32_t> a, const char* what) const {
+  if (a.empty()) return static_cast<const int32_t*>(nullptr);
+  const auto addr = [](const int32_t* p) { return reinterpret_cast<uintptr_t>(p); };
+  size_t off = kStepHeaderInts;
+  for (std::span<const int32_t> arr : {capture_values_.tokens, capture_values_.positions, capture_values_.parents}) {
+    if (!arr.empty() && addr(a.data()) >= addr(arr.data()) &&
+        addr(a.data() + a.size()) <= addr(arr.data() + arr.size()))
+      return static_cast<const int32_t*>(step_params_ + off + static_cast<size_t>(a.data() - arr.data()));
+    off += arr.size();
+  }
+  return unsupported("{}: host data outside the recorded step's values", what);
+}
+
+Result<const int32_t*> CudaBackend::device_ints(Scratch& s, std::span<const int32_t> a, const char* what) {
+  if (capturing_) return recorded_ints(a, what);
+  DF_ASSIGN_OR_RETURN(const void* d, stage(s, a.data(), a.size_bytes()));
+  return static_cast<const int32_t*>(d);
+}
+
+Result<const int32_t*> CudaBackend::recorded_first_slot(int64_t first, const char* what) const {
+  if (first != capture_values_.first_slot)
+    return unsupported("{}: slot {} is not the recorded step's first slot {}", what, first, capture_values_.first_slot);
+  return static_cast<const int32_t*>(step_params_);
 }
 
 MemoryStats CudaBackend::memory_stats() const {
@@ -296,8 +353,13 @@ Result<Buffer> CudaBackend::alloc(int64_t n_floats) {
   activate();
   if (n_floats < 0) return invalid_argument("negative buffer size {}", n_floats);
   const int64_t n = std::max<int64_t>(n_floats, 1);
-  // While recording, temporaries are fresh memory the recording will own (never a free-list buffer that
-  // something else may hold later).
+  // While recording, temporaries are memory the recording will own: fresh, or one of its own it released
+  // (never a free-list buffer that something else may hold later).
+  if (auto it = capture_free_.find(n); capturing_ && it != capture_free_.end() && !it->second.empty()) {
+    float* p = it->second.back();
+    it->second.pop_back();
+    return Buffer(this, p, n_floats);
+  }
   if (auto it = free_.find(n); !capturing_ && it != free_.end() && !it->second.empty()) {
     float* p = it->second.back();
     it->second.pop_back();
@@ -333,7 +395,10 @@ void CudaBackend::release(float* data) {
     return;
   }
   if (graph_owned_.count(data)) return;  // a recording's temporary: it keeps it
-  if (capturing_ && std::find(capture_owned_.begin(), capture_owned_.end(), data) != capture_owned_.end()) return;
+  if (capturing_ && std::find(capture_owned_.begin(), capture_owned_.end(), data) != capture_owned_.end()) {
+    capture_free_[sizes_[data]].push_back(data);  // the recording's again, for its later temporaries
+    return;
+  }
   free_list_push(data);
 }
 
@@ -515,14 +580,7 @@ Status CudaBackend::embedding(const cpu::WeightView& table, std::span<const int3
   for (int32_t id : ids)
     if (id < 0 || id >= table.rows)
       return invalid_argument("token id {} is outside the embedding table of {} rows", id, table.rows);
-  const int32_t* dev_ids = nullptr;
-  if (capturing_) {
-    if (ids.size() != 1) return unsupported("a recorded step embeds one token");
-    dev_ids = step_params_;  // the replay's token
-  } else {
-    DF_ASSIGN_OR_RETURN(const void* d, stage(positions_, ids.data(), ids.size_bytes()));
-    dev_ids = static_cast<const int32_t*>(d);
-  }
+  DF_ASSIGN_OR_RETURN(const int32_t* dev_ids, device_ints(positions_, ids, "embedding"));
   const auto n = static_cast<int64_t>(ids.size());
   DF_ASSIGN_OR_RETURN(void* rows, reserve(embed_rows_, static_cast<size_t>(rb) * static_cast<size_t>(n)));
   DF_RETURN_IF_ERROR(check(cuda::gather_row_bytes(table.data, static_cast<int64_t>(rb), table.rows, dev_ids, n, rows,
@@ -559,14 +617,9 @@ Status CudaBackend::rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head
   activate();
   forget_q8();
   DF_ASSIGN_OR_RETURN(const double* table, rope_table(theta, freq_scale, rot_dims));
-  const void* pos = step_params_ + 1;  // a recorded step's position
-  if (capturing_) {
-    if (n != 1) return unsupported("a recorded step has one token");
-  } else {
-    DF_ASSIGN_OR_RETURN(pos, stage(positions_, positions.data(), positions.size_bytes()));
-  }
-  return check(cuda::rope_neox(x, n, n_heads, head_dim, rot_dims, static_cast<const int32_t*>(pos), theta, freq_scale,
-                               stream_, table),
+  if (static_cast<int64_t>(positions.size()) != n) return invalid_argument("rope: {} positions for {} rows", positions.size(), n);
+  DF_ASSIGN_OR_RETURN(const int32_t* pos, device_ints(positions_, positions, "rope"));
+  return check(cuda::rope_neox(x, n, n_heads, head_dim, rot_dims, pos, theta, freq_scale, stream_, table),
                "rope_neox");
 }
 
@@ -586,15 +639,19 @@ Status CudaBackend::attention(const float* q, int64_t n_q, int64_t n_heads, cons
   }
   cuda::DeviceKvView dkv{k_table, v_table, kv.chunk_tokens, kv.n_tokens, kv.n_kv_heads, kv.head_dim};
   dkv.f16 = kv.type == cpu::KvType::kF16;
-  DF_ASSIGN_OR_RETURN(const void* par, stage(parents_, mask.parents.data(), mask.parents.size_bytes()));
-  cuda::DeviceAttnMask dmask{cuda::to_device(mask.kind), mask.n_prefix, static_cast<const int32_t*>(par)};
+  DF_ASSIGN_OR_RETURN(const int32_t* par, device_ints(parents_, mask.parents, "attention"));
+  cuda::DeviceAttnMask dmask{cuda::to_device(mask.kind), mask.n_prefix, par};
   dmask.window = mask.window;
   // fp16 KV: decode and verify on the tensor-core path kernel alike (attention.h), with a draft or without, so
   // that speculative decoding gives plain decoding's text.
   dmask.path_tensor_cores = true;
-  if (capturing_) {
-    if (n_q != 1 || mask.kind != cpu::MaskKind::kCausal) return unsupported("a recorded step is one causal token");
-    dmask.lengths = step_params_ + 2;  // the replay's {KV prefix, KV length}
+  if (capturing_) {  // the replay's {KV prefix, KV length}
+    if (n_q > cuda::kAttnDeviceLengthsMaxQueries)
+      return unsupported("a recorded step's attention takes at most {} queries", cuda::kAttnDeviceLengthsMaxQueries);
+    if (mask.n_prefix != capture_values_.n_prefix || kv.n_tokens != capture_values_.n_tokens)
+      return unsupported("attention over {} of {} keys, not the recorded step's {} of {}", mask.n_prefix, kv.n_tokens,
+                         capture_values_.n_prefix, capture_values_.n_tokens);
+    dmask.lengths = step_params_ + 1;
   }
   // Prefill-shaped calls on the f16 tensor cores, unless steps must compute as decode does (token-exact
   // verify steps, or tensor-core prefill turned off).
@@ -640,13 +697,9 @@ Status CudaBackend::attention_prep(float* q, float* k, const float* v, int64_t n
                      .k_chunks = const_cast<float* const*>(kv.device_k_table),
                      .v_chunks = const_cast<float* const*>(kv.device_v_table), .chunk_tokens = kv.chunk_tokens,
                      .first_slot = first_slot, .slot_dev = nullptr, .kv_f16 = kv.type == cpu::KvType::kF16};
+  DF_ASSIGN_OR_RETURN(a.positions, device_ints(positions_, positions, "attention_prep"));
   if (capturing_) {
-    if (n != 1) return unsupported("a recorded step has one token");
-    a.positions = step_params_ + 1;  // the replay's position, which is also its slot
-    a.slot_dev = step_params_ + 1;
-  } else {
-    DF_ASSIGN_OR_RETURN(const void* p, stage(positions_, positions.data(), positions.size_bytes()));
-    a.positions = static_cast<const int32_t*>(p);
+    DF_ASSIGN_OR_RETURN(a.slot_dev, recorded_first_slot(first_slot, "attention_prep"));
   }
   return check(cuda::qk_prep(a, stream_), "attention_prep");
 }
@@ -661,8 +714,7 @@ Status CudaBackend::kv_write(const cpu::KvView& kv, int64_t first_pos, const flo
   DF_RETURN_IF_ERROR(check_kv_slots(kv, first_pos, n, "kv_write"));
   const int32_t* first_dev = nullptr;
   if (capturing_) {
-    if (n != 1) return unsupported("a recorded step has one token");
-    first_dev = step_params_ + 1;
+    DF_ASSIGN_OR_RETURN(first_dev, recorded_first_slot(first_pos, "kv_write"));
   }
   return check(cuda::kv_write(const_cast<float* const*>(kv.device_k_table), const_cast<float* const*>(kv.device_v_table),
                               kv.chunk_tokens, kv.n_kv_heads * kv.head_dim, k, v, n, first_pos, first_dev, stream_,
@@ -683,9 +735,8 @@ Status CudaBackend::gated_delta_net(const float* q, const float* k, const float*
     DF_ASSIGN_OR_RETURN(void* ws, reserve(workspace_, ws_bytes));
     return cuda::run_gated_delta_net_chunked(q, k, v, g, beta, n, dims, state, out, ws, ws_bytes, stream_);
   }
-  DF_ASSIGN_OR_RETURN(const void* par, stage(parents_, parents.data(), parents.size_bytes()));
-  return cuda::run_gated_delta_net_recurrent(q, k, v, g, beta, n, dims, state, out, per_token_states,
-                                             static_cast<const int32_t*>(par), stream_);
+  DF_ASSIGN_OR_RETURN(const int32_t* par, device_ints(parents_, parents, "gated_delta_net"));
+  return cuda::run_gated_delta_net_recurrent(q, k, v, g, beta, n, dims, state, out, per_token_states, par, stream_);
 }
 
 Status CudaBackend::restore_deltanet(std::span<const DeltaNetRestore> layers, int64_t n,
@@ -717,9 +768,8 @@ Status CudaBackend::restore_deltanet(std::span<const DeltaNetRestore> layers, in
 Status CudaBackend::causal_conv1d_silu(const float* x, int64_t n, int64_t channels, const float* w, int64_t kernel,
                                        float* conv_state, float* out, std::span<const int32_t> parents) {
   forget_q8();
-  DF_ASSIGN_OR_RETURN(const void* par, stage(parents_, parents.data(), parents.size_bytes()));
-  return cuda::run_causal_conv1d_silu(x, n, channels, w, kernel, conv_state, out, static_cast<const int32_t*>(par),
-                                      stream_);
+  DF_ASSIGN_OR_RETURN(const int32_t* par, device_ints(parents_, parents, "causal_conv1d_silu"));
+  return cuda::run_causal_conv1d_silu(x, n, channels, w, kernel, conv_state, out, par, stream_);
 }
 
 Status CudaBackend::add_rms_norm(float* x, const float* delta, const float* w, float eps, int64_t n, int64_t dim,
@@ -786,14 +836,14 @@ Status CudaBackend::deltanet_prep(const float* mixed, int64_t n, const cpu::Delt
     return invalid_argument("deltanet_prep: conv kernel size {} outside [1, {}]", kernel, cuda::kConvMaxKernel);
   if (!parents.empty() && static_cast<int64_t>(parents.size()) != n)
     return invalid_argument("deltanet_prep: {} parents for {} tokens", parents.size(), n);
-  DF_ASSIGN_OR_RETURN(const void* par, stage(parents_, parents.data(), parents.size_bytes()));
+  DF_ASSIGN_OR_RETURN(const int32_t* par, device_ints(parents_, parents, "deltanet_prep"));
   cuda::DeltaNetPrepArgs a;
   a.mixed = mixed;
   a.n_k_heads = s.n_k_heads, a.n_v_heads = s.n_v_heads, a.d_k = s.d_k, a.d_v = s.d_v;
   a.conv_w = conv_w;
   a.kernel = static_cast<int>(kernel);
   a.conv_state = conv_state;
-  a.parents = static_cast<const int32_t*>(par);
+  a.parents = par;
   a.q = q, a.k = k, a.v = v, a.alpha = alpha_to_decay, a.beta = beta;
   a.dt_bias = dt_bias;
   a.ssm_a = ssm_a;

@@ -51,10 +51,11 @@ class CudaBackend final : public Backend {
   bool device_memory() const override { return true; }
   MemoryStats memory_stats() const override;
   bool step_graphs_supported() const override { return true; }
-  Status begin_step_capture() override;
+  Status begin_step_capture(const StepValues& v) override;
   Result<int64_t> end_step_capture() override;
   void abort_step_capture() override;
-  Status replay_step(int64_t id, int32_t token, int64_t pos) override;
+  Status replay_step(int64_t id, const StepValues& v) override;
+  bool step_replayable(int64_t id) const override;
   void drop_step(int64_t id) override;
 
   Result<Buffer> alloc(int64_t n_floats) override;
@@ -129,13 +130,27 @@ class CudaBackend final : public Backend {
   Result<void*> reserve(Scratch& s, size_t bytes, bool recorded = true);
   Result<const void*> stage(Scratch& s, const void* host, size_t bytes, bool recorded = true);
 
-  // A recorded step: the executable graph, the scratch epoch it was recorded in, and the temporaries it
-  // owns (allocated during the capture, kept out of the free lists while it lives).
+  // A recorded step: the executable graph, the scratch epoch it was recorded in, the temporaries it owns
+  // (allocated during the capture, kept out of the free lists while it lives), and the lengths of the value
+  // arrays it reads (a replay must bring the same).
   struct Graph {
     cudaGraphExec_t exec = nullptr;
     uint64_t epoch = 0;
     std::vector<float*> owned;
+    size_t tokens = 0, positions = 0, parents = 0;
   };
+  // Step parameters on the device: [first_slot, n_prefix, n_tokens, tokens..., positions..., parents...]
+  // (int32), written before each replay from a ring of pinned host slots.
+  static constexpr size_t kStepParamInts = 512;
+  static constexpr size_t kStepParamSlots = 8;
+  static constexpr size_t kStepHeaderInts = 3;
+  // While recording: the replay's copy of host array `a` (device int32), where `a` lies inside one of the
+  // recorded step's value arrays; an empty array is null. `what` names the op for the error otherwise.
+  Result<const int32_t*> recorded_ints(std::span<const int32_t> a, const char* what) const;
+  // The device copy of host array `a` for an op: recorded_ints while recording, else staged into `s`.
+  Result<const int32_t*> device_ints(Scratch& s, std::span<const int32_t> a, const char* what);
+  // While recording: the replay's first KV slot, when the op's `first` is the step's (else unsupported).
+  Result<const int32_t*> recorded_first_slot(int64_t first, const char* what) const;
   void free_list_push(float* p);
   // The int8 form of the last SwiGLU output (gemv_q8.h), written by that kernel beside its
   // f32 output so that the GEMV reading it needs no quantize launch. It describes `src` only until the
@@ -166,13 +181,19 @@ class CudaBackend final : public Backend {
   cudaEvent_t handoff_event_ = nullptr;
   int sm_count_ = 1;  // multiprocessors (top_k_rows spreads a row over enough blocks to fill them)
   cudaStream_t stream_ = nullptr;
-  // Step recording: per-replay parameters {token, position, KV prefix, KV length} on the device, their
-  // pinned host source, and the event after which the host may rewrite it.
+  // Step recording: the parameters a replay reads (kStepParamInts on the device, and kStepParamSlots pinned
+  // host copies, each reusable once its event has passed), and the values of the step being recorded.
   bool capturing_ = false;
   int32_t* step_params_ = nullptr;
   int32_t* step_params_host_ = nullptr;
-  cudaEvent_t params_copied_ = nullptr;
+  cudaEvent_t params_copied_[kStepParamSlots] = {};
+  size_t params_slot_ = 0;
+  StepValues capture_values_;
   std::vector<float*> capture_owned_;
+  // Temporaries of the recording released during it, by size: later allocations of the same recording reuse
+  // them (its ops run in stream order, as eager steps reuse the free lists), so a recording holds about what
+  // an eager step has live, not every temporary of every layer.
+  std::unordered_map<int64_t, std::vector<float*>> capture_free_;
   std::unordered_map<float*, int64_t> graph_owned_;  // temporary -> recording id
   std::unordered_map<int64_t, Graph> graphs_;
   int64_t next_graph_id_ = 1;

@@ -23,6 +23,7 @@
 #include "support/cuda_test_util.h"
 #include "support/random_hf_model.h"
 #include "support/test_paths.h"
+#include "unit/ops/ops_test_util.h"
 
 namespace dflash {
 namespace {
@@ -58,6 +59,23 @@ nlohmann::json draft_config(int64_t hidden, int64_t vocab) {
           {"tie_word_embeddings", false},
           {"layer_types", {"full_attention", "full_attention"}},
           {"dflash_config", {{"mask_token_id", vocab - 1}, {"target_layer_ids", {1, 5}}}}};
+}
+
+// n verify nodes: random tokens of the 500 first ids, and a chain, or a random tree (a third of the nodes
+// hang off a random earlier node) with each node's depth.
+struct Nodes {
+  std::vector<int32_t> tokens, parents, depth;
+};
+Nodes random_nodes(std::mt19937& rng, int64_t n, bool chain) {
+  Nodes t{std::vector<int32_t>(static_cast<size_t>(n)), std::vector<int32_t>(static_cast<size_t>(n)),
+          std::vector<int32_t>(static_cast<size_t>(n))};
+  for (int64_t i = 0; i < n; ++i) {
+    t.tokens[i] = static_cast<int32_t>(rng() % 500);
+    t.parents[i] = i == 0 ? -1 : chain || rng() % 3 != 0 ? static_cast<int32_t>(i - 1)
+                                                        : static_cast<int32_t>(rng() % static_cast<uint32_t>(i));
+    t.depth[i] = i == 0 ? 0 : t.depth[t.parents[i]] + 1;
+  }
+  return t;
 }
 
 // One model on both backends.
@@ -275,13 +293,7 @@ void CudaDFlash::verify_logits_equal_plain_decoding() {
   std::mt19937 rng(11);
   for (int64_t n : {17, 23, 41, 100}) {
     const bool chain = n == 17;
-    std::vector<int32_t> tokens(static_cast<size_t>(n)), parents(static_cast<size_t>(n)), depth(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-      tokens[i] = static_cast<int32_t>(rng() % 500);
-      parents[i] = i == 0 ? -1 : chain || rng() % 3 != 0 ? static_cast<int32_t>(i - 1)
-                                                        : static_cast<int32_t>(rng() % static_cast<uint32_t>(i));
-      depth[i] = i == 0 ? 0 : depth[parents[i]] + 1;
-    }
+    const auto [tokens, parents, depth] = random_nodes(rng, n, chain);
     SequenceState st(target_.dev->spec(), *be_);
     ASSERT_TRUE(gpu_->prefill(st, prompt_).ok());
     std::vector<int32_t> positions(static_cast<size_t>(n));
@@ -351,6 +363,132 @@ TEST_F(CudaDFlash, recorded_decode_steps_with_captures_equal_eager_steps) {
   EXPECT_GE(replayed[1], 4);  // recorded at the first step, replayed after
   EXPECT_EQ(logits[0], logits[1]);
   EXPECT_EQ(features[0], features[1]);
+}
+
+// Verify steps recorded and replayed (Runner: a chain with captured recurrent state, and trees, every row's
+// logits and the capture layers' outputs on the device) equal eager ones bit for bit, step after step, with
+// the commits between them (a replay leaves the marks rollback_captured and commit_tree read); decoding from the
+// committed states agrees too. Fresh random tokens, trees and accepted paths each step.
+TEST_F(CudaDFlash, recorded_verify_steps_equal_eager_steps_bit_for_bit) {
+  const int64_t V = 512, H = target_.dev->spec().hidden;
+  test::SeededRng seeded;
+  std::mt19937& rng = seeded.rng;
+  for (const bool chain : {true, false}) {
+    SCOPED_TRACE(chain ? "chain" : "tree");
+    Runner eager(*target_.dev, *be_), graphs(*target_.dev, *be_);
+    eager.set_verify_graphs(false);
+    SequenceState se(target_.dev->spec(), *be_), sg(target_.dev->spec(), *be_);
+    ASSERT_TRUE(eager.prefill(se, prompt_).ok());
+    ASSERT_TRUE(graphs.prefill(sg, prompt_).ok());
+    const int64_t n = chain ? 8 : 13;
+    for (int step_i = 0; step_i < 5; ++step_i) {
+      const auto [tokens, parents, depth] = random_nodes(rng, n, chain);
+      std::vector<int32_t> positions(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(se.n_past() + depth[i]);
+      Step step;
+      step.tokens = tokens;
+      step.all_logits = true;
+      step.logits_on_device = true;
+      step.capture_recurrent = true;
+      step.capture_layers = gpu_draft_->capture_layers();
+      step.features_on_device = true;
+      if (!chain) {
+        step.positions = positions;
+        step.mask = cpu::MaskKind::kTree;
+        step.parents = parents;
+      }
+      std::vector<float> logits[2], features[2];
+      SequenceState* states[2] = {&se, &sg};
+      Runner* runners[2] = {&eager, &graphs};
+      for (int r = 0; r < 2; ++r) {
+        auto o = runners[r]->forward(*states[r], step);
+        ASSERT_TRUE(o.ok()) << o.status().to_string();
+        logits[r].resize(static_cast<size_t>(n * V));
+        ASSERT_TRUE(be_->download(logits[r].data(), o->device_logits.data(), n * V).ok());
+        for (const Buffer& f : o->device_features) {
+          std::vector<float> h(static_cast<size_t>(n * H));
+          ASSERT_TRUE(be_->download(h.data(), f.data(), n * H).ok());
+          features[r].insert(features[r].end(), h.begin(), h.end());
+        }
+      }
+      EXPECT_EQ(logits[0], logits[1]) << "step " << step_i;
+      EXPECT_EQ(features[0], features[1]) << "step " << step_i;
+      // Commit the same accepted prefix (a chain) or path (a tree: a random walk from the root) on both.
+      std::vector<int32_t> path = {0};
+      if (chain) {
+        const int64_t keep = 1 + static_cast<int64_t>(rng() % static_cast<uint32_t>(n));
+        for (int64_t i = 1; i < keep; ++i) path.push_back(static_cast<int32_t>(i));
+      } else {
+        for (bool more = true; more;) {
+          std::vector<int32_t> kids;
+          for (int64_t i = 1; i < n; ++i)
+            if (parents[i] == path.back()) kids.push_back(static_cast<int32_t>(i));
+          more = !kids.empty() && rng() % 4 != 0;
+          if (more) path.push_back(kids[rng() % kids.size()]);
+        }
+      }
+      for (SequenceState* st : states) {
+        const Status c = chain ? st->rollback_captured(static_cast<int64_t>(path.size())) : st->commit_tree(parents, path);
+        ASSERT_TRUE(c.ok()) << c.to_string();
+      }
+      ASSERT_EQ(se.n_past(), sg.n_past());
+    }
+    EXPECT_GE(graphs.replayed_steps(), 3) << "verify steps after the first two should replay";
+    EXPECT_EQ(eager.replayed_steps(), 0);
+    // Plain decoding on from the committed states (recorded decode steps on both runners).
+    int32_t t = 7;
+    for (int i = 0; i < 3; ++i) {
+      Step one;
+      one.tokens = std::span<const int32_t>(&t, 1);
+      auto oe = eager.forward(se, one);
+      auto og = graphs.forward(sg, one);
+      ASSERT_TRUE(oe.ok() && og.ok());
+      EXPECT_EQ(oe->logits, og->logits) << "decode step " << i << " after the commits";
+      t = argmax(oe->logits);
+    }
+  }
+}
+
+// Whole speculative decoding with recorded draft and verify steps gives, step by step, the tokens and acceptance
+// of eager steps (and so plain decoding's text): the recordings compute what the eager steps compute.
+TEST_F(CudaDFlash, recorded_speculative_steps_equal_eager_steps) {
+  for (const bool ddtree : {false, true}) {
+    SCOPED_TRACE(ddtree ? "ddtree" : "chain");
+    std::vector<std::vector<int32_t>> steps[2];
+    SpecStats stats[2];
+    int64_t verify_replays = 0, draft_replays = 0;
+    for (int graphs = 0; graphs < 2; ++graphs) {
+      Runner runner(*target_.dev, *be_);
+      runner.set_verify_graphs(graphs == 1);
+      gpu_draft_->set_step_graphs(graphs == 1);
+      SequenceState st(target_.dev->spec(), *be_);
+      FeatureRing ring = feature_ring_for(*gpu_draft_, runner, 4096);
+      auto pre = forward_capturing(runner, st, ring, gpu_draft_->capture_layers(), prompt_);
+      ASSERT_TRUE(pre.ok()) << pre.status().to_string();
+      int32_t root = argmax(pre->logits);
+      DFlashDraft::Context ctx(*gpu_draft_);
+      SpecOptions opts;
+      opts.ddtree = ddtree;
+      opts.ddtree_budget = 12;
+      const ChooseFn greedy = [](NodeLogits& logits) -> Result<Choice> { return Choice{logits.argmax(), false}; };
+      for (int i = 0; i < 16; ++i) {
+        auto r = speculative_step(runner, st, ring, *gpu_draft_, ctx, root, 7, opts, greedy, &stats[graphs]);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        steps[graphs].push_back(r->tokens);
+        root = r->tokens.back();
+      }
+      if (graphs == 1) {
+        verify_replays = runner.replayed_steps();
+        draft_replays = ctx.replayed_steps();
+      }
+    }
+    gpu_draft_->set_step_graphs(true);
+    EXPECT_EQ(steps[0], steps[1]);
+    EXPECT_EQ(stats[0].accepted, stats[1].accepted);
+    EXPECT_EQ(stats[0].drafted, stats[1].drafted);
+    EXPECT_GE(verify_replays, 13) << "verify steps after the first two should replay";
+    EXPECT_GE(draft_replays, 4) << "draft steps should replay (each count of new rows from its second step on)";
+  }
 }
 
 }  // namespace

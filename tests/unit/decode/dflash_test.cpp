@@ -339,7 +339,9 @@ TEST_F(DraftForward, block_hidden_and_logits_match_pytorch) {
   std::vector<int32_t> block(B, 511);
   block[0] = ref.root[0];
   ASSERT_TRUE(be_.embedding(*t.find("token_embd"), block, x->data()).ok());
-  const Status st = draft_layers(d, c->data(), n, 0, 0, x->data(), B, kv, be_);
+  std::vector<int32_t> positions(static_cast<size_t>(n + B));
+  std::iota(positions.begin(), positions.end(), 0);
+  const Status st = draft_layers(d, c->data(), n, 0, positions, x->data(), B, kv, be_);
   ASSERT_TRUE(st.ok()) << st.to_string();
   std::vector<float> hid(B * H);
   ASSERT_TRUE(be_.download(hid.data(), x->data(), B * H).ok());
