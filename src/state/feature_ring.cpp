@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "base/log.h"
+
 namespace dflash {
 
 uint32_t feature_tag(std::span<const int64_t> layers) {
@@ -31,9 +33,29 @@ FeatureRing::FeatureRing(const FeatureRing& o)
   if (buf.ok() && device_->copy(buf->data(), o.dev_.data(), o.slots_ * width_).ok()) {
     dev_ = std::move(buf).value();
     slots_ = o.slots_;
-  } else {
-    clear(end_);
+    return;
   }
+  // No room on the device: the copy holds the rows on the host.
+  device_ = nullptr;
+  auto held = o.rows_from(o.first());
+  if (!held.ok()) {
+    clear(end_);
+    return;
+  }
+  for (int64_t r = 0; r < count_; ++r) rows_.emplace_back(held->begin() + r * width_, held->begin() + (r + 1) * width_);
+}
+
+Status FeatureRing::move_to_host(const Status& why) {
+  DF_ASSIGN_OR_RETURN(std::vector<float> held, rows_from(first()));
+  log::warn("feature ring: no device memory for {} rows of {} floats ({}); the rows stay in host memory",
+            std::min(capacity_, std::max<int64_t>(2 * slots_, 64)), width_, why.message());
+  rows_.clear();
+  for (int64_t r = 0; r < count_; ++r) rows_.emplace_back(held.begin() + r * width_, held.begin() + (r + 1) * width_);
+  source_ = device_;
+  device_ = nullptr;
+  dev_ = Buffer();
+  slots_ = 0;
+  return Status();
 }
 
 FeatureRing& FeatureRing::operator=(const FeatureRing& o) {
@@ -51,11 +73,12 @@ Status FeatureRing::append(int64_t pos, std::span<const float> rows) {
   // Only the newest capacity_ rows of this block can survive.
   const int64_t skip = std::max<int64_t>(0, n - capacity_);
   if (device_ != nullptr) {
-    DF_RETURN_IF_ERROR(place(pos + skip, n - skip));
-    return each_run(pos + skip, n - skip, [&](float* at, int64_t r, int64_t len) {
-      return device_->upload(at, rows.data() + (skip + r) * width_, len * width_);
-    });
-  }
+    DF_ASSIGN_OR_RETURN(const bool placed, place(pos + skip, n - skip));
+    if (placed)
+      return each_run(pos + skip, n - skip, [&](float* at, int64_t r, int64_t len) {
+        return device_->upload(at, rows.data() + (skip + r) * width_, len * width_);
+      });
+  }  // else (or moved there now) on the host
   if (skip > 0) rows_.clear();
   for (int64_t r = skip; r < n; ++r) {
     const float* p = rows.data() + r * width_;
@@ -67,12 +90,17 @@ Status FeatureRing::append(int64_t pos, std::span<const float> rows) {
   return Status();
 }
 
-Status FeatureRing::place(int64_t pos, int64_t n) {
+Result<bool> FeatureRing::place(int64_t pos, int64_t n) {
   if (count_ == 0) end_ = pos;
   const int64_t need = std::min(capacity_, count_ + n);
   if (need > slots_) {  // grow (doubling, from 64 rows, up to the window), the rows held laid out anew
     const int64_t slots = std::min(capacity_, std::max({need, 2 * slots_, int64_t{64}}));
-    DF_ASSIGN_OR_RETURN(Buffer grown, device_->alloc(slots * width_));
+    auto alloc = device_->alloc(slots * width_);
+    if (!alloc.ok()) {  // the device has no room: the ring goes on on the host
+      DF_RETURN_IF_ERROR(move_to_host(alloc.status()));
+      return false;
+    }
+    Buffer grown = std::move(alloc).value();
     if (count_ > 0) {
       DF_ASSIGN_OR_RETURN(Buffer held, device_rows_from(first()));
       const int64_t first_pos = first();
@@ -89,7 +117,7 @@ Status FeatureRing::place(int64_t pos, int64_t n) {
   // Rows [pos, pos + n) follow end_; the window keeps the newest capacity_ of [first, pos + n).
   count_ = std::min(capacity_, count_ + n);
   end_ = pos + n;
-  return Status();
+  return true;
 }
 
 Status FeatureRing::append_layers(int64_t pos, std::span<const float* const> layers, int64_t n,
@@ -113,13 +141,22 @@ Status FeatureRing::append_layers(int64_t pos, std::span<const float* const> lay
       gathered.push_back(std::move(g));
     }
   }
-  DF_RETURN_IF_ERROR(place(pos + skip, n - skip));
-  return each_run(pos + skip, n - skip, [&](float* at, int64_t r, int64_t len) {
-    for (int64_t c = 0; c < m; ++c)
-      DF_RETURN_IF_ERROR(
-          device_->copy_rows(at + c * H, width_, src[static_cast<size_t>(c)] + (skip + r) * H, H, H, len));
-    return Status();
-  });
+  DF_ASSIGN_OR_RETURN(const bool placed, place(pos + skip, n - skip));
+  if (placed)
+    return each_run(pos + skip, n - skip, [&](float* at, int64_t r, int64_t len) {
+      for (int64_t c = 0; c < m; ++c)
+        DF_RETURN_IF_ERROR(
+            device_->copy_rows(at + c * H, width_, src[static_cast<size_t>(c)] + (skip + r) * H, H, H, len));
+      return Status();
+    });
+  // The ring has just moved to the host: these rows through it too.
+  std::vector<float> block(static_cast<size_t>((n - skip) * width_)), layer(static_cast<size_t>((n - skip) * H));
+  for (int64_t c = 0; c < m; ++c) {
+    DF_RETURN_IF_ERROR(source_->download(layer.data(), src[static_cast<size_t>(c)] + skip * H, (n - skip) * H));
+    for (int64_t r = 0; r < n - skip; ++r)
+      std::copy_n(layer.data() + r * H, H, block.data() + r * width_ + c * H);
+  }
+  return append(pos + skip, block);
 }
 
 Result<std::vector<float>> FeatureRing::rows_from(int64_t from) const {

@@ -25,12 +25,12 @@ class FeatureRing {
   // rows are (which target layers: feature_tag), so a snapshot's window is only taken by the same kind of
   // draft.
   // `device`: keep the rows in that backend's memory (a circular buffer grown with the rows, doubling from 64 up
-  // to capacity); null: on the host.
+  // to capacity); null: on the host. A device ring that cannot grow (the device has no room) moves its rows to
+  // the host and goes on there (device() is null from then on: later steps hand it host rows).
   FeatureRing(int64_t width, int64_t capacity, uint32_t tag = 0, Backend* device = nullptr)
       : width_(width), capacity_(capacity < 1 ? 1 : capacity), tag_(tag & 0xFFFFFFu), device_(device) {}
 
-  // A copy holds its own rows (a device ring's in a buffer of its own; should that allocation fail, the copy is
-  // empty at end(): a draft then starts its context afresh there).
+  // A copy holds its own rows (a device ring's in a buffer of its own; should that allocation fail, on the host).
   FeatureRing(const FeatureRing& o);
   FeatureRing& operator=(const FeatureRing& o);
   FeatureRing(FeatureRing&&) noexcept = default;
@@ -76,12 +76,16 @@ class FeatureRing {
   // `rows` rows from `at` (in dev_), which hold rows [r, r + rows) of the block [p, p + n). Stops at an error.
   template <typename F>
   Status each_run(int64_t p, int64_t n, F&& f) const;
-  // Device rings: advances the window over [pos, pos + n) (n <= capacity), the buffer grown first.
-  Status place(int64_t pos, int64_t n);
+  // Device rings: advances the window over [pos, pos + n) (n <= capacity), the buffer grown first; false when
+  // it could not grow and the ring moved to the host instead (nothing placed).
+  Result<bool> place(int64_t pos, int64_t n);
+  // Device rings: the rows held, into host memory; the ring is a host ring from then on.
+  Status move_to_host(const Status& why);
 
   int64_t width_, capacity_;
   uint32_t tag_;
   Backend* device_ = nullptr;
+  Backend* source_ = nullptr;            // a ring moved to the host: the device whose captures it may be handed
   std::deque<std::vector<float>> rows_;  // host rings
   Buffer dev_;                           // device rings: [slots, width], position p at slot p % slots
   int64_t slots_ = 0;                    // rows dev_ holds: grown with the rows, up to capacity

@@ -9,9 +9,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -434,6 +436,130 @@ void FeatureRingTest::ring_in_backend_memory(int64_t cap, int most) {
   ASSERT_TRUE(restored_host.import_from(snap));
   expect_holds(restored, host.first(), host.end(), *want, "device ring from a snapshot");
   expect_holds(restored_host, host.first(), host.end(), *want, "host ring from a device ring's snapshot");
+}
+
+// Device memory of a fixed size: buffers in host memory up to `limit` bytes live, and nothing else (the ops a
+// feature ring uses: alloc, copies, gather_rows); a device that runs out of room.
+class SmallDevice final : public Backend {
+ public:
+  explicit SmallDevice(uint64_t limit) : limit_(limit) {}
+  const char* name() const override { return "small-device"; }
+  bool device_memory() const override { return true; }
+  Result<Buffer> alloc(int64_t n) override {
+    const uint64_t bytes = static_cast<uint64_t>(std::max<int64_t>(n, 1)) * sizeof(float);
+    if (live_ + bytes > limit_) return Status(ErrorCode::kOutOfMemory, "small-device: out of memory");
+    auto* p = new float[static_cast<size_t>(std::max<int64_t>(n, 1))];
+    sizes_[p] = bytes;
+    live_ += bytes;
+    return Buffer(this, p, n);
+  }
+  void release(float* data) override {
+    live_ -= sizes_[data];
+    sizes_.erase(data);
+    delete[] data;
+  }
+  Status upload(float* dst, const float* src, int64_t n) override { return copy(dst, src, n); }
+  Status download(float* dst, const float* src, int64_t n) override { return copy(dst, src, n); }
+  Status copy(float* dst, const float* src, int64_t n) override {
+    std::copy_n(src, n, dst);
+    return Status();
+  }
+  Status gather_rows(const float* x, int64_t dim, std::span<const int64_t> rows, float* out) override {
+    for (size_t i = 0; i < rows.size(); ++i) std::copy_n(x + rows[i] * dim, dim, out + static_cast<int64_t>(i) * dim);
+    return Status();
+  }
+  uint64_t live() const { return live_; }
+#define DF_NO_OP(sig) \
+  sig override { return unsupported("small-device computes nothing"); }
+  DF_NO_OP(Status matmul(const cpu::WeightView&, const float*, int64_t, float*))
+  DF_NO_OP(Status embedding(const cpu::WeightView&, std::span<const int32_t>, float*))
+  DF_NO_OP(Status rms_norm(const float*, const float*, float, int64_t, int64_t, float*))
+  DF_NO_OP(Status rope_neox(float*, int64_t, int64_t, int64_t, int64_t, std::span<const int32_t>, double, double))
+  DF_NO_OP(Status attention(const float*, int64_t, int64_t, const cpu::KvView&, const cpu::AttentionMask&, float, float*))
+  DF_NO_OP(Status gated_delta_net(const float*, const float*, const float*, const float*, const float*, int64_t,
+                                  const cpu::DeltaNetShape&, float*, float*, float*, std::span<const int32_t>, bool))
+  DF_NO_OP(Status causal_conv1d_silu(const float*, int64_t, int64_t, const float*, int64_t, float*, float*,
+                                     std::span<const int32_t>))
+  DF_NO_OP(Status add_inplace(float*, const float*, int64_t))
+  DF_NO_OP(Status mul_inplace(float*, const float*, int64_t))
+  DF_NO_OP(Status silu_inplace(float*, int64_t))
+  DF_NO_OP(Status sigmoid_inplace(float*, int64_t))
+  DF_NO_OP(Status swiglu(const float*, const float*, float*, int64_t))
+  DF_NO_OP(Status slice_columns(const float*, int64_t, int64_t, int64_t, int64_t, float*))
+  DF_NO_OP(Status l2_norm_rows(float*, int64_t, int64_t, float, float))
+  DF_NO_OP(Status deltanet_gates(float*, float*, const float*, const float*, int64_t, int64_t))
+  DF_NO_OP(Status top_k_rows(const float*, int64_t, int64_t, int64_t, int32_t*, float*, float*))
+#undef DF_NO_OP
+
+ private:
+  uint64_t limit_, live_ = 0;
+  std::map<float*, uint64_t> sizes_;
+};
+
+// A device ring whose device runs out of room as it grows moves its rows to the host and goes on there, whether
+// the growth comes with appended rows or with a step's captures (which then reach it through the host): the
+// window it holds stays that of a host ring fed the same, and it gives its device memory back. A copy made
+// when the device is full holds the rows on the host.
+TEST_F(FeatureRingTest, a_ring_whose_device_is_full_goes_on_on_the_host) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  const int64_t m = 2, H = 3, W = m * H, cap = 500;
+  for (const bool by_captures : {false, true}) {
+    SCOPED_TRACE(by_captures ? "grown by a step's captures" : "grown by appended rows");
+    // Room for the first buffer (64 rows) and a step's captures, not for the doubled one (128 rows) beside it.
+    SmallDevice dev(static_cast<uint64_t>(100 * W) * sizeof(float));
+    FeatureRing ring(W, cap, 0x7, &dev), host(W, cap, 0x7);
+    const auto first = rows(60, W);
+    ASSERT_TRUE(ring.append(3, first).ok());
+    ASSERT_TRUE(host.append(3, first).ok());
+    ASSERT_EQ(ring.device(), &dev);
+    // 9 more rows: past the 64 the device buffer holds.
+    std::vector<float> block;
+    if (by_captures) {
+      std::vector<Buffer> bufs;
+      std::vector<const float*> ptrs;
+      std::vector<std::vector<float>> layers;
+      for (int64_t c = 0; c < m; ++c) {
+        layers.push_back(rows(9, H));
+        auto buf = dev.alloc(9 * H);
+        ASSERT_TRUE(buf.ok());
+        ASSERT_TRUE(dev.upload(buf->data(), layers.back().data(), 9 * H).ok());
+        ptrs.push_back(buf->data());
+        bufs.push_back(std::move(buf).value());
+      }
+      for (int64_t r = 0; r < 9; ++r)
+        for (int64_t c = 0; c < m; ++c)
+          block.insert(block.end(), layers[static_cast<size_t>(c)].begin() + r * H,
+                       layers[static_cast<size_t>(c)].begin() + (r + 1) * H);
+      const Status st = ring.append_layers(63, ptrs, 9);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+    } else {
+      block = rows(9, W);
+      const Status st = ring.append(63, block);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+    }
+    ASSERT_TRUE(host.append(63, block).ok());
+    EXPECT_EQ(ring.device(), nullptr) << "the ring should have left the full device";
+    EXPECT_EQ(dev.live(), 0u) << "a ring on the host holds no device memory";
+    // It goes on as a host ring, past its window too.
+    for (int i = 0; i < 60; ++i) {
+      const auto more = rows(1 + i % 17, W);
+      ASSERT_TRUE(ring.append(ring.end(), more).ok());
+      ASSERT_TRUE(host.append(host.end(), more).ok());
+    }
+    auto want = host.rows_from(host.first());
+    ASSERT_TRUE(want.ok());
+    expect_holds(ring, host.first(), host.end(), *want, "after the move");
+  }
+  // A copy of a device ring made when the device is full holds the rows on the host.
+  SmallDevice tight(static_cast<uint64_t>(70 * W) * sizeof(float));
+  FeatureRing small(W, 60, 0x7, &tight);
+  const auto a = rows(40, W);
+  ASSERT_TRUE(small.append(0, a).ok());
+  ASSERT_NE(small.device(), nullptr);
+  FeatureRing copy = small;
+  EXPECT_EQ(copy.device(), nullptr);
+  expect_holds(copy, 0, 40, a, "a copy made on a full device");
+  expect_holds(small, 0, 40, a, "the original");
 }
 
 }  // namespace
