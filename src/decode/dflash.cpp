@@ -84,36 +84,43 @@ Status DFlashDraft::ring_rows_to(const FeatureRing& ring, int64_t from, float* d
   return be_->upload(dst, feats.data(), static_cast<int64_t>(feats.size()));
 }
 
-Status DFlashDraft::forward_eager(Context& ctx, const FeatureRing& ring, int32_t root, int64_t rows, float* logits) {
+DFlashDraft::StepInputs DFlashDraft::step_inputs(const Context& ctx, int32_t root, int64_t n_new) const {
+  const int64_t B = draft_.spec().block_size;
+  StepInputs in{std::vector<int32_t>(static_cast<size_t>(B), mask_), std::vector<int32_t>(static_cast<size_t>(n_new + B))};
+  in.block[0] = root;
+  std::iota(in.positions.begin(), in.positions.end(), static_cast<int32_t>(ctx.end_));
+  return in;
+}
+
+Status DFlashDraft::run_step(Context& ctx, const float* features, int64_t n_new, const StepInputs& in, int64_t rows,
+                             float* logits) {
   const ModelSpec& s = draft_.spec();
   const int64_t B = s.block_size, H = s.hidden;
   Backend& be = *be_;
-  const int64_t n_new = ring.end() - ctx.end_;
-  DF_ASSIGN_OR_RETURN(Buffer c, be.alloc(n_new * H));
-  if (n_new > 0) {
-    DF_ASSIGN_OR_RETURN(Buffer f, be.alloc(n_new * feature_width()));
-    DF_RETURN_IF_ERROR(ring_rows_to(ring, ctx.end_, f.data()));
-    DF_RETURN_IF_ERROR(draft_context(draft_, f.data(), n_new, c.data(), be));
-  }
-  std::vector<int32_t> block(static_cast<size_t>(B), mask_);
-  block[0] = root;
-  std::vector<int32_t> positions(static_cast<size_t>(n_new + B));
-  std::iota(positions.begin(), positions.end(), static_cast<int32_t>(ctx.end_));
-  DF_ASSIGN_OR_RETURN(Buffer x, be.alloc(B * H));
   const cpu::WeightView* embd = target_.find("token_embd");
   if (embd == nullptr) return not_found("the target has no token embedding");
-  DF_RETURN_IF_ERROR(be.embedding(*embd, block, x.data()));
-  DF_RETURN_IF_ERROR(draft_layers(draft_, c.data(), n_new, ctx.end_ - ctx.base_, positions, x.data(), B, ctx.kv_, be));
+  DF_ASSIGN_OR_RETURN(Buffer c, be.alloc(n_new * H));
+  DF_RETURN_IF_ERROR(draft_context(draft_, features, n_new, c.data(), be));
+  DF_ASSIGN_OR_RETURN(Buffer x, be.alloc(B * H));
+  DF_RETURN_IF_ERROR(be.embedding(*embd, in.block, x.data()));
+  DF_RETURN_IF_ERROR(draft_layers(draft_, c.data(), n_new, ctx.end_ - ctx.base_, in.positions, x.data(), B, ctx.kv_, be));
   std::vector<int64_t> out_rows(static_cast<size_t>(rows));
   std::iota(out_rows.begin(), out_rows.end(), 1);
   return draft_head(draft_, target_, x.data(), out_rows, logits, be);
+}
+
+Status DFlashDraft::forward_eager(Context& ctx, const FeatureRing& ring, int32_t root, int64_t rows, float* logits) {
+  const int64_t n_new = ring.end() - ctx.end_;
+  DF_ASSIGN_OR_RETURN(Buffer f, be_->alloc(n_new * feature_width()));
+  if (n_new > 0) DF_RETURN_IF_ERROR(ring_rows_to(ring, ctx.end_, f.data()));
+  return run_step(ctx, f.data(), n_new, step_inputs(ctx, root, n_new), rows, logits);
 }
 
 Result<const float*> DFlashDraft::forward_recorded(Context& ctx, const FeatureRing& ring, int32_t root) {
   constexpr int kMaxFailures = 3;
   Backend& be = *be_;
   const ModelSpec& s = draft_.spec();
-  const int64_t B = s.block_size, H = s.hidden, V = target_.spec().vocab;
+  const int64_t B = s.block_size, V = target_.spec().vocab;
   const float* none = nullptr;
   const int64_t n_new = ring.end() - ctx.end_;
   if (!graphs_on_ || !be.step_graphs_supported() || ctx.failures_ >= kMaxFailures || n_new < 1 || n_new > B)
@@ -128,33 +135,20 @@ Result<const float*> DFlashDraft::forward_recorded(Context& ctx, const FeatureRi
     ctx.recs_.erase(rec);
     rec = ctx.recs_.end();
   }
-  std::vector<int32_t> block(static_cast<size_t>(B), mask_);
-  block[0] = root;
-  std::vector<int32_t> positions(static_cast<size_t>(n_new + B));
-  std::iota(positions.begin(), positions.end(), static_cast<int32_t>(ctx.end_));
-  const StepValues values{block, positions, {}, slot, slot + n_new, slot + n_new + B};
+  const StepInputs in = step_inputs(ctx, root, n_new);
+  const StepValues values{in.block, in.positions, {}, slot, slot + n_new, slot + n_new + B};
   if (rec == ctx.recs_.end()) {
     if (ctx.seen_.size() < static_cast<size_t>(B + 1)) ctx.seen_.resize(static_cast<size_t>(B + 1));
     if (ctx.seen_[static_cast<size_t>(n_new)]++ == 0) return none;  // recorded when this count comes again
-    const cpu::WeightView* embd = target_.find("token_embd");
-    if (embd == nullptr) return not_found("the target has no token embedding");
     if (ctx.features_.size() == 0) {
       DF_ASSIGN_OR_RETURN(ctx.features_, be.alloc(B * feature_width()));
       DF_ASSIGN_OR_RETURN(ctx.logits_, be.alloc((B - 1) * V));
     }
-    std::vector<int64_t> out_rows(static_cast<size_t>(B - 1));  // every row: the step's shape is the same to the end
-    std::iota(out_rows.begin(), out_rows.end(), 1);
     ctx.kv_.set_recording(true);
     Status st = be.begin_step_capture(values);
     if (st.ok()) {
-      st = [&]() -> Status {  // forward_eager's step, reading the rows from features_
-        DF_ASSIGN_OR_RETURN(Buffer c, be.alloc(n_new * H));
-        DF_RETURN_IF_ERROR(draft_context(draft_, ctx.features_.data(), n_new, c.data(), be));
-        DF_ASSIGN_OR_RETURN(Buffer x, be.alloc(B * H));
-        DF_RETURN_IF_ERROR(be.embedding(*embd, block, x.data()));
-        DF_RETURN_IF_ERROR(draft_layers(draft_, c.data(), n_new, slot, positions, x.data(), B, ctx.kv_, be));
-        return draft_head(draft_, target_, x.data(), out_rows, ctx.logits_.data(), be);
-      }();
+      // The eager step reading the rows from features_, its head over every row: the shape stays to the end.
+      st = run_step(ctx, ctx.features_.data(), n_new, in, B - 1, ctx.logits_.data());
       if (!st.ok()) be.abort_step_capture();
     }
     Result<int64_t> id = st.ok() ? be.end_step_capture() : Result<int64_t>(st);

@@ -111,7 +111,17 @@ class DFlashDraft {
 
  private:
   DFlashDraft(const Weights& draft, const Weights& target, Backend& be, int32_t mask);
-  // The draft forward of propose, eager (n_new context rows) or recorded (the last B rows).
+  // A step's token ids (the block [root, mask, ...]) and RoPE positions (its n_new new context rows', then the
+  // block's), from the context's end.
+  struct StepInputs {
+    std::vector<int32_t> block, positions;
+  };
+  StepInputs step_inputs(const Context& ctx, int32_t root, int64_t n_new) const;
+  // One draft forward: the new context rows' features [n_new, m * H] (this backend's memory) made context K/V at
+  // the context's end, the block through the layers, the head's logits of block rows 1 .. rows into `logits`.
+  Status run_step(Context& ctx, const float* features, int64_t n_new, const StepInputs& in, int64_t rows,
+                  float* logits);
+  // The draft forward of propose, eager.
   Status forward_eager(Context& ctx, const FeatureRing& ring, int32_t root, int64_t rows, float* logits);
   // The recorded step's logits (rows 1 .. B - 1 of the block), or null when it does not run recorded now (run
   // eagerly).

@@ -31,6 +31,14 @@ Status check_kv_slots(const cpu::KvView& kv, int64_t first, int64_t n, const cha
   return Status();
 }
 
+// A recorded step's scalar values fit its int32 parameters: a slot and lengths within [0, 2^31).
+Status check_step_values(const StepValues& v) {
+  if (v.first_slot < 0 || v.first_slot >= INT32_MAX || v.n_prefix < 0 || v.n_tokens < v.n_prefix ||
+      v.n_tokens >= INT32_MAX)
+    return invalid_argument("recorded step: first slot {}, {} prefix keys of {}", v.first_slot, v.n_prefix, v.n_tokens);
+  return Status();
+}
+
 Status check(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return Status();
   return internal_error("{}: {}", what, cudaGetErrorString(err));
@@ -110,8 +118,7 @@ Status CudaBackend::begin_step_capture(const StepValues& v) {
   if (kStepHeaderInts + v.tokens.size() + v.positions.size() + v.parents.size() > kStepParamInts)
     return unsupported("a recorded step takes at most {} token ids, positions and parents together",
                        kStepParamInts - kStepHeaderInts);
-  if (v.first_slot < 0 || v.n_prefix < 0 || v.n_tokens < v.n_prefix || v.n_tokens >= INT32_MAX)
-    return invalid_argument("recorded step: first slot {}, {} prefix keys of {}", v.first_slot, v.n_prefix, v.n_tokens);
+  DF_RETURN_IF_ERROR(check_step_values(v));
   DF_RETURN_IF_ERROR(check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture"));
   capturing_ = true;
   capture_values_ = v;
@@ -195,9 +202,7 @@ Status CudaBackend::replay_step(int64_t id, const StepValues& v) {
   if (v.tokens.size() != g.tokens || v.positions.size() != g.positions || v.parents.size() != g.parents)
     return invalid_argument("recorded step {} takes {} tokens, {} positions and {} parents, not {}, {} and {}", id,
                             g.tokens, g.positions, g.parents, v.tokens.size(), v.positions.size(), v.parents.size());
-  if (v.first_slot < 0 || v.n_prefix < 0 || v.n_tokens < v.n_prefix || v.n_tokens >= INT32_MAX ||
-      v.first_slot >= INT32_MAX)
-    return invalid_argument("recorded step: first slot {}, {} prefix keys of {}", v.first_slot, v.n_prefix, v.n_tokens);
+  DF_RETURN_IF_ERROR(check_step_values(v));
   // A pinned slot whose last copy is done (the ring's oldest: its copy was queued kStepParamSlots replays ago).
   const size_t slot = params_slot_;
   params_slot_ = (params_slot_ + 1) % kStepParamSlots;
