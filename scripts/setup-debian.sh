@@ -8,6 +8,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config clang libclang-rt-dev nodejs npm
   libcpp-httplib-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev libutf8proc-dev
   libxxhash-dev libzstd-dev libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-numpy
 )
 
 missing=()
