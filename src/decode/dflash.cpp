@@ -138,8 +138,6 @@ Result<const float*> DFlashDraft::forward_recorded(Context& ctx, const FeatureRi
   const StepInputs in = step_inputs(ctx, root, n_new);
   const StepValues values{in.block, in.positions, {}, slot, slot + n_new, slot + n_new + B};
   if (rec == ctx.recs_.end()) {
-    if (ctx.seen_.size() < static_cast<size_t>(B + 1)) ctx.seen_.resize(static_cast<size_t>(B + 1));
-    if (ctx.seen_[static_cast<size_t>(n_new)]++ == 0) return none;  // recorded when this count comes again
     if (ctx.features_.size() == 0) {
       DF_ASSIGN_OR_RETURN(ctx.features_, be.alloc(B * feature_width()));
       DF_ASSIGN_OR_RETURN(ctx.logits_, be.alloc((B - 1) * V));

@@ -76,15 +76,14 @@ class DFlashDraft {
    private:
     friend class DFlashDraft;
     // Draft steps recorded on the backend (Backend::begin_step_capture), one per count of new context rows (each
-    // recorded the second time it comes: a count seen once, as at a request's end, is not worth a recording), all
-    // made with one draft (DFlashDraft::id(): a re-loaded draft's weights move) while the K/V tables stay where
+    // recorded the first time it comes: recording a step costs about what running it eagerly does, and a good
+    // draft's acceptance spreads the counts over 1 .. B), all made with one draft (DFlashDraft::id(): a re-loaded draft's weights move) while the K/V tables stay where
     // they were (kv_.layout_version()). They read the new ring rows from `features_` and leave the logits of
     // every block row after the root in `logits_`.
     struct Recorded {
       int64_t id = -1, n_new = 0;
     };
     std::vector<Recorded> recs_;
-    std::vector<int> seen_;  // eager steps by count of new rows
     uint64_t rec_draft_ = 0, rec_layout_ = 0;
     Buffer features_;  // [B, m * H]
     Buffer logits_;    // [B - 1, V]

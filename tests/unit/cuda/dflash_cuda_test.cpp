@@ -487,7 +487,8 @@ TEST_F(CudaDFlash, recorded_speculative_steps_equal_eager_steps) {
     EXPECT_EQ(stats[0].accepted, stats[1].accepted);
     EXPECT_EQ(stats[0].drafted, stats[1].drafted);
     EXPECT_GE(verify_replays, 13) << "verify steps after the first two should replay";
-    EXPECT_GE(draft_replays, 4) << "draft steps should replay (each count of new rows from its second step on)";
+    EXPECT_GE(draft_replays, 15) << "draft steps after the prompt's should replay (each count of new rows from "
+                                    "its first step on)";
   }
 }
 
