@@ -63,14 +63,18 @@ def signature(fn):
     return f"{fn.name}({ast.unparse(fn.args)})"
 
 
-def chat_pairs(path, src, rng):  # noqa: ARG001 (path: for the seed)
-    """(user, think, reply) triples from the documented top-level and method functions of one file."""
+def source_nodes(src):
+    """Every AST node of a source file (ast.walk order), or none when it does not parse."""
     try:
-        tree = ast.parse(src)
+        return list(ast.walk(ast.parse(src)))
     except (SyntaxError, ValueError):
         return []
+
+
+def chat_pairs(path, src, rng):  # noqa: ARG001 (path: for the seed)
+    """(user, think, reply) triples from the documented top-level and method functions of one file."""
     out = []
-    for node in ast.walk(tree):
+    for node in source_nodes(src):
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         doc = ast.get_docstring(node)
