@@ -32,7 +32,8 @@ Draft (flags): 3 layers, hidden = the target's, 6 heads x 64 / 2 KV, FFN 1024, b
 the A.1 rule ([1, 3, 5] for 8 target layers), mask_token_id = <|endoftext|> (the vocabulary has no unused id;
 generation ends before it, so it is never a block root), rope_theta 1e7.
 --init DIR starts from an existing draft (its config must equal the flags') instead of random weights, so a
-training longer than one command can run as several. Writes OUTDIR/draft/{config.json, model.safetensors} (bf16, the published DFlash names), OUTDIR/loss.csv
+training longer than one command can run as several.
+Writes OUTDIR/draft/{config.json, model.safetensors} (bf16, the published DFlash names), OUTDIR/loss.csv
 (step, seconds, train loss, eval loss, eval tau on chat, eval tau on code) and OUTDIR/summary.json.
 Everything is seeded; the step count follows the time budgets. `--device cpu` (f32, small flags) is a smoke test.
 """
