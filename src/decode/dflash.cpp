@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <numeric>
 #include <cmath>
+#include <numeric>
 
 #include "decode/ddtree.h"
 #include "model/forward.h"

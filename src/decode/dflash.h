@@ -77,9 +77,9 @@ class DFlashDraft {
     friend class DFlashDraft;
     // Draft steps recorded on the backend (Backend::begin_step_capture), one per count of new context rows (each
     // recorded the first time it comes: recording a step costs about what running it eagerly does, and a good
-    // draft's acceptance spreads the counts over 1 .. B), all made with one draft (DFlashDraft::id(): a re-loaded draft's weights move) while the K/V tables stay where
-    // they were (kv_.layout_version()). They read the new ring rows from `features_` and leave the logits of
-    // every block row after the root in `logits_`.
+    // draft's acceptance spreads the counts over 1 .. B), all made with one draft (DFlashDraft::id(): a re-loaded
+    // draft's weights move) while the K/V tables stay where they were (kv_.layout_version()). They read the new
+    // ring rows from `features_` and leave the logits of every block row after the root in `logits_`.
     struct Recorded {
       int64_t id = -1, n_new = 0;
     };

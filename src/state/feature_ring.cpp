@@ -38,23 +38,26 @@ FeatureRing::FeatureRing(const FeatureRing& o)
   // No room on the device: the copy holds the rows on the host.
   device_ = nullptr;
   auto held = o.rows_from(o.first());
-  if (!held.ok()) {
+  if (held.ok())
+    hold_on_host(*held);
+  else
     clear(end_);
-    return;
-  }
-  for (int64_t r = 0; r < count_; ++r) rows_.emplace_back(held->begin() + r * width_, held->begin() + (r + 1) * width_);
+}
+
+void FeatureRing::hold_on_host(std::span<const float> held) {
+  rows_.clear();
+  for (int64_t r = 0; r < count_; ++r) rows_.emplace_back(held.begin() + r * width_, held.begin() + (r + 1) * width_);
+  dev_ = Buffer();
+  slots_ = 0;
 }
 
 Status FeatureRing::move_to_host(const Status& why) {
   DF_ASSIGN_OR_RETURN(std::vector<float> held, rows_from(first()));
   log::warn("feature ring: no device memory for {} rows of {} floats ({}); the rows stay in host memory",
             std::min(capacity_, std::max<int64_t>(2 * slots_, 64)), width_, why.message());
-  rows_.clear();
-  for (int64_t r = 0; r < count_; ++r) rows_.emplace_back(held.begin() + r * width_, held.begin() + (r + 1) * width_);
+  hold_on_host(held);
   source_ = device_;
   device_ = nullptr;
-  dev_ = Buffer();
-  slots_ = 0;
   return Status();
 }
 
@@ -176,19 +179,22 @@ Result<std::vector<float>> FeatureRing::rows_from(int64_t from) const {
   return out;
 }
 
-Result<Buffer> FeatureRing::device_rows_from(int64_t from) const {
+Status FeatureRing::check_device_rows(int64_t from) const {
   if (device_ == nullptr) return internal_error("device feature rows asked of a ring on the host");
   if (from < first() || from > end_)
     return internal_error("feature rows from {} asked of a ring holding [{}, {})", from, first(), end_);
+  return Status();
+}
+
+Result<Buffer> FeatureRing::device_rows_from(int64_t from) const {
+  DF_RETURN_IF_ERROR(check_device_rows(from));
   DF_ASSIGN_OR_RETURN(Buffer out, device_->alloc((end_ - from) * width_));
   DF_RETURN_IF_ERROR(copy_rows_to(from, out.data()));
   return out;
 }
 
 Status FeatureRing::copy_rows_to(int64_t from, float* dst) const {
-  if (device_ == nullptr) return internal_error("device feature rows asked of a ring on the host");
-  if (from < first() || from > end_)
-    return internal_error("feature rows from {} asked of a ring holding [{}, {})", from, first(), end_);
+  DF_RETURN_IF_ERROR(check_device_rows(from));
   return each_run(from, end_ - from, [&](float* at, int64_t r, int64_t len) {
     return device_->copy(dst + r * width_, at, len * width_);
   });

@@ -81,6 +81,10 @@ class FeatureRing {
   Result<bool> place(int64_t pos, int64_t n);
   // Device rings: the rows held, into host memory; the ring is a host ring from then on.
   Status move_to_host(const Status& why);
+  // The count_ rows of `held` ([count_, width], the window's) as the host rows, the device buffer let go.
+  void hold_on_host(std::span<const float> held);
+  // Device rings holding position `from` (within [first(), end()]); else an internal error.
+  Status check_device_rows(int64_t from) const;
 
   int64_t width_, capacity_;
   uint32_t tag_;

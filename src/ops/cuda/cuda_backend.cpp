@@ -360,10 +360,12 @@ Result<Buffer> CudaBackend::alloc(int64_t n_floats) {
   const int64_t n = std::max<int64_t>(n_floats, 1);
   // While recording, temporaries are memory the recording will own: fresh, or one of its own it released
   // (never a free-list buffer that something else may hold later).
-  if (auto it = capture_free_.find(n); capturing_ && it != capture_free_.end() && !it->second.empty()) {
-    float* p = it->second.back();
-    it->second.pop_back();
-    return Buffer(this, p, n_floats);
+  if (capturing_) {
+    if (auto it = capture_free_.find(n); it != capture_free_.end() && !it->second.empty()) {
+      float* p = it->second.back();
+      it->second.pop_back();
+      return Buffer(this, p, n_floats);
+    }
   }
   if (auto it = free_.find(n); !capturing_ && it != free_.end() && !it->second.empty()) {
     float* p = it->second.back();

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -30,10 +31,9 @@ std::string python_with_numpy() {
 }
 
 std::vector<float> read_floats(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<uint8_t> bytes = test::read_bytes(path);
   std::vector<float> out(bytes.size() / sizeof(float));
-  std::copy_n(bytes.data(), out.size() * sizeof(float), reinterpret_cast<char*>(out.data()));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
   return out;
 }
 

@@ -64,11 +64,27 @@ nlohmann::json draft_config(int64_t hidden, int64_t vocab) {
 // n verify nodes: random tokens of the 500 first ids, and a chain, or a random tree (a third of the nodes
 // hang off a random earlier node) with each node's depth.
 struct Nodes {
-  std::vector<int32_t> tokens, parents, depth;
+  std::vector<int32_t> tokens, parents, depth, positions;
+  // The verify step over the nodes after n_past tokens (positions n_past + depth, held here): a chain causal, a
+  // tree with its ancestor mask; every row's logits, recurrent state captured.
+  Step verify_step(bool chain, int64_t n_past) {
+    positions.resize(depth.size());
+    for (size_t i = 0; i < depth.size(); ++i) positions[i] = static_cast<int32_t>(n_past + depth[i]);
+    Step step;
+    step.tokens = tokens;
+    step.all_logits = true;
+    step.capture_recurrent = true;
+    if (!chain) {
+      step.positions = positions;
+      step.mask = cpu::MaskKind::kTree;
+      step.parents = parents;
+    }
+    return step;
+  }
 };
 Nodes random_nodes(std::mt19937& rng, int64_t n, bool chain) {
   Nodes t{std::vector<int32_t>(static_cast<size_t>(n)), std::vector<int32_t>(static_cast<size_t>(n)),
-          std::vector<int32_t>(static_cast<size_t>(n))};
+          std::vector<int32_t>(static_cast<size_t>(n)), {}};
   for (int64_t i = 0; i < n; ++i) {
     t.tokens[i] = static_cast<int32_t>(rng() % 500);
     t.parents[i] = i == 0 ? -1 : chain || rng() % 3 != 0 ? static_cast<int32_t>(i - 1)
@@ -293,20 +309,11 @@ void CudaDFlash::verify_logits_equal_plain_decoding() {
   std::mt19937 rng(11);
   for (int64_t n : {17, 23, 41, 100}) {
     const bool chain = n == 17;
-    const auto [tokens, parents, depth] = random_nodes(rng, n, chain);
+    Nodes nodes = random_nodes(rng, n, chain);
+    const auto& [tokens, parents, depth, positions] = nodes;
     SequenceState st(target_.dev->spec(), *be_);
     ASSERT_TRUE(gpu_->prefill(st, prompt_).ok());
-    std::vector<int32_t> positions(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(st.n_past() + depth[i]);
-    Step step;
-    step.tokens = tokens;
-    step.all_logits = true;
-    step.capture_recurrent = true;
-    if (!chain) {
-      step.positions = positions;
-      step.mask = cpu::MaskKind::kTree;
-      step.parents = parents;
-    }
+    const Step step = nodes.verify_step(chain, st.n_past());
     auto verify = gpu_->forward(st, step);
     ASSERT_TRUE(verify.ok()) << verify.status().to_string();
     int bad = 0;
@@ -382,21 +389,12 @@ TEST_F(CudaDFlash, recorded_verify_steps_equal_eager_steps_bit_for_bit) {
     ASSERT_TRUE(graphs.prefill(sg, prompt_).ok());
     const int64_t n = chain ? 8 : 13;
     for (int step_i = 0; step_i < 5; ++step_i) {
-      const auto [tokens, parents, depth] = random_nodes(rng, n, chain);
-      std::vector<int32_t> positions(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(se.n_past() + depth[i]);
-      Step step;
-      step.tokens = tokens;
-      step.all_logits = true;
+      Nodes nodes = random_nodes(rng, n, chain);
+      const std::vector<int32_t>& parents = nodes.parents;
+      Step step = nodes.verify_step(chain, se.n_past());
       step.logits_on_device = true;
-      step.capture_recurrent = true;
       step.capture_layers = gpu_draft_->capture_layers();
       step.features_on_device = true;
-      if (!chain) {
-        step.positions = positions;
-        step.mask = cpu::MaskKind::kTree;
-        step.parents = parents;
-      }
       std::vector<float> logits[2], features[2];
       SequenceState* states[2] = {&se, &sg};
       Runner* runners[2] = {&eager, &graphs};
