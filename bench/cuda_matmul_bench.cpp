@@ -2,7 +2,8 @@
 // (n <= 16, the GEMV paths) beside the device's measured device-to-device copy rate (read + write bytes
 // per second); prefill sizes (n > 16, the GEMM path) beside the bf16 cuBLAS GEMM of the same shape.
 //
-//   bench_cuda_matmul [--quick | --qwen3-8b | --bf16-8b] [--tokens 1,2,4,8,16,64,256,...] [--no-fused] [TYPE...]
+//   bench_cuda_matmul [--quick | --qwen3-8b | --bf16-8b | --shapes RxC,...] [--tokens 1,2,4,8,16,64,256,...]
+//                     [--no-fused] [TYPE...]
 //
 // TYPE: f32, q4_K, ... (default every type).
 //
@@ -13,6 +14,7 @@
 // bf16 (a bf16 checkpoint's), and one q5_K and one q8_0 weight.
 // --bf16-8b: the shapes of a bf16 Qwen3-8B checkpoint's layer and head (q/k/v as one 6144-row weight, o,
 // gate+up as one 24576-row weight, down, the 151936-row head) in the types asked for (bf16 if none).
+// --shapes: these rows x cols shapes (e.g. 1024x384,384x1024: the bundled 19M model's) in every type asked for.
 // --tokens: the token counts n to time (default 1, 4, 16).
 // --no-fused: matmul without the fused kernel (set_gemm_fused_max_tokens(0)), and no fused columns.
 //
@@ -332,6 +334,7 @@ int main(int argc, char** argv) {
   bool quick = false, qwen3_8b = false, bf16_8b = false, no_fused = false;
   std::vector<int64_t> tokens = {1, 4, 16};
   std::vector<std::string> only;  // type names to run (default: all)
+  std::vector<std::pair<int64_t, int64_t>> asked;  // --shapes
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
@@ -353,6 +356,19 @@ int main(int argc, char** argv) {
         tokens.push_back(v);
         p = *end == ',' ? end + 1 : end;
       }
+    } else if (std::strcmp(argv[i], "--shapes") == 0 && i + 1 < argc) {
+      for (const char* p = argv[++i]; *p != '\0';) {
+        char* end = nullptr;
+        const long r = std::strtol(p, &end, 10);
+        const char* q = end + (*end == 'x' ? 1 : 0);
+        const long c = *end == 'x' ? std::strtol(q, &end, 10) : 0;
+        if (r < 1 || c < 1 || r > (1L << 20) || c > (1L << 20) || (*end != ',' && *end != '\0')) {
+          std::fprintf(stderr, "--shapes: a comma-separated list of ROWSxCOLS (each in [1, 2^20]), not %s\n", argv[i]);
+          return 2;
+        }
+        asked.emplace_back(r, c);
+        p = *end == ',' ? end + 1 : end;
+      }
     } else {
       only.emplace_back(argv[i]);
     }
@@ -372,6 +388,10 @@ int main(int argc, char** argv) {
   };
   std::vector<Shape> shapes = {{4096, 4096}, {4096, 12288}, {12288, 4096}, {5120, 17408}};
   if (quick) shapes = {{4096, 12288}};
+  if (!asked.empty()) {
+    shapes.clear();
+    for (const auto& [r, c] : asked) shapes.push_back({r, c});
+  }
   if (qwen3_8b)
     shapes = {{4096, 4096, DType::kQ4_K},  {6144, 4096, DType::kQ4_K},   {24576, 4096, DType::kQ4_K},
               {4096, 12288, DType::kQ6_K}, {151936, 4096, DType::kQ6_K}};
@@ -381,6 +401,7 @@ int main(int argc, char** argv) {
   }
   auto runs = [&](const Shape& s, DType t) {
     if (s.type != kAnyType && s.type != t) return false;
+    if (s.cols % dflash::dtype_info(t)->block_elems != 0) return false;  // e.g. --shapes 1024x384 in q4_K
     return only.empty() || std::find(only.begin(), only.end(), std::string(dflash::dtype_name(t))) != only.end();
   };
   std::vector<int64_t> gemv_tokens, gemm_tokens;

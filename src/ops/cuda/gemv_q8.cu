@@ -3,9 +3,10 @@
 // Work split: a CTA of 4 warps; the rows of the launch (a grouped launch lays up to four weights end to
 // end) are taken R consecutive rows at a time (a row group, R = 2 or 4 by block type and token count),
 // each group by `split` consecutive warps (1, 2 or 4: gemv_auto_split of the launch's rows) that take
-// interleaved blocks of it. A lane loads each token's activation slice of a block once for the group's R
-// rows, which divides the activation traffic through L1, the limit of a many-token product, by R; R is
-// bounded by the R x NT accumulators a lane keeps in registers. Lanes per weight block and bytes per lane:
+// interleaved blocks of it, or, where a row is at most one warp step of blocks (the 384- and 1024-wide rows of
+// a small model), shares of the tokens (launch()). A lane loads each token's activation slice of a block once
+// for the group's R rows, which divides the activation traffic through L1, the limit of a many-token product,
+// by R; R is bounded by the R x NT accumulators a lane keeps in registers. Lanes per weight block and bytes per lane:
 //   q4_K, q5_K  8 lanes, 16 bytes of nibbles each (+ q5_K's 16 bytes of high bits), 16-byte loads
 //   q6_K        8 lanes, two 16-element groups each (16 bytes of ql, 16 of qh), 16-byte loads (the device form)
 //   q8_0        rows of 256-element super-blocks: 8 lanes, a block each (two 16-byte loads); other rows 2 lanes,
@@ -59,6 +60,7 @@ struct Args {
   const float* xd;
   const int* xs;  // [n, cols / 16]: sum of the 16 codes of each half block
   int n, split;
+  int tsplit;    // 1: a row's blocks fit one warp step, and a row group's `split` warps take tokens instead (launch)
   int prefetch;  // 1: prefetch the first weight blocks into L2 before the PDL wait (launch.cuh, DFLASH_PDL=2)
 };
 
@@ -651,14 +653,15 @@ struct Q40S {
 // touches byte 32u (while < kBytes) or the block's last byte (the first u past it), so every 32-byte sector
 // of the block is prefetched whatever its alignment. A cache hint only: it changes no value.
 template <typename B, int R>
-__device__ __forceinline__ void prefetch_first(const Args& a, const uint8_t* const (&rowp)[R], int part, int lane) {
+__device__ __forceinline__ void prefetch_first(const Args& a, const uint8_t* const (&rowp)[R], int part, int split,
+                                               int lane) {
   constexpr int kPerStep = 32 / B::kLanes;
   constexpr int U = B::kInFlight > R ? B::kInFlight / R : 1;
   const int u = lane % B::kLanes;
   const int off = u * 32 < B::kBytes ? u * 32 : u * 32 < B::kBytes + 32 ? B::kBytes - 1 : -1;
   if (off < 0) return;
   const int64_t blocks = a.cols / B::kElems;
-  const int64_t step = int64_t{a.split} * kPerStep;
+  const int64_t step = int64_t{split} * kPerStep;
   const int64_t b0 = int64_t{part} * kPerStep + lane / B::kLanes;
 #pragma unroll
   for (int k = 0; k < U; ++k) {
@@ -669,18 +672,18 @@ __device__ __forceinline__ void prefetch_first(const Args& a, const uint8_t* con
   }
 }
 
-// acc[j][t] += the dot product of row rowp[j] with token t over this lane's blocks: blocks
+// acc[j][t] += the dot product of row rowp[j] with token t0 + t (t < n) over this lane's blocks: blocks
 // (part * P + lane / kLanes) + i * split * P (P = 32 / kLanes blocks a warp step), in increasing order,
 // whatever R and NT, so every (row, token) sum is formed in the same order by every kernel. Each block's
 // activation slice of a token is loaded once for the R rows; token 0's is loaded with the weights, so one
 // memory round trip serves both (the other tokens' follow in the dot loop).
 template <typename B, int R, int NT>
-__device__ __forceinline__ void group_dot(const Args& a, const uint8_t* const (&rowp)[R], int part, int lane,
-                                          float (&acc)[R][NT]) {
+__device__ __forceinline__ void group_dot(const Args& a, const uint8_t* const (&rowp)[R], int part, int split, int t0,
+                                          int n, int lane, float (&acc)[R][NT]) {
   constexpr int kPerStep = 32 / B::kLanes;
   constexpr int U = B::kInFlight > R ? B::kInFlight / R : 1;  // blocks of each row in flight
   const int64_t blocks = a.cols / B::kElems;
-  const int64_t step = int64_t{a.split} * kPerStep;
+  const int64_t step = int64_t{split} * kPerStep;
   for (int64_t b0 = int64_t{part} * kPerStep + lane / B::kLanes; b0 < blocks; b0 += U * step) {
     typename B::Raw w[U][R];
     typename B::Act x0[U];
@@ -690,7 +693,7 @@ __device__ __forceinline__ void group_dot(const Args& a, const uint8_t* const (&
       if (b < blocks) {
 #pragma unroll
         for (int j = 0; j < R; ++j) w[k][j] = B::load(rowp[j], b, blocks, lane);
-        x0[k] = B::act(a, 0, b, lane);
+        x0[k] = B::act(a, t0, b, lane);
       }
     }
 #pragma unroll
@@ -706,9 +709,9 @@ __device__ __forceinline__ void group_dot(const Args& a, const uint8_t* const (&
 #pragma unroll
       for (int t = 1; t < NT; ++t) {
         int tl = t;
-        if constexpr (B::kHoistTokens) tl = t < a.n ? t : a.n - 1;
-        else if (t >= a.n) break;
-        const typename B::Act x = B::act(a, tl, b, lane);
+        if constexpr (B::kHoistTokens) tl = t < n ? t : n - 1;
+        else if (t >= n) break;
+        const typename B::Act x = B::act(a, t0 + tl, b, lane);
 #pragma unroll
         for (int j = 0; j < R; ++j) B::add(acc[j][t], c[j], x, lane);
       }
@@ -748,8 +751,9 @@ __device__ __forceinline__ void store_rows_parts(float (&acc)[R][NT], float (&pa
   *p = sum;
 }
 
-// NT tokens, R consecutive rows of the launch a row group, each group owned by `split` warps. A group may
-// straddle two parts of the launch; its rows past the last read the last row and are not stored.
+// NT tokens, R consecutive rows of the launch a row group, each group owned by `split` warps (with a.tsplit, warp
+// `part` of the group takes tokens [part NT, part NT + NT) of its rows, all their blocks). A group may straddle
+// two parts of the launch; its rows past the last read the last row and are not stored.
 // At least kCtas = B::min_ctas(NT, split) CTAs a SM (split: 1, or more for any split > 1; only the launch
 // bounds depend on it). One token: 8 (32 warps), which caps registers at 64 (from 72: 7
 // CTAs), measured 3-8% faster for q4_K/q6_K on an H100 in their old order; the canonical order's shuffles
@@ -759,7 +763,14 @@ template <typename B, int R, int NT, int kCtas>
 __global__ void __launch_bounds__(kThreads, kCtas) gemv_q8_kernel(const Args a) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int64_t group = int64_t{blockIdx.x} * (kWarps / a.split) + warp / a.split;
-  const int part = warp % a.split;
+  // The warp's share of the row group: blocks part, part + split, ... of each row's warp steps, or (a.tsplit) a
+  // row's blocks (all in one warp step, so this is the order a `split`-warp launch sums them in) for NT tokens.
+  int part = warp % a.split, split = a.split, t0 = 0, n = a.n;
+  if (a.tsplit) {
+    t0 = part * NT;
+    n = a.n - t0 < NT ? a.n - t0 : NT;
+    part = 0, split = 1;
+  }
   const uint8_t* rowp[R];
   float* y[R];
   int64_t rows[R], r[R];
@@ -772,24 +783,24 @@ __global__ void __launch_bounds__(kThreads, kCtas) gemv_q8_kernel(const Args a) 
     r[j] = g - a.parts[p].first;
     rows[j] = a.parts[p].rows;
     rowp[j] = a.parts[p].w + r[j] * a.rb;
-    y[j] = grow < a.total_rows ? a.parts[p].y : nullptr;
+    y[j] = grow < a.total_rows && n > 0 ? a.parts[p].y + int64_t{t0} * rows[j] : nullptr;
   }
   // Everything above reads only the kernel parameters; the activations (and y) only after the wait.
-  if (a.prefetch && y[0] != nullptr) prefetch_first<B, R>(a, rowp, part, lane);
+  if (a.prefetch && y[0] != nullptr) prefetch_first<B, R>(a, rowp, part, split, lane);
   pdl_begin();
   float acc[R][NT];
 #pragma unroll
   for (int j = 0; j < R; ++j)
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[j][t] = 0.0f;
-  if (y[0] != nullptr) group_dot<B, R, NT>(a, rowp, part, lane, acc);
+  if (y[0] != nullptr) group_dot<B, R, NT>(a, rowp, part, split, t0, n, lane, acc);
   if constexpr (B::kGroupParts) {
     constexpr int G = 32 / B::kLanes;
     __shared__ float parts[kWarps][G][R * NT];
-    store_rows_parts<G, R, NT>(acc, parts, warp, lane, part, a.split, a.n, y, rows, r);
+    store_rows_parts<G, R, NT>(acc, parts, warp, lane, part, split, n, y, rows, r);
   } else {
     __shared__ float partial[kWarps][R * NT];
-    gemv_common::store_rows<R, NT>(acc, partial, warp, lane, part, a.split, a.n, y, rows, r);
+    gemv_common::store_rows<R, NT>(acc, partial, warp, lane, part, split, n, y, rows, r);
   }
 }
 
@@ -803,10 +814,16 @@ cudaError_t launch_rows(const Args& a, cudaStream_t stream) {
   return launch_pdl(gemv_q8_kernel<B, R, NT, kShared>, dim3(g), dim3(kThreads), 0, stream, a);
 }
 
+// Rows of at most one warp step of blocks (P = 32 / kLanes: a lane holds at most one block of a row, whatever the
+// split) leave all but the first warp of a split row group without blocks: there the group's warps take a share
+// of the tokens each (Args::tsplit; the kernel's NT covers ceil(n / split)), which sums every (row, token) as the
+// split launch does (its idle warps' partials were zeros, added last).
 template <typename B>
-cudaError_t launch(const Args& a, cudaStream_t stream) {
+cudaError_t launch(Args a, cudaStream_t stream) {
+  a.tsplit = a.split > 1 && a.cols / B::kElems <= 32 / B::kLanes ? 1 : 0;
+  const int per_warp = a.tsplit ? (a.n + a.split - 1) / a.split : a.n;
   cudaError_t err = cudaSuccess;
-  const cudaError_t last = gemv_common::for_token_count(a.n, [&](auto nt) {
+  const cudaError_t last = gemv_common::for_token_count(per_warp, [&](auto nt) {
     constexpr int NT = decltype(nt)::value;
     err = launch_rows<B, B::rows_a_warp(NT), NT>(a, stream);
   });

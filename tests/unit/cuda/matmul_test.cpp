@@ -496,16 +496,24 @@ std::vector<int64_t> rows_for_every_split() {
 // Whatever kernel a token count picks (rows a warp, tokens a launch), a token's row is summed in the same
 // order with the same float expression: each token of a batch of n = 1..16 equals its one-token product
 // bit for bit, at row counts that leave a partial row group and at every split. The batches of the
-// split row counts are also checked against the CPU.
+// split row counts are also checked against the CPU. Long rows take several blocks a lane at split 1; short
+// rows (one warp step of blocks: 12 q8_0 blocks, 4 super-blocks, 3 K-quant blocks) have a split's warps take
+// shares of the tokens instead.
 TEST_F(CudaMatmul, gemv_q8_every_token_count_equals_one_token_bit_for_bit) {
   SCOPED_TRACE(seed_note());
   std::vector<int64_t> row_counts = {1, 3, 6, 37};
   for (int64_t r : rows_for_every_split()) row_counts.push_back(r);
+  std::vector<std::pair<int64_t, int64_t>> shapes;  // (cols, rows)
   for (DType t : kTypes) {
     if (!cuda::gemv_q8_supported(t)) continue;
-    const int64_t cols = cols_for(t)[2];  // several blocks a lane at split 1
-    for (int64_t rows : row_counts) {
-      SCOPED_TRACE(std::string(dtype_name(t)) + " rows " + std::to_string(rows));
+    shapes.clear();
+    const bool b32 = dtype_info(t)->block_elems == 32;
+    const std::vector<int64_t> col_counts = b32 ? std::vector<int64_t>{cols_for(t)[2], 384, 1024}
+                                                : std::vector<int64_t>{cols_for(t)[2], 768};
+    for (int64_t cols : col_counts)
+      for (int64_t rows : row_counts) shapes.emplace_back(cols, rows);
+    for (const auto& [cols, rows] : shapes) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " rows " + std::to_string(rows) + " cols " + std::to_string(cols));
       const auto w = random_weights(t, rows, cols, rng_);
       const auto x = random_x(cuda::kQ8MaxTokens, cols, rng_);
       std::vector<std::vector<float>> alone;
