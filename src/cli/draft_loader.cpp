@@ -10,7 +10,7 @@ void add_draft_options(CLI::App* cmd, DraftOptions& o) {
   cmd->add_option("--draft", o.path,
                   std::string("DFlash draft: a GGUF file or an HF directory (config.json + safetensors); 'none' "
                               "turns drafting off (default: models/") +
-                      kDefaultDraftDir + " with the bundled model, else none)");
+                      kDefaultDraftFile + " with the bundled model, else none)");
   cmd->add_flag("--ddtree", o.ddtree, "Verify a DDTree of the draft's top candidates instead of one chain");
   cmd->add_option("--ddtree-budget", o.ddtree_budget, "DDTree: drafted nodes per step at most")->capture_default_str();
   cmd->add_option("--draft-device", o.device, "Device of the draft: cpu or cuda:N (default: the target's)");
@@ -37,8 +37,8 @@ Result<std::unique_ptr<ResidentDraft>> load_draft(const DraftOptions& o, const s
     std::error_code ec;
     const fs::path model(model_path);
     if (model.filename() != kDefaultModelFile) return std::unique_ptr<ResidentDraft>();
-    const fs::path draft = model.parent_path() / kDefaultDraftDir;
-    if (!fs::is_directory(draft, ec)) {
+    const fs::path draft = model.parent_path() / kDefaultDraftFile;
+    if (!fs::is_regular_file(draft, ec)) {
       log::warn("the bundled model's draft {} is missing: decoding without a draft", draft.string());
       return std::unique_ptr<ResidentDraft>();
     }

@@ -207,6 +207,22 @@ TEST(Convert, RandomQwen35CheckpointLoadsInLlamaCpp) {
   for (float x : logits) ASSERT_TRUE(std::isfinite(x));
 }
 
+// The bundled draft that is served (models/default-coder-19m-dflash-q8_0.gguf) is what `dflash convert --type q8_0`
+// makes of the trained checkpoint beside it, byte for byte (so a retrained checkpoint cannot ship with a stale
+// GGUF; docs/default-model.md).
+TEST(Convert, BundledDraftGgufIsItsCheckpointConverted) {
+  const std::string dir = test::scratch_dir(), models = test::source_dir() + "/models";
+  const auto r = dflash("convert " + shell_quote(models + "/default-coder-19m-dflash") + " -o " +
+                        shell_quote(dir + "/draft.gguf") + " --type q8_0");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto made = test::read_bytes(dir + "/draft.gguf");
+  const auto bundled = test::read_bytes(models + "/default-coder-19m-dflash-q8_0.gguf");
+  ASSERT_GT(made.size(), 1000000u);
+  EXPECT_TRUE(made == bundled) << "models/default-coder-19m-dflash-q8_0.gguf is not the checkpoint converted: rerun "
+                                  "`dflash convert models/default-coder-19m-dflash -o "
+                                  "models/default-coder-19m-dflash-q8_0.gguf --type q8_0`";
+}
+
 TEST(Convert, BadInputsGiveClearErrors) {
   const std::string dir = test::scratch_dir();
   auto r = dflash("convert /nonexistent -o " + shell_quote(dir + "/x.gguf"));
