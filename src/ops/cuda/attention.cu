@@ -31,6 +31,7 @@
 
 #include "ops/cuda/attention_internal.h"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/sm_count.h"
 #include "ops/cuda/warp_reduce.cuh"
 
 namespace dflash::cuda {
@@ -367,16 +368,6 @@ int chunk_shift(int64_t chunk_tokens) {
   return -1;
 }
 
-int multiprocessors() {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) !=
-                                                 cudaSuccess) {
-    cudaGetLastError();
-    return 132;
-  }
-  return sms;
-}
-
 bool args_ok(const float* q, int64_t n_q, int64_t n_heads, const DeviceKvView& kv, const DeviceAttnMask& m,
              const float* out) {
   if (n_q < 0 || n_heads <= 0 || kv.n_kv_heads <= 0 || n_heads % kv.n_kv_heads != 0) return false;
@@ -427,7 +418,7 @@ Plan make_mma_plan(int64_t n_q, int64_t n_heads, const DeviceKvView& kv, const D
   // Split the keys only when the grid would leave most of the GPU idle and each range keeps a few tiles.
   constexpr int64_t kMinKeysPerMmaSplit = 256;
   const int64_t base = pl.row_blocks * kv.n_kv_heads;
-  const int64_t target = static_cast<int64_t>(multiprocessors()) * attn_mma::blocks_per_sm(kv.head_dim);
+  const int64_t target = static_cast<int64_t>(current_sm_count()) * attn_mma::blocks_per_sm(kv.head_dim);
   int64_t splits = 1;
   if (2 * base <= target && max_keys >= 2 * kMinKeysPerMmaSplit) {
     splits = std::min<int64_t>((target + base - 1) / base, max_keys / kMinKeysPerMmaSplit);
@@ -455,7 +446,7 @@ Plan make_plan(int64_t n_q, int64_t n_heads, const DeviceKvView& kv, const Devic
   // Path mode splits as the one-token decode does (the grid of one query), so its queries' outputs are
   // those decodes'.
   const int64_t base = (pl.path ? pl.blocks_per_query : pl.row_blocks) * kv.n_kv_heads;
-  const int64_t target = (pl.path ? attn_decode::tuning().split_factor : 2) * static_cast<int64_t>(multiprocessors());
+  const int64_t target = (pl.path ? attn_decode::tuning().split_factor : 2) * static_cast<int64_t>(current_sm_count());
   const size_t per_split = sizeof(float) * static_cast<size_t>(n_q * n_heads) * static_cast<size_t>(kv.head_dim + 2);
   if (decode) {  // a fixed number of ranges, whatever the key count (see attention.h)
     int64_t splits = base < target ? std::min<int64_t>((target + base - 1) / base, kMaxSplits) : 1;

@@ -24,6 +24,7 @@
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/quant_blocks.cuh"
+#include "ops/cuda/sm_count.h"
 #include "ops/cuda/weight_form.h"
 
 namespace dflash::cuda {
@@ -462,19 +463,9 @@ cudaError_t launch_plain(const Args& a, cudaStream_t stream) {
 
 bool gemv_supported(DType type) { return find_layout(static_cast<uint32_t>(type)) != nullptr; }
 
-namespace {
-int sm_count() {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) !=
-                                                cudaSuccess || sms <= 0)
-    sms = 132;
-  return sms;
-}
-}  // namespace
-
 int gemv_auto_split(int64_t rows) {
   // Aim for at least 32 warps per multiprocessor.
-  const int64_t want = int64_t{32} * sm_count();
+  const int64_t want = int64_t{32} * current_sm_count();
   if (rows >= want) return 1;
   if (2 * rows >= want) return 2;
   return 4;
@@ -483,7 +474,7 @@ int gemv_auto_split(int64_t rows) {
 int gemv16_auto_split(int64_t rows) {
   // Whole rows a warp from 16 rows per multiprocessor (at one token, 4096 rows of 4096..12288 columns
   // took 4-9 % longer at split 2 than at 1 on an H100).
-  const int64_t want = int64_t{16} * sm_count();
+  const int64_t want = int64_t{16} * current_sm_count();
   if (rows >= want) return 1;
   if (2 * rows >= want) return 2;
   return 4;

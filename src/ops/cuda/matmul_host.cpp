@@ -16,6 +16,7 @@
 #include "ops/cuda/gemv_q8.h"
 #include "ops/cuda/matmul.h"
 #include "ops/cuda/mmq.h"
+#include "ops/cuda/sm_count.h"
 #include "ops/cuda/weight_form.h"
 
 namespace dflash::cuda {
@@ -69,18 +70,6 @@ void keep_pool_memory() {
   cudaGetLastError();
 }
 
-int sm_count() {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
-  thread_local std::map<int, int> sms;
-  auto it = sms.find(dev);
-  if (it != sms.end()) return it->second;
-  int n = 0;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) n = 132;
-  sms.emplace(dev, n);
-  return n;
-}
-
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 // How one product of the GEMM path runs, and the scratch it needs beside x in bf16.
@@ -101,7 +90,7 @@ Result<GemmRun> plan_gemm(const MatmulTarget& t, int64_t cols, int64_t n, Matmul
       return unsupported("matmul {} ({} x {}): the fused GEMM does not take this weight (type, row length or "
                          "alignment)", dtype_name(t.type), t.rows, cols);
     run.kind = GemmRun::kFused;
-    run.plan = gemm_q_plan(t.type, t.rows, cols, n, sm_count());
+    run.plan = gemm_q_plan(t.type, t.rows, cols, n, current_sm_count());
     run.scratch = static_cast<int64_t>(gemm_q_workspace_bytes(run.plan, t.rows, cols, n));
     return run;
   }
