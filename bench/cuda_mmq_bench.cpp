@@ -11,7 +11,8 @@
 // graph, every call on its own copy of the weights (no L2 reuse), median of 15 replays / 16. gemv_q8 takes at
 // most 16 tokens a launch: above that it runs as launches of 16 and the rest (what a verify step would do).
 // "W GB/s" is weight bytes / time; "/n=1" the time over the same kernel's n = 1 time; "mmq/q8" the two
-// kernels' time ratio.
+// kernels' time ratio. For q4_K, "qmma us" is the f16 tensor-core product (ops/cuda/qmma.h; its activations packed
+// by qmma_pack_x, timed apart as "qpack us"), "/q8" its time over gemv_q8's at n = 1.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include "cuda_bench_util.h"
 #include "ops/cuda/gemv_q8.h"
 #include "ops/cuda/mmq.h"
+#include "ops/cuda/qmma.h"
 #include "tensor/dtype.h"
 
 namespace {
@@ -113,10 +115,13 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&y, sizeof(float) * nmax * max_rows));
   void* xp = nullptr;  // mmq's layout of the tokens (mmq_pack_x, timed apart: "pack us")
   CHECK(cudaMalloc(&xp, dflash::cuda::mmq_x_bytes(nmax, max_cols)));
+  void* xh16 = nullptr;  // qmma's layout of the tokens
+  CHECK(cudaMalloc(&xh16, dflash::cuda::qmma_x_bytes(nmax, max_cols)));
   CHECK(cudaMemcpy(x, xh.data(), sizeof(float) * xh.size(), cudaMemcpyHostToDevice));
 
-  std::printf("%-6s %-13s %3s | %9s %8s %6s %6s | %9s %8s %6s | %7s | %7s\n", "type", "rows x cols", "n", "mmq us",
-              "W GB/s", "/copy", "/n=1", "gemv_q8 us", "W GB/s", "/n=1", "mmq/q8", "pack us");
+  std::printf("%-6s %-13s %3s | %9s %8s %6s %6s | %9s %8s %6s | %7s | %7s | %8s %6s %8s\n", "type", "rows x cols", "n",
+              "mmq us", "W GB/s", "/copy", "/n=1", "gemv_q8 us", "W GB/s", "/n=1", "mmq/q8", "pack us", "qmma us",
+              "/q8", "qpack us");
   for (const Shape& s : shapes) {
     CHECK(dflash::cuda::quantize_q8_rows(x, nmax, s.cols, xq, xd, xs, stream));
     const size_t wbytes = bench::device_rb(s.type, s.cols) * s.rows;
@@ -138,6 +143,15 @@ int main(int argc, char** argv) {
                                       xs + t0 * s.cols / 16, m, st));
         }
       });
+      float ms_qmma = 0, ms_qpack = 0;
+      if (dflash::cuda::qmma_supported(s.type)) {
+        ms_qpack = bench::graph_ms(stream, kReps, [&](cudaStream_t st, int) {
+          CHECK(dflash::cuda::qmma_pack_x(x, n, s.cols, xh16, st));
+        });
+        ms_qmma = bench::graph_ms(stream, kReps, [&](cudaStream_t st, int r) {
+          CHECK(dflash::cuda::qmma(s.type, wr(r), s.rows, s.cols, xh16, n, y, st));
+        });
+      }
       if (n == 1) mmq_n1 = ms, q8_n1 = ms_q8;
       const double wgbs = static_cast<double>(wbytes) / (ms * 1e-3) / 1e9;
       const double wgbs_q8 = static_cast<double>(wbytes) / (ms_q8 * 1e-3) / 1e9;
@@ -145,9 +159,10 @@ int main(int argc, char** argv) {
       std::snprintf(shape, sizeof shape, "%lldx%lld", static_cast<long long>(s.rows), static_cast<long long>(s.cols));
       if (mmq_n1 > 0) std::snprintf(r1, sizeof r1, "%.2f", ms / mmq_n1);
       if (q8_n1 > 0) std::snprintf(r2, sizeof r2, "%.2f", ms_q8 / q8_n1);
-      std::printf("%-6s %-13s %3lld | %9.1f %8.0f %6.2f %6s | %9.1f %8.0f %6s | %7.2f | %7.2f\n",
+      std::printf("%-6s %-13s %3lld | %9.1f %8.0f %6.2f %6s | %9.1f %8.0f %6s | %7.2f | %7.2f | %8.1f %6.2f %8.2f\n",
                   std::string(dflash::dtype_name(s.type)).c_str(), shape, static_cast<long long>(n), ms * 1e3, wgbs,
-                  wgbs / copy_gbs, r1, ms_q8 * 1e3, wgbs_q8, r2, ms / ms_q8, ms_pack * 1e3);
+                  wgbs / copy_gbs, r1, ms_q8 * 1e3, wgbs_q8, r2, ms / ms_q8, ms_pack * 1e3, ms_qmma * 1e3,
+                  q8_n1 > 0 ? ms_qmma / q8_n1 : 0.0, ms_qpack * 1e3);
       std::fflush(stdout);
     }
   }
