@@ -95,10 +95,6 @@ __device__ __forceinline__ void static_for(F&& f) {
   static_for_impl(f, std::make_integer_sequence<int, N>{});
 }
 
-// fp16 bits to f32 (exact: the hardware conversion; only a NaN's payload may differ from fp16_to_f32).
-__device__ __forceinline__ float half_f32(uint32_t h) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(h & 0xffffu)));
-}
 
 // Byte k (compile-time) of the little-endian words w.
 template <int kK, int kN>
@@ -136,7 +132,7 @@ struct GK4 {
   template <int kQ>
   __device__ static void prepare(const uint8_t* b, int /*unit*/, int h, Raw& r) {
     const uint4 hdr = *reinterpret_cast<const uint4*>(b);
-    const float d = half_f32(hdr.x), dmin = half_f32(hdr.x >> 16);
+    const float d = fp16_bits_hw(hdr.x), dmin = fp16_bits_hw(hdr.x >> 16);
     const uint32_t sb[3] = {hdr.y, hdr.z, hdr.w};  // scales[0..11]
     static_for<2>([&](auto jj) {
       constexpr int j = 2 * kQ + decltype(jj)::value;
@@ -198,7 +194,7 @@ struct GQ6K {
   __device__ static void prepare(const uint8_t* slot, int unit, int h, Raw& r) {
     const uint8_t* b = slot;
     constexpr int hh = kQ >> 1, t = kQ & 1;
-    const float d = half_f32(*reinterpret_cast<const uint16_t*>(b + kQ6Body + 2 * (unit & 7)));
+    const float d = fp16_bits_hw(*reinterpret_cast<const uint16_t*>(b + kQ6Body + 2 * (unit & 7)));
     const uint2 s8 = load8(b + 192 + 8 * hh);
     const uint32_t sw[2] = {s8.x, s8.y};
     static_for<4>([&](auto k) {
@@ -248,7 +244,7 @@ struct GQ80 {
   template <int kQ>
   __device__ static void prepare(const uint8_t* slot, int /*unit*/, int h, Raw& r) {
     const int blk = 2 * kQ + h;
-    r.d = half_f32(*reinterpret_cast<const uint16_t*>(slot + kUnitBytes + 2 * blk));
+    r.d = fp16_bits_hw(*reinterpret_cast<const uint16_t*>(slot + kUnitBytes + 2 * blk));
     const auto* w = reinterpret_cast<const uint4*>(slot + kQ80Body * blk);
     const uint4 w0 = w[0], w1 = w[1];
     const uint32_t wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};

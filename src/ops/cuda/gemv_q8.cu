@@ -76,13 +76,10 @@ __device__ __forceinline__ int dot4(const int (&q)[4], const uint4& v, int acc) 
   return __dp4a(q[3], static_cast<int>(v.w), acc);
 }
 
-// fp16 bits as a float by the hardware conversion: exact, as qblocks::fp16_to_f32 (a branchy software
-// decode, a large share of a q4_K block's instructions at one token); the two differ only in a NaN's
-// payload. (q6_K and the legacy types keep fp16_to_f32: without its branches the compiler hoists their
-// many-token loads further and their kernels spill.)
-__device__ __forceinline__ float fp16_bits_to_f32(uint32_t h) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
-}
+// K4 decodes its scales by the hardware conversion (qblocks::fp16_bits_hw): qblocks::fp16_to_f32's branches were
+// a large share of a q4_K block's instructions at one token. (q6_K and the legacy types keep fp16_to_f32: without
+// its branches the compiler hoists their many-token loads further and their kernels spill.)
+using qblocks::fp16_bits_hw;
 
 using qblocks::k4_scales_mins;
 using qblocks::q3k_codes;
@@ -157,7 +154,7 @@ struct K4 {
   __device__ static Codes decode(const Raw& w, int lane) {
     const int c = (lane & 7) >> 1;
     Codes k;
-    const float d = fp16_bits_to_f32(w.hdr.x & 0xffffu), dmin = fp16_bits_to_f32(w.hdr.x >> 16);
+    const float d = fp16_bits_hw(w.hdr.x & 0xffffu), dmin = fp16_bits_hw(w.hdr.x >> 16);
     int sc[2], m[2];
     k4_scales_mins(c, w.hdr.y, w.hdr.z, w.hdr.w, sc, m);
     k.ds0 = __fmul_rn(d, static_cast<float>(sc[0])), k.ms0 = __fmul_rn(dmin, static_cast<float>(m[0]));

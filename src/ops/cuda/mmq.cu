@@ -104,10 +104,7 @@ __device__ __forceinline__ uint32_t ldg_u16(const uint8_t* p) {
   return __ldg(reinterpret_cast<const unsigned short*>(p));
 }
 
-__device__ __forceinline__ float half_bits(uint32_t h) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
-}
-
+using qblocks::fp16_bits_hw;
 using qblocks::k4_scales_mins;
 
 // q4_K: d, dmin (fp16), 12 bytes of packed scales, 128 bytes of nibbles. Lane: rows i = 0 (g), 1 (g + 8).
@@ -141,7 +138,7 @@ struct Q4K {
     for (int u = 0; u < T; ++u)
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        d[u][i] = half_bits(r[u].hdr[i].x & 0xffffu), dmin[u][i] = half_bits(r[u].hdr[i].x >> 16);
+        d[u][i] = fp16_bits_hw(r[u].hdr[i].x & 0xffffu), dmin[u][i] = fp16_bits_hw(r[u].hdr[i].x >> 16);
     // The chunk terms' pair sums of the canonical order: v_0 (then v_2) held until v_1 (v_3) comes, and
     // v_0 + v_1 until the block's T = (v_0 + v_1) + (v_2 + v_3) is added to acc.
     float first[T][NT8][4], pair01[T][NT8][4];
@@ -345,7 +342,7 @@ struct Q6Src : IntScales {
     return Scales{{static_cast<int8_t>(w & 0xffu), static_cast<int8_t>((w >> 8) & 0xffu)}};
   }
   __device__ static float finish(const Raw& r, int i, float inner, float acc) {
-    return __fmaf_rn(half_bits(r.d[i]), inner, acc);
+    return __fmaf_rn(fp16_bits_hw(r.d[i]), inner, acc);
   }
 };
 
@@ -380,7 +377,7 @@ struct Q3Src : IntScales {
     return Scales{{qblocks::q3k_scale(r.hdr[i], q >> 2, q & 3, 0), qblocks::q3k_scale(r.hdr[i], q >> 2, q & 3, 1)}};
   }
   __device__ static float finish(const Raw& r, int i, float inner, float acc) {
-    return __fmaf_rn(half_bits(r.hdr[i].w & 0xffffu), inner, acc);
+    return __fmaf_rn(fp16_bits_hw(r.hdr[i].w & 0xffffu), inner, acc);
   }
 };
 
@@ -419,7 +416,7 @@ struct Q2Src {
     return (r.qs[i][2 * (q >> 2) + j] >> (2 * (q & 3))) & 0x03030303u;
   }
   __device__ static Scales scales(const Raw& r, int i, int q) {
-    const float d = half_bits(r.dm[i] & 0xffffu), dmin = half_bits(r.dm[i] >> 16);
+    const float d = fp16_bits_hw(r.dm[i] & 0xffffu), dmin = fp16_bits_hw(r.dm[i] >> 16);
     Scales s;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -465,7 +462,7 @@ struct Block32Order : S {
           fa[u][h][0] = S::frag(r[u], 0, j, 0, tid), fa[u][h][1] = S::frag(r[u], 1, j, 0, tid);
           fa[u][h][2] = S::frag(r[u], 0, j, 1, tid), fa[u][h][3] = S::frag(r[u], 1, j, 1, tid);
 #pragma unroll
-          for (int i = 0; i < 2; ++i) d[u][h][i] = half_bits(S::d_bits(r[u], i, j));
+          for (int i = 0; i < 2; ++i) d[u][h][i] = fp16_bits_hw(S::d_bits(r[u], i, j));
         }
 #pragma unroll
       for (int nt = 0; nt < NT8; ++nt) {

@@ -111,8 +111,7 @@ __device__ __forceinline__ RowBlock load_row_block(const uint8_t* blk, int t) {
   RowBlock r;
   r.w[0] = a.x, r.w[1] = a.y, r.w[2] = a.z, r.w[3] = a.w;
   r.w[4] = b.x, r.w[5] = b.y, r.w[6] = b.z, r.w[7] = b.w;
-  const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(hdr.x & 0xffffu)));
-  const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(hdr.x >> 16)));
+  const float d = qblocks::fp16_bits_hw(hdr.x & 0xffffu), dmin = qblocks::fp16_bits_hw(hdr.x >> 16);
   int sc[2], m[2];
   qblocks::k4_scales_mins(t, hdr.y, hdr.z, hdr.w, sc, m);
 #pragma unroll

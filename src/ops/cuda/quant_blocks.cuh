@@ -49,6 +49,13 @@ __device__ __forceinline__ float fp16_to_f32(uint32_t h) {
   return __uint_as_float(bits);
 }
 
+// The low 16 bits of h as fp16, by the hardware conversion: exact, as fp16_to_f32 (a branchy software decode);
+// the two differ only in a NaN's payload. The product kernels decode their scales with it where fp16_to_f32's
+// branches would cost (gemv_q8.cu says where they keep fp16_to_f32).
+__device__ __forceinline__ float fp16_bits_hw(uint32_t h) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+}
+
 __device__ __forceinline__ float bf16_to_f32(uint32_t h) { return __uint_as_float(h << 16); }
 
 // The hardware conversion rounds to nearest even like fp32_to_fp16 (subnormal results kept, >= 65520 to

@@ -503,10 +503,9 @@ TEST_F(CudaMatmul, gemv_q8_every_token_count_equals_one_token_bit_for_bit) {
   SCOPED_TRACE(seed_note());
   std::vector<int64_t> row_counts = {1, 3, 6, 37};
   for (int64_t r : rows_for_every_split()) row_counts.push_back(r);
-  std::vector<std::pair<int64_t, int64_t>> shapes;  // (cols, rows)
   for (DType t : kTypes) {
     if (!cuda::gemv_q8_supported(t)) continue;
-    shapes.clear();
+    std::vector<std::pair<int64_t, int64_t>> shapes;  // (cols, rows)
     const bool b32 = dtype_info(t)->block_elems == 32;
     const std::vector<int64_t> col_counts = b32 ? std::vector<int64_t>{cols_for(t)[2], 384, 1024}
                                                 : std::vector<int64_t>{cols_for(t)[2], 768};
