@@ -577,7 +577,9 @@ TEST_F(CudaMatmul, gemv_q8_grouped_parts_split_inside_row_groups) {
           const bool same_split = cuda::gemv_auto_split(rows[i]) == cuda::gemv_auto_split(total);
           std::vector<float> wf(static_cast<size_t>(cols));
           for (int64_t r = 0; r < rows[i]; ++r) {
-            if (!same_split) ASSERT_TRUE(dequantize_row(t, ws[i].data() + r * bytes_for(t, cols), wf.data(), cols).ok());
+            if (!same_split) {
+              ASSERT_TRUE(dequantize_row(t, ws[i].data() + r * bytes_for(t, cols), wf.data(), cols).ok());
+            }
             for (int64_t k = 0; k < n; ++k) {
               const size_t at = static_cast<size_t>(k * rows[i] + r);
               if (same_split) {
