@@ -1,4 +1,4 @@
-// Overflow-checked size arithmetic for parsers of untrusted files.
+// Overflow-checked size arithmetic for parsers of untrusted files, and alignment of sizes and pointers.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +20,10 @@ inline std::optional<uint64_t> checked_mul(uint64_t a, uint64_t b) {
 
 inline uint64_t align_up(uint64_t x, uint64_t alignment) {
   return (x + alignment - 1) / alignment * alignment;
+}
+
+inline bool is_aligned(const void* p, uintptr_t alignment) {
+  return reinterpret_cast<uintptr_t>(p) % alignment == 0;
 }
 
 }  // namespace dflash

@@ -1,6 +1,7 @@
 // Gated DeltaNet kernels (gated_delta_net.h): recurrent (decode / chain and tree verify) and chunked WY
 // (prefill). Float32; the chunked form's cumulative log decay and its exponentials in double, as on the
 // CPU (cpu::gated_delta_net_chunked explains why).
+#include "base/checked_math.h"
 #include "ops/cuda/gated_delta_net.h"
 
 #include <cstdint>
@@ -214,7 +215,6 @@ void launch_recurrent(dim3 grid, cudaStream_t stream, const float* q, const floa
              int(d.n_v_heads), int(d.d_k), int(d.d_v), state, out, pts, parents);
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 bool dims_ok(const DeltaNetDims& d) {
   return d.n_k_heads > 0 && d.n_v_heads > 0 && d.n_v_heads % d.n_k_heads == 0 && d.n_v_heads <= INT32_MAX &&
@@ -452,8 +452,8 @@ cudaError_t gated_delta_net_recurrent(const float* q, const float* k, const floa
   if (n == 0) return cudaSuccess;
   if (!q || !k || !v || !g || !beta || !out) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(d.n_v_heads), unsigned((d.d_v + kRecTileRows - 1) / kRecTileRows));
-  const bool vec = d.d_k % 128 == 0 && aligned16(q) && aligned16(k) && aligned16(state) &&
-                   (per_token_states == nullptr || aligned16(per_token_states));
+  const bool vec = d.d_k % 128 == 0 && is_aligned(q, 16) && is_aligned(k, 16) && is_aligned(state, 16) &&
+                   (per_token_states == nullptr || is_aligned(per_token_states, 16));
   if (vec) {
     if (d.d_k == 128)
       launch_recurrent<4, true>(grid, stream, q, k, v, g, beta, n, d, state, out, per_token_states, parents);
@@ -474,7 +474,8 @@ cudaError_t gated_delta_net_recurrent(const float* q, const float* k, const floa
 bool gated_delta_net_restore_vec(const DeltaNetRestoreLayer* layers, int n_layers, const DeltaNetDims& d) {
   if (d.d_k % 128 != 0) return false;
   for (int i = 0; i < n_layers; ++i)
-    if (!aligned16(layers[i].state) || !aligned16(layers[i].from) || !aligned16(layers[i].q) || !aligned16(layers[i].k))
+    if (!is_aligned(layers[i].state, 16) || !is_aligned(layers[i].from, 16) || !is_aligned(layers[i].q, 16) ||
+        !is_aligned(layers[i].k, 16))
       return false;
   return true;
 }

@@ -31,6 +31,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "base/checked_math.h"
 #include "ops/cuda/gemv_q8.h"
 #include "ops/cuda/matmul.h"
 #include "ops/cuda/gemv_common.cuh"
@@ -836,7 +837,6 @@ __global__ void __launch_bounds__(kThreads) quantize_q8_kernel(const float* x, i
   quantize_q8_block(x[blk * 32 + lane], lane, blk, out);
 }
 
-bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
 }  // namespace
 
@@ -897,12 +897,13 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
   if (n_parts < 0 || n_parts > kQ8MaxParts || (n_parts > 0 && parts == nullptr)) return cudaErrorInvalidValue;
   if (cols <= 0 || cols % elems != 0 || n < 1 || n > kQ8MaxTokens) return cudaErrorInvalidValue;
   if (split != 0 && split != 1 && split != 2 && split != 4) return cudaErrorInvalidValue;
-  if (xq == nullptr || xd == nullptr || xs == nullptr || !aligned(xq, 16) || !aligned(xd, 4) || !aligned(xs, 4))
+  if (xq == nullptr || xd == nullptr || xs == nullptr || !is_aligned(xq, 16) || !is_aligned(xd, 4) ||
+      !is_aligned(xs, 4))
     return cudaErrorInvalidValue;
   const int64_t rb = device_row_bytes(type, cols);  // weight_form.h
   if (rb <= 0 || rb % walign != 0) return cudaErrorInvalidValue;  // never: 144, 176 and the split forms'
   const bool k4 = id == qblocks::kQ4_K || id == qblocks::kQ5_K;
-  if (k4 && !aligned(xs, 16)) return cudaErrorInvalidValue;  // K4 loads a chunk's 4 sums at once
+  if (k4 && !is_aligned(xs, 16)) return cudaErrorInvalidValue;  // K4 loads a chunk's 4 sums at once
   Args a{};
   a.cols = cols;
   a.rb = rb;
@@ -914,7 +915,8 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
     const Q8Part& q = parts[p];
     if (q.rows < 0) return cudaErrorInvalidValue;
     if (q.rows == 0) continue;
-    if (q.w == nullptr || q.y == nullptr || !aligned(q.w, walign) || !aligned(q.y, 4)) return cudaErrorInvalidValue;
+    if (q.w == nullptr || q.y == nullptr || !is_aligned(q.w, walign) || !is_aligned(q.y, 4))
+      return cudaErrorInvalidValue;
     if (q.rows > INT64_MAX / rb || q.rows > INT64_MAX / n / 4 || a.total_rows > INT64_MAX - q.rows)
       return cudaErrorInvalidValue;
     a.parts[a.n_parts++] = Part{static_cast<const uint8_t*>(q.w), q.y, q.rows, a.total_rows};

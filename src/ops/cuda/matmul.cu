@@ -20,6 +20,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "base/checked_math.h"
 #include "ops/cuda/matmul.h"
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/launch.cuh"
@@ -442,11 +443,10 @@ const Layout* find_layout(uint32_t id) {
   return nullptr;
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // True when gemv16_kernel takes the product: f16/bf16, W, its rows and x's rows 16-byte aligned.
 bool use16(const Args& a, uint32_t type) {
-  return (type == kF16 || type == kBF16) && aligned16(a.w) && aligned16(a.x) && a.cols % 8 == 0;
+  return (type == kF16 || type == kBF16) && is_aligned(a.w, 16) && is_aligned(a.x, 16) && a.cols % 8 == 0;
 }
 
 template <uint32_t kType>
@@ -454,7 +454,7 @@ cudaError_t launch_plain(const Args& a, cudaStream_t stream) {
   constexpr int V = PlainT<kType>::kVec;
   if constexpr (kType != kF32)
     if (use16(a, kType)) return launch16<kType>(a, stream);
-  if (aligned16(a.w) && a.rb % 16 == 0 && a.x_vec && a.cols % V == 0)
+  if (is_aligned(a.w, 16) && a.rb % 16 == 0 && a.x_vec && a.cols % V == 0)
     return launch<Plain<kType, true>>(a, stream);
   return launch<Plain<kType, false>>(a, stream);
 }
@@ -498,7 +498,7 @@ cudaError_t gemv(DType type, const void* w, int64_t rows, int64_t cols, const fl
     return cudaErrorInvalidValue;
 
   Args a{static_cast<const uint8_t*>(w), rows, cols, rb, x, static_cast<int>(n), y, 0, false};
-  a.x_vec = aligned16(x) && cols % 4 == 0;
+  a.x_vec = is_aligned(x, 16) && cols % 4 == 0;
   a.split = split != 0 ? split : use16(a, id) ? gemv16_auto_split(rows) : gemv_auto_split(rows);
   switch (id) {
     case kF32: return launch_plain<kF32>(a, stream);

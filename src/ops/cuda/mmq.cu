@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "base/checked_math.h"
 #include "ops/cuda/gemv_q8.h"
 #include "ops/cuda/mmq.h"
 #include "ops/cuda/quant_blocks.cuh"
@@ -668,7 +669,6 @@ __global__ void pack_x_kernel(const int8_t* xq, const float* xd, const int* xs, 
   if (tid == 0) xsc[bc * n8 + t] = s;
 }
 
-int64_t padded_tokens(int64_t n) { return (n + 7) / 8 * 8; }
 
 int g_variant = 3;  // mmq_set_variant (3: the measured best on an H100)
 
@@ -700,7 +700,6 @@ cudaError_t launch(const Args& a, int tiles, unsigned grid, cudaStream_t stream)
   return cudaGetLastError();
 }
 
-bool aligned(const void* p, uintptr_t al) { return reinterpret_cast<uintptr_t>(p) % al == 0; }
 
 }  // namespace
 
@@ -720,7 +719,7 @@ int mmq_split(int64_t rows, int64_t cols) {
 }
 
 int64_t mmq_x_bytes(int64_t n, int64_t cols) {
-  const int64_t n8 = padded_tokens(n);
+  const int64_t n8 = static_cast<int64_t>(align_up(n, 8));
   return n8 * cols + n8 * cols / 4;
 }
 
@@ -729,8 +728,9 @@ cudaError_t mmq_pack_x(DType type, const int8_t* xq, const float* xd, const int*
   if (!mmq_supported(type) || cols <= 0 || cols % 256 != 0 || n < 1 || n > kMmqMaxTokens || cols > INT64_MAX / 64)
     return cudaErrorInvalidValue;
   if (xq == nullptr || xd == nullptr || xs == nullptr || xp == nullptr) return cudaErrorInvalidValue;
-  if (!aligned(xq, 16) || !aligned(xd, 16) || !aligned(xs, 16) || !aligned(xp, 16)) return cudaErrorInvalidValue;
-  const int n8 = static_cast<int>(padded_tokens(n));
+  if (!is_aligned(xq, 16) || !is_aligned(xd, 16) || !is_aligned(xs, 16) || !is_aligned(xp, 16))
+    return cudaErrorInvalidValue;
+  const int n8 = static_cast<int>(align_up(n, 8));
   const int64_t threads = cols / 64 * n8 * 4, grid = (threads + 255) / 256;
   if (grid > INT_MAX) return cudaErrorInvalidValue;
   auto* xc = static_cast<uint4*>(xp);
@@ -753,14 +753,14 @@ cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, cons
   if (parts == nullptr || n_parts < 1 || n_parts > kMaxParts) return cudaErrorInvalidValue;
   if (cols <= 0 || cols % 256 != 0 || n < 1 || n > kMmqMaxTokens || cols > INT64_MAX / 64) return cudaErrorInvalidValue;
   if (split != 0 && split != 1 && split != 2 && split != 4 && split != 8) return cudaErrorInvalidValue;
-  if (xp == nullptr || !aligned(xp, 16)) return cudaErrorInvalidValue;
+  if (xp == nullptr || !is_aligned(xp, 16)) return cudaErrorInvalidValue;
   const int64_t rb = device_row_bytes(type, cols);  // weight_form.h
   if (rb <= 0) return cudaErrorInvalidValue;
   int64_t total = 0;
   for (int p = 0; p < n_parts; ++p) {
     const Q8Part& q = parts[p];
     if (q.rows < 0 || q.rows > INT_MAX || q.rows > INT64_MAX / rb) return cudaErrorInvalidValue;
-    if (q.rows > 0 && (q.w == nullptr || q.y == nullptr || !aligned(q.w, walign) || !aligned(q.y, 4)))
+    if (q.rows > 0 && (q.w == nullptr || q.y == nullptr || !is_aligned(q.w, walign) || !is_aligned(q.y, 4)))
       return cudaErrorInvalidValue;
     total += q.rows;
   }
@@ -769,7 +769,7 @@ cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, cons
   a.cols = cols;
   a.rb = rb;
   a.n = static_cast<int>(n);
-  a.n8 = static_cast<int>(padded_tokens(n));
+  a.n8 = static_cast<int>(align_up(n, 8));
   a.xc = static_cast<const uint8_t*>(xp);
   a.xsc = reinterpret_cast<const float4*>(a.xc + a.n8 * cols);
   a.split = split != 0 ? split : mmq_split(total, cols);  // never of n, nor of the tiles a warp

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "base/checked_math.h"
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/mma_f16.cuh"
@@ -32,7 +33,6 @@ namespace {
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kBlockBytes = 144;  // q4_K: d, dmin (fp16), 12 bytes of scales and mins, 128 of codes
 
-int64_t padded_tokens(int64_t n) { return (n + 7) / 8 * 8; }
 
 // ---- activations ----
 
@@ -188,22 +188,21 @@ __global__ void __launch_bounds__(kThreads) qmma_q4k_kernel(const uint8_t* w, in
     }
 }
 
-bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
 }  // namespace
 
 bool qmma_supported(DType type) { return static_cast<uint32_t>(type) == qblocks::kQ4_K; }
 
 int64_t qmma_x_bytes(int64_t n, int64_t cols) {
-  const int64_t n8 = padded_tokens(n);
+  const int64_t n8 = static_cast<int64_t>(align_up(n, 8));
   return n8 * cols * 2 + (n8 * 4 + 15) / 16 * 16;
 }
 
 cudaError_t qmma_pack_x(const float* x, int64_t n, int64_t cols, void* xp, cudaStream_t stream) {
   if (n < 1 || n > kQmmaMaxTokens || cols <= 0 || cols % 256 != 0 || cols > INT64_MAX / 64)
     return cudaErrorInvalidValue;
-  if (x == nullptr || xp == nullptr || !aligned(xp, 16) || !aligned(x, 4)) return cudaErrorInvalidValue;
-  const int64_t n8 = padded_tokens(n);
+  if (x == nullptr || xp == nullptr || !is_aligned(xp, 16) || !is_aligned(x, 4)) return cudaErrorInvalidValue;
+  const int64_t n8 = static_cast<int64_t>(align_up(n, 8));
   auto* codes = static_cast<__half*>(xp);
   auto* scales = reinterpret_cast<float*>(static_cast<uint8_t*>(xp) + n8 * cols * 2);
   return launch_pdl(pack_kernel, dim3(static_cast<unsigned>(n8)), dim3(kPackThreads), 0, stream, x,
@@ -223,13 +222,13 @@ cudaError_t qmma(DType type, const void* w, int64_t rows, int64_t cols, const vo
       n > kQmmaMaxTokens || cols > INT64_MAX / 64)
     return cudaErrorInvalidValue;
   if (split != 0 && split != 1 && split != 2 && split != 4 && split != 8) return cudaErrorInvalidValue;
-  if (w == nullptr || xp == nullptr || y == nullptr || !aligned(w, 16) || !aligned(xp, 16) || !aligned(y, 4))
+  if (w == nullptr || xp == nullptr || y == nullptr || !is_aligned(w, 16) || !is_aligned(xp, 16) || !is_aligned(y, 4))
     return cudaErrorInvalidValue;
   const int s = split != 0 ? split : qmma_split(rows, cols);
   const int64_t tiles = (rows + 15) / 16, per_cta = kWarps / s;
   const int64_t ctas = (tiles + per_cta - 1) / per_cta;
   if (ctas > INT_MAX) return cudaErrorInvalidValue;
-  const int64_t n8 = padded_tokens(n), blocks = cols / 256;
+  const int64_t n8 = static_cast<int64_t>(align_up(n, 8)), blocks = cols / 256;
   const auto* codes = static_cast<const __half*>(xp);
   const auto* scales = reinterpret_cast<const float*>(static_cast<const uint8_t*>(xp) + n8 * cols * 2);
   const auto* wb = static_cast<const uint8_t*>(w);
