@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/checked_math.h"
 #include "ops/cuda/dequantize.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/quant_blocks.cuh"
@@ -140,7 +141,7 @@ cudaError_t launch_blocks(const void* src, Out* dst, int64_t n, cudaStream_t str
   const int64_t tiles = (blocks + TileShape<Codec>::kBlocks - 1) / TileShape<Codec>::kBlocks;
   const auto grid = static_cast<unsigned>(tiles < kMaxGrid ? tiles : kMaxGrid);
   const auto* s = static_cast<const uint8_t*>(src);
-  if (reinterpret_cast<uintptr_t>(dst) % 16 == 0)
+  if (is_aligned(dst, 16))
     launch_pdl(dequantize_blocks_kernel<Codec, Out, true>, grid, dim3(kThreads), 0, stream, s, dst, blocks);
   else
     launch_pdl(dequantize_blocks_kernel<Codec, Out, false>, grid, dim3(kThreads), 0, stream, s, dst, blocks);
@@ -207,13 +208,13 @@ __global__ void __launch_bounds__(kThreads, 4)
 
 template <typename F, typename Out>
 cudaError_t launch_split(const void* src, Out* dst, int64_t rows, int64_t cols, cudaStream_t stream) {
-  if (reinterpret_cast<uintptr_t>(src) % 16 != 0) return cudaErrorInvalidValue;
+  if (!is_aligned(src, 16)) return cudaErrorInvalidValue;
   const int64_t groups = rows * (cols / kGroup);
   const int64_t ctas = (groups + kThreads - 1) / kThreads;
   const auto grid = static_cast<unsigned>(ctas < kMaxGrid ? ctas : kMaxGrid);
   const auto* s = static_cast<const uint8_t*>(src);
   const int64_t blocks = cols / F::kElems;
-  if (reinterpret_cast<uintptr_t>(dst) % 16 == 0)
+  if (is_aligned(dst, 16))
     launch_pdl(dequantize_split_kernel<F, Out, true>, grid, dim3(kThreads), 0, stream, s, dst, rows, blocks);
   else
     launch_pdl(dequantize_split_kernel<F, Out, false>, grid, dim3(kThreads), 0, stream, s, dst, rows, blocks);
@@ -269,7 +270,7 @@ template <uint32_t kType, typename Out>
 cudaError_t launch_plain(const void* src, Out* dst, int64_t n, cudaStream_t stream) {
   if constexpr (kType == kF32 && sizeof(Out) == 2) {
     // The bulk in groups of 8 where both ends allow 16-byte accesses; the rest elementwise below.
-    if (reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 && n >= 8) {
+    if (is_aligned(src, 16) && is_aligned(dst, 16) && n >= 8) {
       const int64_t groups = n / 8;
       const int64_t ctas = (groups + kThreads - 1) / kThreads;
       const auto grid = static_cast<unsigned>(ctas < kMaxGrid ? ctas : kMaxGrid);
@@ -286,7 +287,7 @@ cudaError_t launch_plain(const void* src, Out* dst, int64_t n, cudaStream_t stre
   const int64_t ctas = (n + kThreads - 1) / kThreads;
   const auto grid = static_cast<unsigned>(ctas < kMaxGrid ? ctas : kMaxGrid);
   const auto* s = static_cast<const uint8_t*>(src);
-  if (reinterpret_cast<uintptr_t>(src) % kBytes == 0)
+  if (is_aligned(src, kBytes))
     launch_pdl(convert_plain_kernel<kType, Out, true>, grid, dim3(kThreads), 0, stream, s, dst, n);
   else
     launch_pdl(convert_plain_kernel<kType, Out, false>, grid, dim3(kThreads), 0, stream, s, dst, n);

@@ -52,7 +52,7 @@ Status run_checked(DType type, const void* src, Out* dst, int64_t rows, int64_t 
   if (src == nullptr || dst == nullptr)
     return invalid_argument("dequantize {}: null {} pointer for a {} x {} tensor", info->name,
                             src == nullptr ? "source" : "destination", rows, cols);
-  if (reinterpret_cast<uintptr_t>(src) % static_cast<uintptr_t>(device_weight_align(type)) != 0)
+  if (!is_aligned(src, device_weight_align(type)))
     return invalid_argument("dequantize {}: the source must be {}-byte aligned (its device form)", info->name,
                             device_weight_align(type));
   const cudaError_t err = dequantize_rows(type, src, dst, rows, cols, stream);

@@ -1,11 +1,11 @@
 // Gated DeltaNet kernels (gated_delta_net.h): recurrent (decode / chain and tree verify) and chunked WY
 // (prefill). Float32; the chunked form's cumulative log decay and its exponentials in double, as on the
 // CPU (cpu::gated_delta_net_chunked explains why).
-#include "base/checked_math.h"
 #include "ops/cuda/gated_delta_net.h"
 
 #include <cstdint>
 
+#include "base/checked_math.h"
 #include "ops/cuda/launch.cuh"
 
 namespace dflash::cuda {
@@ -214,7 +214,6 @@ void launch_recurrent(dim3 grid, cudaStream_t stream, const float* q, const floa
   launch_pdl(gdn_recurrent_kernel<M, VEC>, grid, dim3(kRecWarps * 32), 0, stream, q, k, v, g, beta, n, int(d.n_k_heads),
              int(d.n_v_heads), int(d.d_k), int(d.d_v), state, out, pts, parents);
 }
-
 
 bool dims_ok(const DeltaNetDims& d) {
   return d.n_k_heads > 0 && d.n_v_heads > 0 && d.n_v_heads % d.n_k_heads == 0 && d.n_v_heads <= INT32_MAX &&

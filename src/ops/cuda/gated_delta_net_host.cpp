@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "base/checked_math.h"
+
 namespace dflash::cuda {
 namespace {
 
@@ -55,7 +57,7 @@ Status run_gated_delta_net_chunked(const float* q, const float* k, const float* 
   if (workspace == nullptr || workspace_bytes < need)
     return invalid_argument("{}: workspace of {} bytes, at least {} needed (one chunk of {} tokens)", op,
                             workspace == nullptr ? 0 : workspace_bytes, need, kDeltaNetChunk);
-  if (reinterpret_cast<uintptr_t>(workspace) % 8 != 0) return invalid_argument("{}: workspace not 8-byte aligned", op);
+  if (!is_aligned(workspace, 8)) return invalid_argument("{}: workspace not 8-byte aligned", op);
   const cudaError_t err =
       gated_delta_net_chunked(q, k, v, g, beta, n, dims, state, out, workspace, workspace_bytes, stream);
   if (err != cudaSuccess)

@@ -33,6 +33,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "base/checked_math.h"
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/quant_blocks.cuh"
@@ -94,7 +95,6 @@ template <int N, class F>
 __device__ __forceinline__ void static_for(F&& f) {
   static_for_impl(f, std::make_integer_sequence<int, N>{});
 }
-
 
 // Byte k (compile-time) of the little-endian words w.
 template <int kK, int kN>
@@ -496,7 +496,7 @@ bool gemm_q_supported(DType type) { return known_type(type); }
 bool gemm_q_applies(DType type, const void* w, int64_t rows, int64_t cols) {
   if (!known_type(type) || w == nullptr || rows < 1 || cols < 1 || cols % kUnit != 0) return false;
   if (rows > int64_t{65535} * kBM || cols > INT_MAX) return false;
-  return reinterpret_cast<uintptr_t>(w) % kWeightAlign == 0;
+  return is_aligned(w, kWeightAlign);
 }
 
 int gemm_q_effective_split(int64_t cols, const GemmQPlan& plan) {
@@ -560,7 +560,7 @@ cudaError_t gemm_q(DType type, const void* w, int64_t rows, int64_t cols, const 
                    float* y, const GemmQPlan& plan, float* ws, cudaStream_t stream) {
   if (!gemm_q_applies(type, w, rows, cols) || n < 1 || n > INT_MAX || xb == nullptr || y == nullptr)
     return cudaErrorInvalidValue;
-  if (reinterpret_cast<uintptr_t>(xb) % 16 != 0 || (plan.bn != 64 && plan.bn != 128 && plan.bn != 256))
+  if (!is_aligned(xb, 16) || (plan.bn != 64 && plan.bn != 128 && plan.bn != 256))
     return cudaErrorInvalidValue;
   if (static_cast<uint64_t>(n) * static_cast<uint64_t>(rows) > (uint64_t{1} << 62)) return cudaErrorInvalidValue;
   const int64_t units = cols / kUnit;
@@ -580,7 +580,7 @@ cudaError_t gemm_q(DType type, const void* w, int64_t rows, int64_t cols, const 
   }
   if (e != cudaSuccess || split <= 1) return e;
   const int64_t count = n * rows;
-  const bool vec = count % 4 == 0 && reinterpret_cast<uintptr_t>(ws) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+  const bool vec = count % 4 == 0 && is_aligned(ws, 16) && is_aligned(y, 16);
   const int64_t blocks = ((vec ? count / 4 : count) + 255) / 256;
   const auto grid = static_cast<unsigned>(blocks < 8192 ? blocks : 8192);
   if (vec)

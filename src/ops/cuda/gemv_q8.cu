@@ -837,7 +837,6 @@ __global__ void __launch_bounds__(kThreads) quantize_q8_kernel(const float* x, i
   quantize_q8_block(x[blk * 32 + lane], lane, blk, out);
 }
 
-
 }  // namespace
 
 int gemv_q8_parts(DType type, int64_t total_rows) {

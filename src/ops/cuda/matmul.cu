@@ -443,7 +443,6 @@ const Layout* find_layout(uint32_t id) {
   return nullptr;
 }
 
-
 // True when gemv16_kernel takes the product: f16/bf16, W, its rows and x's rows 16-byte aligned.
 bool use16(const Args& a, uint32_t type) {
   return (type == kF16 || type == kBF16) && is_aligned(a.w, 16) && is_aligned(a.x, 16) && a.cols % 8 == 0;
@@ -488,13 +487,13 @@ cudaError_t gemv(DType type, const void* w, int64_t rows, int64_t cols, const fl
   if (n < 1 || n > kGemvMaxTokens) return cudaErrorInvalidValue;
   if (split != 0 && split != 1 && split != 2 && split != 4) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  if (y == nullptr || reinterpret_cast<uintptr_t>(y) % 4 != 0) return cudaErrorInvalidValue;
+  if (y == nullptr || !is_aligned(y, 4)) return cudaErrorInvalidValue;
   if (rows > INT64_MAX / n / 4) return cudaErrorInvalidValue;
   if (cols == 0) return cudaMemsetAsync(y, 0, static_cast<size_t>(n * rows) * sizeof(float), stream);
-  if (w == nullptr || x == nullptr || reinterpret_cast<uintptr_t>(x) % 4 != 0) return cudaErrorInvalidValue;
+  if (w == nullptr || x == nullptr || !is_aligned(x, 4)) return cudaErrorInvalidValue;
   const int64_t rb = device_row_bytes(type, cols);  // weight_form.h
   if (rb <= 0 || cols > INT64_MAX / n || rows > INT64_MAX / rb) return cudaErrorInvalidValue;
-  if (reinterpret_cast<uintptr_t>(w) % static_cast<uintptr_t>(device_weight_align(type)) != 0)
+  if (!is_aligned(w, device_weight_align(type)))
     return cudaErrorInvalidValue;
 
   Args a{static_cast<const uint8_t*>(w), rows, cols, rb, x, static_cast<int>(n), y, 0, false};

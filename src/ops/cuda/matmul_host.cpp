@@ -94,7 +94,7 @@ Result<GemmRun> plan_gemm(const MatmulTarget& t, int64_t cols, int64_t n, Matmul
     run.scratch = static_cast<int64_t>(gemm_q_workspace_bytes(run.plan, t.rows, cols, n));
     return run;
   }
-  if (t.type == DType::kBF16 && reinterpret_cast<uintptr_t>(t.w) % 2 == 0) {
+  if (t.type == DType::kBF16 && is_aligned(t.w, 2)) {
     run.kind = GemmRun::kDirect;  // cuBLAS reads W as it is
     return run;
   }
@@ -213,13 +213,13 @@ Status check_args(DType wtype, const void* w, int64_t rows, int64_t cols, const 
     *empty = true;
     return Status();
   }
-  if (y == nullptr || reinterpret_cast<uintptr_t>(y) % 4 != 0)
+  if (y == nullptr || !is_aligned(y, 4))
     return invalid_argument("matmul {}: output pointer is null or not 4-byte aligned", name);
   if (cols == 0) return Status();
-  if (w == nullptr || x == nullptr || reinterpret_cast<uintptr_t>(x) % 4 != 0)
+  if (w == nullptr || x == nullptr || !is_aligned(x, 4))
     return invalid_argument("matmul {}: {} pointer is null{}", name, w == nullptr ? "weight" : "input",
                             w == nullptr ? "" : " or not 4-byte aligned");
-  if (reinterpret_cast<uintptr_t>(w) % static_cast<uintptr_t>(device_weight_align(wtype)) != 0)
+  if (!is_aligned(w, device_weight_align(wtype)))
     return invalid_argument("matmul {}: the weight must be {}-byte aligned (its device form)", name,
                             device_weight_align(wtype));
   return Status();
@@ -233,7 +233,7 @@ bool q8_applies(DType wtype, const void* w, int64_t cols, int64_t n, MatmulPath 
   if (n > (path == MatmulPath::kTokenExact ? kMmqMaxTokens : kGemvMaxTokens) || cols == 0 ||
       !gemv_q8_supported(wtype))
     return false;
-  return reinterpret_cast<uintptr_t>(w) % kQ8WeightAlign == 0;
+  return is_aligned(w, kQ8WeightAlign);
 }
 
 // One group's gemv_q8 launches, in slices of at most kQ8MaxTokens tokens (split 0: the launch's own).

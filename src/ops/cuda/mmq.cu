@@ -669,7 +669,6 @@ __global__ void pack_x_kernel(const int8_t* xq, const float* xd, const int* xs, 
   if (tid == 0) xsc[bc * n8 + t] = s;
 }
 
-
 int g_variant = 3;  // mmq_set_variant (3: the measured best on an H100)
 
 // Row tiles a warp: one (16 warps an SM at 128 registers), except q4_K products of more than 24 tokens and
@@ -699,7 +698,6 @@ cudaError_t launch(const Args& a, int tiles, unsigned grid, cudaStream_t stream)
   }
   return cudaGetLastError();
 }
-
 
 }  // namespace
 

@@ -33,7 +33,6 @@ namespace {
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kBlockBytes = 144;  // q4_K: d, dmin (fp16), 12 bytes of scales and mins, 128 of codes
 
-
 // ---- activations ----
 
 constexpr int kPackThreads = 256;
@@ -187,7 +186,6 @@ __global__ void __launch_bounds__(kThreads) qmma_q4k_kernel(const uint8_t* w, in
       if (tok < n && row < rows) y[tok * rows + row] = __fmul_rn(acc[nt][c], scales[tok]);
     }
 }
-
 
 }  // namespace
 
