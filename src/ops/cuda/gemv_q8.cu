@@ -2,12 +2,12 @@
 //
 // Work split: a CTA of 4 warps; the rows of the launch (a grouped launch lays up to four weights end to
 // end) are taken R consecutive rows at a time (a row group, R = 2 or 4 by block type and token count),
-// each group by `split` consecutive warps (1, 2 or 4: gemv_auto_split of the launch's rows) that take
+// each group by `split` consecutive warps (1, 2 or 4: gemv_q8_split of the launch's rows) that take
 // interleaved blocks of it, or, where a row is at most one warp step of blocks (the 384- and 1024-wide rows of
 // a small model), shares of the tokens (launch()). A lane loads each token's activation slice of a block once
 // for the group's R rows, which divides the activation traffic through L1, the limit of a many-token product,
 // by R; R is bounded by the R x NT accumulators a lane keeps in registers. Lanes per weight block and bytes per lane:
-//   q4_K, q5_K  8 lanes, 16 bytes of nibbles each (+ q5_K's 16 bytes of high bits), 16-byte loads
+//   q4_K, q5_K  4 lanes, 32 bytes of nibbles each (+ q5_K's 32 bytes of high bits), 16-byte loads
 //   q6_K        8 lanes, two 16-element groups each (16 bytes of ql, 16 of qh), 16-byte loads (the device form)
 //   q8_0        rows of 256-element super-blocks: 8 lanes, a block each (two 16-byte loads); other rows 2 lanes,
 //               16 codes each, 16-byte loads (the device form)
@@ -22,8 +22,9 @@
 // order depend only on split and the lane, each block adds the same pinned float expression to the (row, token) sum,
 // the lanes are summed in the xor-butterfly order and the split partials in order (gemv_common::store_rows).
 // q2_K..q6_K (and q8_0, q4_0 rows of whole 256-element super-blocks) form mmq.h's canonical order instead: a lane
-// group (8 lanes a block or super-block) completes each block's term together (exact 32-element integer sums by a
-// shuffle, then the block's float terms added in a fixed tree by butterfly steps), so the group's running sum is one
+// group (8 lanes a block or super-block; q4_K and q5_K 4) completes each block's term together (exact 32-element
+// integer sums, by a shuffle where a lane holds half, then the block's float terms added in a fixed tree by butterfly
+// steps), so the group's running sum is one
 // part of (groups a warp) x split, and the parts are folded in order (store_rows_parts): mmq with gemv_q8_parts(type,
 // rows) parts reproduces each row bit for bit.
 #include <cuda_fp16.h>
@@ -38,6 +39,7 @@
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/quant_blocks.cuh"
 #include "ops/cuda/quantize_q8.cuh"
+#include "ops/cuda/sm_count.h"
 #include "ops/cuda/weight_form.h"
 
 namespace dflash::cuda {
@@ -70,7 +72,7 @@ struct Args {
 // lanes a 16-byte body) and the blocks' 2-byte scales go through L1.
 using gemv_common::ldw_u4;
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint16_t*>(p)); }
-__device__ __forceinline__ int dot4(const int (&q)[4], const uint4& v, int acc) {
+__device__ __forceinline__ int dot4(const int* q, const uint4& v, int acc) {
   acc = __dp4a(q[0], static_cast<int>(v.x), acc);
   acc = __dp4a(q[1], static_cast<int>(v.y), acc);
   acc = __dp4a(q[2], static_cast<int>(v.z), acc);
@@ -98,96 +100,101 @@ using qblocks::q3k_scale;
 // that every token's loads can be issued ahead of the arithmetic; worth it where Act is a few registers
 // (q6_K, the legacy types), not for K4's 12 (the hoisted loads take the registers of the accumulators).
 
-// q4_K (144 bytes) and q5_K (176 bytes): lane u = lane % 8 of a block holds bytes [16u, 16u + 16) of the
-// 128 nibble bytes: chunk c = u / 2, elements 64c + 16(u % 2) + [0, 16) (low nibbles, sub-block 2c) and
-// the same + 32 (high nibbles, sub-block 2c + 1); q5_K's fifth bits come from qh[16(u % 2) + i] bit 2c / 2c+1.
+// q4_K (144 bytes) and q5_K (176 bytes): lane c = lane % 4 of a block holds chunk c, bytes [32c, 32c + 32) of the
+// 128 nibble bytes: elements 64c + [0, 32) (low nibbles, sub-block 2c) and 64c + 32 + [0, 32) (high nibbles,
+// sub-block 2c + 1); q5_K's fifth bits come from qh[l] bits 2c and 2c + 1 (all 32 qh bytes). A lane decodes its
+// chunk's two scales and mins once for 64 elements, and its sub-blocks' integer sums are its own.
 template <bool kHigh>
 struct K4 {
-  static constexpr int kBytes = kHigh ? 176 : 144, kElems = 256, kLanes = 8;
-  static constexpr int kInFlight = 2;  // blocks a lane loads before it uses them (H100: 2 beats 4)
+  static constexpr int kBytes = kHigh ? 176 : 144, kElems = 256, kLanes = 4;
+  static constexpr int kInFlight = 2;  // blocks a lane loads before it uses them (over R rows: one a row)
   static constexpr bool kHoistTokens = false;
   static constexpr bool kGroupParts = true;  // each lane group's sum is a part of the canonical order
   static constexpr int rows_a_warp(int nt) { return nt == 8 ? 4 : 2; }
-  // One token: 7 CTAs (72 registers) where a warp owns its rows (split 1), 8 (64) where warps share them.
-  // H100, us, canonical order, 8 -> 7: 12288x4096 16.6 -> 15.0, 5120x17408 26.7 -> 23.4 (split 1);
-  // 4096x4096 7.7 -> 8.4, 4096x12288 14.9 -> 16.9 (split 2).
-  static constexpr int min_ctas(int nt, int split) { return nt == 1 ? (split == 1 ? 7 : 8) : 1; }
+  static constexpr int min_ctas(int nt, int /*split*/) { return nt == 1 ? 5 : 1; }  // one token: 96 registers
+  static constexpr int kOneWaveCtas = 6;  // launch_rows (80 registers, a 4-byte spill)
   struct Raw {
-    uint4 hdr, qs, qh;
+    uint4 hdr, qs[2], qh[kHigh ? 2 : 1];
   };
   // The codes of the lane's two sub-blocks (low and high nibbles, with q5_K's fifth bits), scales and mins.
   struct Codes {
-    int lo[4], hi[4];
+    int lo[8], hi[8];
     float ds0, ms0, ds1, ms1;
   };
   struct Act {
-    uint4 lo, hi;   // codes of the two sub-blocks' 16 elements
-    float2 d;       // their scales
-    float s0, s1;   // sums of the two whole sub-blocks' 32 codes (exact: |s| <= 32 * 127)
+    uint4 lo[2], hi[2];  // codes of the two sub-blocks' 32 elements
+    float2 d;            // their scales
+    float s0, s1;        // sums of the two sub-blocks' 32 codes (exact: |s| <= 32 * 127)
   };
   __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t /*blocks*/, int lane) {
-    const int u = lane & 7;
+    const int c = lane & 3;
     const uint4* blk = reinterpret_cast<const uint4*>(rowp + b * kBytes);
     Raw w;
     w.hdr = ldw_u4(blk);
     if constexpr (kHigh) {
-      w.qh = ldw_u4(blk + 1 + (u & 1));
-      w.qs = ldw_u4(blk + 3 + u);
+      w.qh[0] = ldw_u4(blk + 1);
+      w.qh[1] = ldw_u4(blk + 2);
+      w.qs[0] = ldw_u4(blk + 3 + 2 * c);
+      w.qs[1] = ldw_u4(blk + 4 + 2 * c);
     } else {
-      w.qs = ldw_u4(blk + 1 + u);
+      w.qs[0] = ldw_u4(blk + 1 + 2 * c);
+      w.qs[1] = ldw_u4(blk + 2 + 2 * c);
     }
     return w;
   }
   __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
-    const int u = lane & 7, c = u >> 1;
-    const int64_t col = b * 256 + 64 * c + 16 * (u & 1);
-    const int8_t* xr = a.xq + t * a.cols + col;
+    const int c = lane & 3;
+    const int64_t col = b * 256 + 64 * c;
+    const uint4* xr = reinterpret_cast<const uint4*>(a.xq + t * a.cols + col);
     // The four 16-code sums of sub-blocks 2c and 2c + 1 (16-byte aligned: cols / 16 is a multiple of 16).
     const int4 sr = __ldg(reinterpret_cast<const int4*>(a.xs + t * (a.cols / 16) + b * 16 + 4 * c));
     Act x;
-    x.lo = __ldg(reinterpret_cast<const uint4*>(xr));
-    x.hi = __ldg(reinterpret_cast<const uint4*>(xr + 32));
+    x.lo[0] = __ldg(xr), x.lo[1] = __ldg(xr + 1);
+    x.hi[0] = __ldg(xr + 2), x.hi[1] = __ldg(xr + 3);
     x.d = __ldg(reinterpret_cast<const float2*>(a.xd + t * (a.cols / 32) + b * 8 + 2 * c));
     x.s0 = static_cast<float>(sr.x + sr.y);
     x.s1 = static_cast<float>(sr.z + sr.w);
     return x;
   }
   __device__ static Codes decode(const Raw& w, int lane) {
-    const int c = (lane & 7) >> 1;
+    const int c = lane & 3;
     Codes k;
     const float d = fp16_bits_hw(w.hdr.x & 0xffffu), dmin = fp16_bits_hw(w.hdr.x >> 16);
     int sc[2], m[2];
     k4_scales_mins(c, w.hdr.y, w.hdr.z, w.hdr.w, sc, m);
     k.ds0 = __fmul_rn(d, static_cast<float>(sc[0])), k.ms0 = __fmul_rn(dmin, static_cast<float>(m[0]));
     k.ds1 = __fmul_rn(d, static_cast<float>(sc[1])), k.ms1 = __fmul_rn(dmin, static_cast<float>(m[1]));
-    const uint32_t v[4] = {w.qs.x, w.qs.y, w.qs.z, w.qs.w};
+    const uint32_t v[8] = {w.qs[0].x, w.qs[0].y, w.qs[0].z, w.qs[0].w, w.qs[1].x, w.qs[1].y, w.qs[1].z, w.qs[1].w};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 8; ++i) {
       k.lo[i] = static_cast<int>(v[i] & 0x0f0f0f0fu);
       k.hi[i] = static_cast<int>((v[i] >> 4) & 0x0f0f0f0fu);
       if constexpr (kHigh) {
-        const uint32_t h = i == 0 ? w.qh.x : i == 1 ? w.qh.y : i == 2 ? w.qh.z : w.qh.w;
+        const uint4& q = w.qh[i / 4];
+        const uint32_t h = i % 4 == 0 ? q.x : i % 4 == 1 ? q.y : i % 4 == 2 ? q.z : q.w;
         k.lo[i] |= static_cast<int>(((h >> (2 * c)) & 0x01010101u) << 4);
         k.hi[i] |= static_cast<int>(((h >> (2 * c + 1)) & 0x01010101u) << 4);
       }
     }
     return k;
   }
-  // The block's term in mmq's order (mmq.h, "the canonical order"): the exact 32-element sums of sub-blocks
-  // s = 2c, 2c + 1 (this lane's half plus its partner's, lane ^ 1), t_s = fma(ds_s, isum_s, -(ms_s xsum_s)),
-  // v_c = fma(xd_2c+1, t_2c+1, xd_2c t_2c), T = (v_0 + v_1) + (v_2 + v_3) by two butterfly steps within the
-  // 8-lane group (float addition is commutative, so every lane forms the same T), acc = acc + T: every lane
-  // of the group ends with the same acc (its part's running sum).
-  __device__ static void add(float& acc, const Codes& k, const Act& x, int lane) {
-    const unsigned group = 0xffu << (lane & 24);
-    int sl = dot4(k.lo, x.lo, 0), sh = dot4(k.hi, x.hi, 0);
-    sl += __shfl_xor_sync(group, sl, 1);
-    sh += __shfl_xor_sync(group, sh, 1);
+  // The block's term T in mmq's order (mmq.h, "the canonical order"): the exact 32-element sums of sub-blocks
+  // s = 2c, 2c + 1 (this lane's own), t_s = fma(ds_s, isum_s, -(ms_s xsum_s)), v_c = fma(xd_2c+1, t_2c+1,
+  // xd_2c t_2c), T = (v_0 + v_1) + (v_2 + v_3) by two butterfly steps within the 4-lane group (float addition
+  // is commutative, so every lane of the group forms the same T); add() adds it to the group's running sum (its
+  // part of the canonical order: 8 parts a warp).
+  __device__ static float term(const Codes& k, const Act& x, int lane) {
+    const unsigned group = 0xfu << (lane & 28);
+    const int sl = dot4(k.lo + 4, x.lo[1], dot4(k.lo, x.lo[0], 0));
+    const int sh = dot4(k.hi + 4, x.hi[1], dot4(k.hi, x.hi[0], 0));
     const float t0 = __fmaf_rn(k.ds0, static_cast<float>(sl), -__fmul_rn(k.ms0, x.s0));
     const float t1 = __fmaf_rn(k.ds1, static_cast<float>(sh), -__fmul_rn(k.ms1, x.s1));
     const float v = __fmaf_rn(x.d.y, t1, __fmul_rn(x.d.x, t0));
-    const float w = __fadd_rn(v, __shfl_xor_sync(group, v, 2));
-    acc = __fadd_rn(acc, __fadd_rn(w, __shfl_xor_sync(group, w, 4)));
+    const float w = __fadd_rn(v, __shfl_xor_sync(group, v, 1));
+    return __fadd_rn(w, __shfl_xor_sync(group, w, 2));
+  }
+  __device__ static void add(float& acc, const Codes& k, const Act& x, int lane) {
+    acc = __fadd_rn(acc, term(k, x, lane));
   }
 };
 
@@ -648,7 +655,7 @@ struct Q40S {
 
 // Before the PDL wait (weights are constant during a step): the L2 prefetch of the weight bytes of
 // group_dot's first iteration, the blocks b0 + k * step (k < U) of each row. Lane u of a block's kLanes
-// touches byte 32u (while < kBytes) or the block's last byte (the first u past it), so every 32-byte sector
+// touches bytes 32u, 32 (u + kLanes), ... (those past the block's end: its last byte), so every 32-byte sector
 // of the block is prefetched whatever its alignment. A cache hint only: it changes no value.
 template <typename B, int R>
 __device__ __forceinline__ void prefetch_first(const Args& a, const uint8_t* const (&rowp)[R], int part, int split,
@@ -656,8 +663,6 @@ __device__ __forceinline__ void prefetch_first(const Args& a, const uint8_t* con
   constexpr int kPerStep = 32 / B::kLanes;
   constexpr int U = B::kInFlight > R ? B::kInFlight / R : 1;
   const int u = lane % B::kLanes;
-  const int off = u * 32 < B::kBytes ? u * 32 : u * 32 < B::kBytes + 32 ? B::kBytes - 1 : -1;
-  if (off < 0) return;
   const int64_t blocks = a.cols / B::kElems;
   const int64_t step = int64_t{split} * kPerStep;
   const int64_t b0 = int64_t{part} * kPerStep + lane / B::kLanes;
@@ -666,7 +671,11 @@ __device__ __forceinline__ void prefetch_first(const Args& a, const uint8_t* con
     const int64_t b = b0 + k * step;
     if (b < blocks)
 #pragma unroll
-      for (int j = 0; j < R; ++j) asm volatile("prefetch.global.L2 [%0];" ::"l"(rowp[j] + b * B::kBytes + off));
+      for (int off = 32 * u; off < B::kBytes + 31; off += 32 * B::kLanes) {
+        const int at = off < B::kBytes ? off : B::kBytes - 1;
+#pragma unroll
+        for (int j = 0; j < R; ++j) asm volatile("prefetch.global.L2 [%0];" ::"l"(rowp[j] + b * B::kBytes + at));
+      }
   }
 }
 
@@ -806,6 +815,13 @@ template <typename B, int R, int NT>
 cudaError_t launch_rows(const Args& a, cudaStream_t stream) {
   unsigned g = 0;
   if (!gemv_common::grid_for_rows((a.total_rows + R - 1) / R, a.split, &g)) return cudaErrorInvalidValue;
+  if constexpr (NT == 1 && requires { B::kOneWaveCtas; }) {
+    // One wave at kOneWaveCtas CTAs an SM where min_ctas would take a second, nearly empty one (H200, q4_K
+    // 6144x5120, 768 CTAs: 11.5 us at 5 an SM, 10.0 at 6; larger grids were faster at 5).
+    const int64_t sms = current_sm_count();
+    if (g > B::min_ctas(1, a.split) * sms && g <= B::kOneWaveCtas * sms)
+      return launch_pdl(gemv_q8_kernel<B, R, NT, B::kOneWaveCtas>, dim3(g), dim3(kThreads), 0, stream, a);
+  }
   constexpr int kOwn = B::min_ctas(NT, 1), kShared = B::min_ctas(NT, 2);
   if constexpr (kOwn != kShared)
     if (a.split == 1) return launch_pdl(gemv_q8_kernel<B, R, NT, kOwn>, dim3(g), dim3(kThreads), 0, stream, a);
@@ -850,7 +866,15 @@ int gemv_q8_parts(DType type, int64_t total_rows) {
                      : id == qblocks::kQ8_0 ? 32 / Q80S::kLanes  // rows of whole super-blocks (mmq's)
                      : id == qblocks::kQ4_0 ? 32 / Q40S::kLanes
                                             : 0;
-  return groups * gemv_auto_split(total_rows);
+  return groups * gemv_q8_split(type, total_rows);
+}
+
+int gemv_q8_split(DType type, int64_t total_rows) {
+  const auto id = static_cast<uint32_t>(type);
+  const int split = gemv_auto_split(total_rows);
+  // q4_K and q5_K take 4 lanes a block (8 blocks a warp step, twice the others): half the warps a row, so that
+  // a row has at most 8 parts where it had (mmq's limit) and twice the blocks a warp.
+  return (id == qblocks::kQ4_K || id == qblocks::kQ5_K) && split > 1 ? split / 2 : split;
 }
 
 bool gemv_q8_supported(DType type) {
@@ -922,7 +946,7 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
     a.total_rows += q.rows;
   }
   if (a.total_rows == 0) return cudaSuccess;
-  a.split = split != 0 ? split : gemv_auto_split(a.total_rows);
+  a.split = split != 0 ? split : gemv_q8_split(type, a.total_rows);
   a.prefetch = pdl_mode() == 2 && pdl_enabled() ? 1 : 0;
   switch (id) {
     case qblocks::kQ4_0: return cols % 256 == 0 ? launch<Q40S>(a, stream) : launch<Q40>(a, stream);

@@ -60,18 +60,22 @@ struct Q8Part {
 // unsupported type, a bad shape, more than kQ8MaxParts parts, a null or misaligned pointer (w: 16 bytes
 // for every type (q6_K, q8_0, q4_0, q2_K and q3_K in their device form, weight_form.h); y, xd 4 bytes; xs 16
 // bytes for q4_K and q5_K, else 4; xq 16 bytes). Parts with 0 rows are skipped. split: the warps a row's
-// blocks are divided among (1, 2 or 4; 0: gemv_auto_split of the parts' total rows, what every caller but the
+// blocks are divided among (1, 2 or 4; 0: gemv_q8_split of the parts' total rows, what every caller but the
 // token-exact one wants: that one runs some parts of a group elsewhere and keeps the split of the whole group,
 // which fixes the summation order).
 cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, const int8_t* xq, const float* xd,
                     const int* xs, int64_t n, cudaStream_t stream = nullptr, int split = 0);
 
+// The warps a launch of total_rows rows (all its weights together) splits each row's blocks among:
+// gemv_auto_split(total_rows), halved (down to 1) for q4_K and q5_K, whose warps take twice the blocks a step.
+int gemv_q8_split(DType type, int64_t total_rows);
+
 // The parts a q3_K / q4_K / q5_K / q6_K launch (q8_0: of rows of whole 256-element super-blocks) of total_rows
-// rows (all its weights together) sums each row in: one per lane group of each warp of a row group (4, times
-// gemv_auto_split(total_rows)); 0 for the other types. Each part's blocks are summed in increasing order, every
-// block's term in the canonical order of mmq.h, and the parts folded in order, so mmq(..., split =
-// gemv_q8_parts(type, total_rows)) reproduces the launch's rows bit for bit, at any token count (when that is
-// at most 8).
+// rows (all its weights together) sums each row in: one per lane group of each warp of a row group (8 for q4_K
+// and q5_K, 4 for the others, times gemv_q8_split(type, total_rows)); 0 for the other types. Each part's blocks
+// are summed in increasing order, every block's term in the canonical order of mmq.h, and the parts folded in
+// order, so mmq(..., split = gemv_q8_parts(type, total_rows)) reproduces the launch's rows bit for bit, at any
+// token count (when that is at most 8).
 int gemv_q8_parts(DType type, int64_t total_rows);
 
 }  // namespace dflash::cuda

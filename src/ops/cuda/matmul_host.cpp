@@ -256,7 +256,7 @@ Status run_q8_exact(DType type, const Q8Part* parts, int np, int64_t cols, const
                     const int* xs, int64_t n, cudaStream_t stream) {
   int64_t total = 0;
   for (int p = 0; p < np; ++p) total += parts[p].rows;
-  const int split = gemv_auto_split(total), order = gemv_q8_parts(type, total);
+  const int split = gemv_q8_split(type, total), order = gemv_q8_parts(type, total);
   const bool group_on_mmq = mmq_supported(type) && cols % 256 == 0 && n >= kExactMmqFromTokens && order <= 8;
   Q8Part rest[kQ8MaxParts], on_mmq[kQ8MaxParts];  // one launch each
   int nr = 0, nm = 0;

@@ -43,6 +43,7 @@
 
 #include "base/checked_math.h"
 #include "ops/cuda/gemv_q8.h"
+#include "ops/cuda/matmul.h"
 #include "ops/cuda/mmq.h"
 #include "ops/cuda/quant_blocks.cuh"
 #include "ops/cuda/weight_form.h"
@@ -65,7 +66,8 @@ struct Args {
   int64_t cols, rb;
   const uint8_t* xc;   // mmq_pack_x: codes, 64 bytes a (block, chunk, token)
   const float4* xsc;   // its scales: one record a (block, chunk, token)
-  int n, n8, split;    // tokens, and tokens padded to whole n-tiles (the layout's stride)
+  int n, n8, split;    // tokens, and tokens padded to whole n-tiles (the layout's stride); parts a row
+  int pp;              // parts a warp holds (1, or 2: split / 2 warps a tile; mmq_kernel's PP)
 };
 
 // Record (block b, chunk c, token t) of the packed activations (mmq_pack_x).
@@ -556,9 +558,12 @@ using Q4S = Block32Order<Q40Src>;
 // every count up to 8, 12-40% after mmq_pack_x: more warps a SM, and the 6144-row product fits one wave);
 // more tokens need the registers of 2.
 // T row tiles a warp (T 16 rows): each token's activation fragments are loaded once for the T tiles.
-template <typename B, int NT8, int kMinCtas, int T>
+// PP parts a warp (1, or 2: a.split / 2 warps a tile, warp w summing part w, then part w + split / 2, each in the
+// same accumulators: the same canonical order with half the warps, each twice the blocks).
+template <typename B, int NT8, int kMinCtas, int T, int PP = 1>
 __global__ void __launch_bounds__(kThreads, kMinCtas) mmq_kernel(const Args a) {
-  __shared__ float partial[kWarps][T * NT8 * 4][32];
+  constexpr int V = T * NT8 * 4;
+  __shared__ float partial[kWarps][PP * V][32];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, tid = lane & 3;
   int pi = 0;
@@ -567,8 +572,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) mmq_kernel(const Args a) {
     if (p < a.np && blockIdx.x >= a.cta_begin[p]) pi = p;
   const uint8_t* const w = a.w[pi];
   const int rows = a.rows[pi];
-  const int64_t wtile = int64_t{blockIdx.x - a.cta_begin[pi]} * (kWarps / a.split) + warp / a.split;
-  const int part = warp % a.split;
+  const int ws = a.split / PP;  // warps a tile
+  const int64_t wtile = int64_t{blockIdx.x - a.cta_begin[pi]} * (kWarps / ws) + warp / ws;
+  const int part = warp % ws;
   const int64_t row0 = wtile * (T * kTileRows);
   const bool active = row0 < rows;
   float acc[T][NT8][4];
@@ -588,20 +594,43 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) mmq_kernel(const Args a) {
         rowp[u][i] = w + (r < rows ? r : rows - 1) * a.rb;
       }
     const int64_t nb = a.cols / 256;
-    const int64_t step = a.split;
-    // Blocks a warp loads before using them: 2 for one n-tile and tile; more need the registers.
-    constexpr int kD = NT8 == 1 && T == 1 && kMinCtas == 2 ? 2 : 1;
-    for (int64_t b0 = part; b0 < nb; b0 += kD * step) {
-      typename B::Raw raw[kD][T];
+    if constexpr (PP == 1) {
+      const int64_t step = a.split;
+      // Blocks a warp loads before using them: 2 for one n-tile and tile; more need the registers.
+      constexpr int kD = NT8 == 1 && T == 1 && kMinCtas == 2 ? 2 : 1;
+      for (int64_t b0 = part; b0 < nb; b0 += kD * step) {
+        typename B::Raw raw[kD][T];
 #pragma unroll
-      for (int k = 0; k < kD; ++k)
-        if (b0 + k * step < nb)
+        for (int k = 0; k < kD; ++k)
+          if (b0 + k * step < nb)
 #pragma unroll
-          for (int u = 0; u < T; ++u) raw[k][u] = B::load(rowp[u], b0 + k * step, nb, tid);
+            for (int u = 0; u < T; ++u) raw[k][u] = B::load(rowp[u], b0 + k * step, nb, tid);
 #pragma unroll
-      for (int k = 0; k < kD; ++k) {
-        if (b0 + k * step >= nb) break;
-        B::template block<NT8, T>(a, raw[k], b0 + k * step, g, tid, acc);
+        for (int k = 0; k < kD; ++k) {
+          if (b0 + k * step >= nb) break;
+          B::template block<NT8, T>(a, raw[k], b0 + k * step, g, tid, acc);
+        }
+      }
+    } else {
+      // Part part + h ws: blocks part + h ws + k PP ws. All but the last part go to `partial` as they finish.
+#pragma unroll 1  // one copy of the block code (the two parts run it one after the other)
+      for (int h = 0; h < PP; ++h) {
+        for (int64_t b = part + int64_t{h} * ws; b < nb; b += int64_t{PP} * ws) {
+          typename B::Raw raw[T];
+#pragma unroll
+          for (int u = 0; u < T; ++u) raw[u] = B::load(rowp[u], b, nb, tid);
+          B::template block<NT8, T>(a, raw, b, g, tid, acc);
+        }
+        if (h + 1 < PP)
+#pragma unroll
+          for (int u = 0; u < T; ++u)
+#pragma unroll
+            for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                partial[warp][h * V + (u * NT8 + nt) * 4 + e][lane] = acc[u][nt][e];
+                acc[u][nt][e] = 0.0f;
+              }
       }
     }
   }
@@ -611,7 +640,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) mmq_kernel(const Args a) {
 #pragma unroll
       for (int nt = 0; nt < NT8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) partial[warp][(u * NT8 + nt) * 4 + e][lane] = acc[u][nt][e];
+        for (int e = 0; e < 4; ++e) partial[warp][(PP - 1) * V + (u * NT8 + nt) * 4 + e][lane] = acc[u][nt][e];
     __syncthreads();
     if (part != 0 || !active) return;
 #pragma unroll
@@ -620,8 +649,12 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) mmq_kernel(const Args a) {
       for (int nt = 0; nt < NT8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float s = partial[warp][(u * NT8 + nt) * 4 + e][lane];
-          for (int q = 1; q < a.split; ++q) s = __fadd_rn(s, partial[warp + q][(u * NT8 + nt) * 4 + e][lane]);
+          const int v = (u * NT8 + nt) * 4 + e;
+          float s = partial[warp][v][lane];
+          // Parts 1 .. split - 1 in order: part h ws + w in warp + w's h-th slot (no division in the loop).
+#pragma unroll
+          for (int h = 0; h < PP; ++h)
+            for (int w = h == 0 ? 1 : 0; w < ws; ++w) s = __fadd_rn(s, partial[warp + w][h * V + v][lane]);
           acc[u][nt][e] = s;
         }
   } else if (!active) {
@@ -683,6 +716,16 @@ int tiles_a_warp(bool q4, int64_t n, int64_t rows) {
 
 template <typename B>
 cudaError_t launch(const Args& a, int tiles, unsigned grid, cudaStream_t stream) {
+  if constexpr (std::is_same_v<B, Q4K<true>> || std::is_same_v<B, Q4K<false>> ||
+                std::is_same_v<B, Q4K<true, true>> || std::is_same_v<B, Q4K<false, true>>) {
+    if (a.pp == 2) {  // mmq(): split 8, one tile a warp, 4 warps a tile summing two parts each
+      if (a.n <= 8) mmq_kernel<B, 1, 3, 1, 2><<<grid, kThreads, 0, stream>>>(a);
+      else if (a.n <= 16) mmq_kernel<B, 2, 2, 1, 2><<<grid, kThreads, 0, stream>>>(a);
+      else if (a.n <= 24) mmq_kernel<B, 3, 2, 1, 2><<<grid, kThreads, 0, stream>>>(a);
+      else mmq_kernel<B, 4, 2, 1, 2><<<grid, kThreads, 0, stream>>>(a);
+      return cudaGetLastError();
+    }
+  }
   if (a.n <= 8) {
     if (g_variant & 1) mmq_kernel<B, 1, 3, 1><<<grid, kThreads, 0, stream>>>(a);
     else mmq_kernel<B, 1, 2, 1><<<grid, kThreads, 0, stream>>>(a);
@@ -772,7 +815,14 @@ cudaError_t mmq(DType type, const Q8Part* parts, int n_parts, int64_t cols, cons
   a.xsc = reinterpret_cast<const float4*>(a.xc + a.n8 * cols);
   a.split = split != 0 ? split : mmq_split(total, cols);  // never of n, nor of the tiles a warp
   const int tiles = tiles_a_warp(id == qblocks::kQ4_K, n, total);
-  const int64_t per_cta = kWarps / a.split;
+  // q4_K and q5_K at split 8 with rows for one gemv_q8 warp a row group (gemv_q8_parts: 8 parts, its 8 lane
+  // groups), one row tile a warp: 4 warps a tile summing two parts each, one after the other (the warps and
+  // blocks a warp of split 4, two tiles a CTA). The same sums either way; fewer rows keep 8 warps a tile (one
+  // tile a CTA: twice the CTAs). H200, q4_K, 16 tokens, us, 8 warps -> 4: 17408x5120 ~51 -> 44.3 (split 4,
+  // the 4-part order: 39.9); 4096x4096 (fewer rows) 12.5 -> 15.1.
+  const bool k4 = id == qblocks::kQ4_K || id == qblocks::kQ5_K;
+  a.pp = a.split == 8 && k4 && tiles == 1 && gemv_auto_split(total) == 1 && (g_variant & 8) == 0 ? 2 : 1;
+  const int64_t per_cta = kWarps / (a.split / a.pp);
   int64_t grid = 0;
   for (int p = 0; p < n_parts; ++p) {
     if (parts[p].rows == 0) continue;  // skipped

@@ -80,7 +80,8 @@ int mmq_split(int64_t rows, int64_t cols);
 // Benchmarking only (bench_cuda_mmq): selects a launch variant for later calls. Bit 0: products of n <= 8
 // tokens at 3 CTAs a SM with one block in flight a warp (clear: 2 CTAs with two); bit 1: q4_K weight
 // loads skip L1 (clear: through L1); bit 2: one row tile a warp always (clear: two for q4_K products of
-// more than 24 tokens and 16K+ rows). 3 is the default (measured best on an H100, the
+// more than 24 tokens and 16K+ rows); bit 3: q4_K and q5_K at split 8 keep 8 warps a tile (clear: 4, each
+// summing two parts, where a warp takes one row tile). 3 is the default (measured best on an H100, the
 // configuration the tests cover); every variant keeps the per-token independence (the float order is
 // the same; split does not change).
 void mmq_set_variant(int v);

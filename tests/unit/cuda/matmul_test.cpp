@@ -574,7 +574,7 @@ TEST_F(CudaMatmul, gemv_q8_grouped_parts_split_inside_row_groups) {
         for (size_t i = 0; i < rows.size(); ++i) {
           const auto one = run_gpu({t, rows[i], cols, n, cuda::MatmulPath::kGemvQ8}, ws[i], x);
           ASSERT_EQ(one.size(), group[i].size());
-          const bool same_split = cuda::gemv_auto_split(rows[i]) == cuda::gemv_auto_split(total);
+          const bool same_split = cuda::gemv_q8_split(t, rows[i]) == cuda::gemv_q8_split(t, total);
           std::vector<float> wf(static_cast<size_t>(cols));
           for (int64_t r = 0; r < rows[i]; ++r) {
             if (!same_split) {
