@@ -24,9 +24,8 @@
 // q2_K..q6_K (and q8_0, q4_0 rows of whole 256-element super-blocks) form mmq.h's canonical order instead: a lane
 // group (8 lanes a block or super-block; q4_K and q5_K 4) completes each block's term together (exact 32-element
 // integer sums, by a shuffle where a lane holds half, then the block's float terms added in a fixed tree by butterfly
-// steps), so the group's running sum is one
-// part of (groups a warp) x split, and the parts are folded in order (store_rows_parts): mmq with gemv_q8_parts(type,
-// rows) parts reproduces each row bit for bit.
+// steps), so the group's running sum is one part of (groups a warp) x split, and the parts are folded in order
+// (store_rows_parts): mmq with gemv_q8_parts(type, rows) parts reproduces each row bit for bit.
 #include <cuda_fp16.h>
 
 #include <climits>
@@ -112,7 +111,7 @@ struct K4 {
   static constexpr bool kGroupParts = true;  // each lane group's sum is a part of the canonical order
   static constexpr int rows_a_warp(int nt) { return nt == 8 ? 4 : 2; }
   static constexpr int min_ctas(int nt, int /*split*/) { return nt == 1 ? 5 : 1; }  // one token: 96 registers
-  static constexpr int kOneWaveCtas = 6;  // launch_rows (80 registers, a 4-byte spill)
+  static constexpr int kOneWaveCtas = 6;  // launch_rows (80 registers: q4_K spills 16 bytes, q5_K 72)
   struct Raw {
     uint4 hdr, qs[2], qh[kHigh ? 2 : 1];
   };
@@ -181,9 +180,9 @@ struct K4 {
   // The block's term T in mmq's order (mmq.h, "the canonical order"): the exact 32-element sums of sub-blocks
   // s = 2c, 2c + 1 (this lane's own), t_s = fma(ds_s, isum_s, -(ms_s xsum_s)), v_c = fma(xd_2c+1, t_2c+1,
   // xd_2c t_2c), T = (v_0 + v_1) + (v_2 + v_3) by two butterfly steps within the 4-lane group (float addition
-  // is commutative, so every lane of the group forms the same T); add() adds it to the group's running sum (its
-  // part of the canonical order: 8 parts a warp).
-  __device__ static float term(const Codes& k, const Act& x, int lane) {
+  // is commutative, so every lane of the group forms the same T), acc = acc + T: every lane of the group ends
+  // with the same acc (its part's running sum; 8 parts a warp).
+  __device__ static void add(float& acc, const Codes& k, const Act& x, int lane) {
     const unsigned group = 0xfu << (lane & 28);
     const int sl = dot4(k.lo + 4, x.lo[1], dot4(k.lo, x.lo[0], 0));
     const int sh = dot4(k.hi + 4, x.hi[1], dot4(k.hi, x.hi[0], 0));
@@ -191,10 +190,7 @@ struct K4 {
     const float t1 = __fmaf_rn(k.ds1, static_cast<float>(sh), -__fmul_rn(k.ms1, x.s1));
     const float v = __fmaf_rn(x.d.y, t1, __fmul_rn(x.d.x, t0));
     const float w = __fadd_rn(v, __shfl_xor_sync(group, v, 1));
-    return __fadd_rn(w, __shfl_xor_sync(group, w, 2));
-  }
-  __device__ static void add(float& acc, const Codes& k, const Act& x, int lane) {
-    acc = __fadd_rn(acc, term(k, x, lane));
+    acc = __fadd_rn(acc, __fadd_rn(w, __shfl_xor_sync(group, w, 2)));
   }
 };
 
