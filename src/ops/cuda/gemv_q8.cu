@@ -61,7 +61,7 @@ struct Args {
   const int8_t* xq;
   const float* xd;
   const int* xs;  // [n, cols / 16]: sum of the 16 codes of each half block
-  int n, split;
+  int n, split;  // split: 1, 2 or 4 (gemv_q8 checks it)
   int tsplit;    // 1: a row's blocks fit one warp step, and a row group's `split` warps take tokens instead (launch)
   int prefetch;  // 1: prefetch the first weight blocks into L2 before the PDL wait (launch.cuh, DFLASH_PDL=2)
 };
@@ -76,6 +76,18 @@ __device__ __forceinline__ int dot4(const int* q, const uint4& v, int acc) {
   acc = __dp4a(q[1], static_cast<int>(v.y), acc);
   acc = __dp4a(q[2], static_cast<int>(v.z), acc);
   return __dp4a(q[3], static_cast<int>(v.w), acc);
+}
+// dot4 with q's bytes unsigned (0..255) and v's signed.
+__device__ __forceinline__ int dp4a_us(int q, uint32_t v, int acc) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(q), "r"(v), "r"(acc));
+  return d;
+}
+__device__ __forceinline__ int dot4_us(const int* q, const uint4& v, int acc) {
+  acc = dp4a_us(q[0], v.x, acc);
+  acc = dp4a_us(q[1], v.y, acc);
+  acc = dp4a_us(q[2], v.z, acc);
+  return dp4a_us(q[3], v.w, acc);
 }
 
 // K4 decodes its scales by the hardware conversion (qblocks::fp16_bits_hw): qblocks::fp16_to_f32's branches were
@@ -115,7 +127,9 @@ struct K4 {
   struct Raw {
     uint4 hdr, qs[2], qh[kHigh ? 2 : 1];
   };
-  // The codes of the lane's two sub-blocks (low and high nibbles, with q5_K's fifth bits), scales and mins.
+  // The codes of the lane's two sub-blocks (low and high nibbles, with q5_K's fifth bits), scales and mins. q4_K
+  // keeps its high nibbles in place (16 x the code, bytes 0..240: one LOP3 a word where a shift would add a
+  // second), their sum taken unsigned and divided by 16 (exact) in add().
   struct Codes {
     int lo[8], hi[8];
     float ds0, ms0, ds1, ms1;
@@ -125,7 +139,7 @@ struct K4 {
     float2 d;            // their scales
     float s0, s1;        // sums of the two sub-blocks' 32 codes (exact: |s| <= 32 * 127)
   };
-  __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t /*blocks*/, int lane) {
+  __device__ static Raw load(const uint8_t* rowp, int b, int /*blocks*/, int lane) {
     const int c = lane & 3;
     const uint4* blk = reinterpret_cast<const uint4*>(rowp + b * kBytes);
     Raw w;
@@ -141,9 +155,9 @@ struct K4 {
     }
     return w;
   }
-  __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
+  __device__ static Act act(const Args& a, int t, int b, int lane) {
     const int c = lane & 3;
-    const int64_t col = b * 256 + 64 * c;
+    const int col = b * 256 + 64 * c;
     const uint4* xr = reinterpret_cast<const uint4*>(a.xq + t * a.cols + col);
     // The four 16-code sums of sub-blocks 2c and 2c + 1 (16-byte aligned: cols / 16 is a multiple of 16).
     const int4 sr = __ldg(reinterpret_cast<const int4*>(a.xs + t * (a.cols / 16) + b * 16 + 4 * c));
@@ -167,7 +181,7 @@ struct K4 {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       k.lo[i] = static_cast<int>(v[i] & 0x0f0f0f0fu);
-      k.hi[i] = static_cast<int>((v[i] >> 4) & 0x0f0f0f0fu);
+      k.hi[i] = static_cast<int>(kHigh ? (v[i] >> 4) & 0x0f0f0f0fu : v[i] & 0xf0f0f0f0u);
       if constexpr (kHigh) {
         const uint4& q = w.qh[i / 4];
         const uint32_t h = i % 4 == 0 ? q.x : i % 4 == 1 ? q.y : i % 4 == 2 ? q.z : q.w;
@@ -185,7 +199,8 @@ struct K4 {
   __device__ static void add(float& acc, const Codes& k, const Act& x, int lane) {
     const unsigned group = 0xfu << (lane & 28);
     const int sl = dot4(k.lo + 4, x.lo[1], dot4(k.lo, x.lo[0], 0));
-    const int sh = dot4(k.hi + 4, x.hi[1], dot4(k.hi, x.hi[0], 0));
+    const int sh = kHigh ? dot4(k.hi + 4, x.hi[1], dot4(k.hi, x.hi[0], 0))
+                         : dot4_us(k.hi + 4, x.hi[1], dot4_us(k.hi, x.hi[0], 0)) >> 4;
     const float t0 = __fmaf_rn(k.ds0, static_cast<float>(sl), -__fmul_rn(k.ms0, x.s0));
     const float t1 = __fmaf_rn(k.ds1, static_cast<float>(sh), -__fmul_rn(k.ms1, x.s1));
     const float v = __fmaf_rn(x.d.y, t1, __fmul_rn(x.d.x, t0));
@@ -225,7 +240,7 @@ struct GroupAct {
   int sa, sb;
 };
 template <bool kSums>
-__device__ __forceinline__ GroupAct group_act(const Args& a, int t, int64_t b, int lane) {
+__device__ __forceinline__ GroupAct group_act(const Args& a, int t, int b, int lane) {
   const int u = lane & 7, ga = 8 * (u >> 2) + 2 * (u & 1) + ((u >> 1) & 1), gb = ga + 4;
   const int8_t* xr = a.xq + t * a.cols + b * 256;
   const float* xd = a.xd + t * (a.cols / 32) + b * 8;
@@ -270,7 +285,7 @@ struct Q6K {
     float da, db;    // xd of the groups' 32-element halves (q = g / 2)
     int sa32, sb32;  // 32 * the sum of each group's 16 codes (the codes' -32 offset)
   };
-  __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t blocks, int lane) {
+  __device__ static Raw load(const uint8_t* rowp, int b, int blocks, int lane) {
     const int u = lane & 7, h = u >> 2, t = (u >> 1) & 1, k0 = u & 1;
     const uint8_t* blk = rowp + b * kBytes;
     Raw w;
@@ -280,7 +295,7 @@ struct Q6K {
     w.d = ld_u16(rowp + q6k_d_offset(blocks, b));
     return w;
   }
-  __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
+  __device__ static Act act(const Args& a, int t, int b, int lane) {
     const GroupAct g = group_act<true>(a, t, b, lane);
     return Act{g.qa, g.qb, g.da, g.db, 32 * g.sa, 32 * g.sb};
   }
@@ -329,7 +344,7 @@ struct Q3K {
     float d;
   };
   using Act = GroupAct;  // without the sums
-  __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t /*blocks*/, int lane) {
+  __device__ static Raw load(const uint8_t* rowp, int b, int /*blocks*/, int lane) {
     const int u = lane & 7, h = u >> 2, t = (u >> 1) & 1;
     const uint8_t* blk = rowp + b * kBytes;
     Raw w;
@@ -338,7 +353,7 @@ struct Q3K {
     w.hdr = ldw_u4(blk + 96);
     return w;
   }
-  __device__ static Act act(const Args& a, int t, int64_t b, int lane) { return group_act<false>(a, t, b, lane); }
+  __device__ static Act act(const Args& a, int t, int b, int lane) { return group_act<false>(a, t, b, lane); }
   __device__ static Codes decode(const Raw& w, int lane) {
     const int u = lane & 7, h = u >> 2, t = (u >> 1) & 1, k0 = u & 1;
     Codes c;
@@ -387,7 +402,7 @@ struct Q2K {
     float da, db;  // xd of the groups' 32-element halves
     float sa, sb;  // the sums of each group's 16 codes (exact)
   };
-  __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t blocks, int lane) {
+  __device__ static Raw load(const uint8_t* rowp, int b, int blocks, int lane) {
     const int u = lane & 7, h = u >> 2, t = (u >> 1) & 1;
     const uint8_t* blk = rowp + b * kBytes;
     Raw w;
@@ -396,7 +411,7 @@ struct Q2K {
     w.dm = __ldg(reinterpret_cast<const uint32_t*>(rowp + q2k_dm_offset(blocks, b)));
     return w;
   }
-  __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
+  __device__ static Act act(const Args& a, int t, int b, int lane) {
     const GroupAct g = group_act<true>(a, t, b, lane);
     return Act{g.qa, g.qb, g.da, g.db, static_cast<float>(g.sa), static_cast<float>(g.sb)};
   }
@@ -454,13 +469,13 @@ struct Q40 : Block32Shape {
     int m8;  // 8 * the sum of the lane's 16 codes (the codes' -8 offset)
     float d;
   };
-  __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t blocks, int lane) {
+  __device__ static Raw load(const uint8_t* rowp, int b, int blocks, int lane) {
     Raw w;
     w.q = __ldg(reinterpret_cast<const uint2*>(rowp + b * kBytes + 8 * (lane & 1)));
     w.d = ld_u16(rowp + q40_d_offset(blocks, b));
     return w;
   }
-  __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
+  __device__ static Act act(const Args& a, int t, int b, int lane) {
     const int8_t* xr = a.xq + t * a.cols + b * 32 + 8 * (lane & 1);
     Act x;
     x.lo = __ldg(reinterpret_cast<const uint2*>(xr));
@@ -502,13 +517,13 @@ struct Q80 : Block32Shape {
     uint4 x;
     float d;
   };
-  __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t blocks, int lane) {
+  __device__ static Raw load(const uint8_t* rowp, int b, int blocks, int lane) {
     Raw w;
     w.q = ldw_u4(rowp + b * kBytes + 16 * (lane & 1));
     w.d = ld_u16(rowp + q80_d_offset(blocks, b));
     return w;
   }
-  __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
+  __device__ static Act act(const Args& a, int t, int b, int lane) {
     Act x;
     x.x = __ldg(reinterpret_cast<const uint4*>(a.xq + t * a.cols + b * 32 + 16 * (lane & 1)));
     x.d = __ldg(a.xd + t * (a.cols / 32) + b);
@@ -562,16 +577,16 @@ struct Q80S {
     uint4 x0, x1;
     float d;
   };
-  __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t blocks, int lane) {
-    const int64_t blk = 8 * b + (lane & 7);
+  __device__ static Raw load(const uint8_t* rowp, int b, int blocks, int lane) {
+    const int blk = 8 * b + (lane & 7);
     Raw w;
     w.q0 = ldw_u4(rowp + blk * kQ80Body);
     w.q1 = ldw_u4(rowp + blk * kQ80Body + 16);
     w.d = ld_u16(rowp + q80_d_offset(8 * blocks, blk));
     return w;
   }
-  __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
-    const int64_t blk = 8 * b + (lane & 7);
+  __device__ static Act act(const Args& a, int t, int b, int lane) {
+    const int blk = 8 * b + (lane & 7);
     const auto* xr = reinterpret_cast<const uint4*>(a.xq + t * a.cols + blk * 32);
     Act x;
     x.x0 = __ldg(xr);
@@ -615,15 +630,15 @@ struct Q40S {
     int m8;        // 8 * the sum of the block's 32 codes
     float d;
   };
-  __device__ static Raw load(const uint8_t* rowp, int64_t b, int64_t blocks, int lane) {
-    const int64_t blk = 8 * b + (lane & 7);
+  __device__ static Raw load(const uint8_t* rowp, int b, int blocks, int lane) {
+    const int blk = 8 * b + (lane & 7);
     Raw w;
     w.q = ldw_u4(rowp + blk * kQ40Body);
     w.d = ld_u16(rowp + q40_d_offset(8 * blocks, blk));
     return w;
   }
-  __device__ static Act act(const Args& a, int t, int64_t b, int lane) {
-    const int64_t blk = 8 * b + (lane & 7);
+  __device__ static Act act(const Args& a, int t, int b, int lane) {
+    const int blk = 8 * b + (lane & 7);
     const auto* xr = reinterpret_cast<const uint4*>(a.xq + t * a.cols + blk * 32);
     const int2 xs = __ldg(reinterpret_cast<const int2*>(a.xs + t * (a.cols / 16) + 2 * blk));
     Act x;
@@ -659,12 +674,12 @@ __device__ __forceinline__ void prefetch_first(const Args& a, const uint8_t* con
   constexpr int kPerStep = 32 / B::kLanes;
   constexpr int U = B::kInFlight > R ? B::kInFlight / R : 1;
   const int u = lane % B::kLanes;
-  const int64_t blocks = a.cols / B::kElems;
-  const int64_t step = int64_t{split} * kPerStep;
-  const int64_t b0 = int64_t{part} * kPerStep + lane / B::kLanes;
+  const int blocks = static_cast<int>(a.cols / B::kElems);
+  const int step = split * kPerStep;
+  const int b0 = part * kPerStep + lane / B::kLanes;
 #pragma unroll
   for (int k = 0; k < U; ++k) {
-    const int64_t b = b0 + k * step;
+    const int b = b0 + k * step;
     if (b < blocks)
 #pragma unroll
       for (int off = 32 * u; off < B::kBytes + 31; off += 32 * B::kLanes) {
@@ -685,14 +700,14 @@ __device__ __forceinline__ void group_dot(const Args& a, const uint8_t* const (&
                                           int n, int lane, float (&acc)[R][NT]) {
   constexpr int kPerStep = 32 / B::kLanes;
   constexpr int U = B::kInFlight > R ? B::kInFlight / R : 1;  // blocks of each row in flight
-  const int64_t blocks = a.cols / B::kElems;
-  const int64_t step = int64_t{split} * kPerStep;
-  for (int64_t b0 = int64_t{part} * kPerStep + lane / B::kLanes; b0 < blocks; b0 += U * step) {
+  const int blocks = static_cast<int>(a.cols / B::kElems);
+  const int step = split * kPerStep;
+  for (int b0 = part * kPerStep + lane / B::kLanes; b0 < blocks; b0 += U * step) {
     typename B::Raw w[U][R];
     typename B::Act x0[U];
 #pragma unroll
     for (int k = 0; k < U; ++k) {
-      const int64_t b = b0 + k * step;
+      const int b = b0 + k * step;
       if (b < blocks) {
 #pragma unroll
         for (int j = 0; j < R; ++j) w[k][j] = B::load(rowp[j], b, blocks, lane);
@@ -701,7 +716,7 @@ __device__ __forceinline__ void group_dot(const Args& a, const uint8_t* const (&
     }
 #pragma unroll
     for (int k = 0; k < U; ++k) {
-      const int64_t b = b0 + k * step;
+      const int b = b0 + k * step;
       if (b >= blocks) break;
       typename B::Codes c[R];
 #pragma unroll
@@ -749,8 +764,13 @@ __device__ __forceinline__ void store_rows_parts(float (&acc)[R][NT], float (&pa
     p = lane / NT == j ? q : p;
   }
   if (p == nullptr) return;
+  // Part w G + g in order (the loop over g unrolled: where split is 1, the whole fold).
   float sum = parts[warp][0][lane];
-  for (int q = 1; q < G * split; ++q) sum = __fadd_rn(sum, parts[warp + q / G][q % G][lane]);
+#pragma unroll
+  for (int g = 1; g < G; ++g) sum = __fadd_rn(sum, parts[warp][g][lane]);
+  for (int w = 1; w < split; ++w)
+#pragma unroll
+    for (int g = 0; g < G; ++g) sum = __fadd_rn(sum, parts[warp + w][g][lane]);
   *p = sum;
 }
 
@@ -765,10 +785,11 @@ __device__ __forceinline__ void store_rows_parts(float (&acc)[R][NT], float (&pa
 template <typename B, int R, int NT, int kCtas>
 __global__ void __launch_bounds__(kThreads, kCtas) gemv_q8_kernel(const Args a) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const int64_t group = int64_t{blockIdx.x} * (kWarps / a.split) + warp / a.split;
+  const int lg = __ffs(a.split) - 1;  // split is 1, 2 or 4: shifts where a division took ~40 instructions
+  const int64_t group = int64_t{blockIdx.x} * (kWarps >> lg) + (warp >> lg);
   // The warp's share of the row group: blocks part, part + split, ... of each row's warp steps, or (a.tsplit) a
   // row's blocks (all in one warp step, so this is the order a `split`-warp launch sums them in) for NT tokens.
-  int part = warp % a.split, split = a.split, t0 = 0, n = a.n;
+  int part = warp & (a.split - 1), split = a.split, t0 = 0, n = a.n;
   if (a.tsplit) {
     t0 = part * NT;
     n = a.n - t0 < NT ? a.n - t0 : NT;
@@ -921,6 +942,7 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
     return cudaErrorInvalidValue;
   const int64_t rb = device_row_bytes(type, cols);  // weight_form.h
   if (rb <= 0 || rb % walign != 0) return cudaErrorInvalidValue;  // never: 144, 176 and the split forms'
+  if (rb > INT_MAX / 2 || cols > INT_MAX / 2) return cudaErrorInvalidValue;  // kernels index a row's bytes by int
   const bool k4 = id == qblocks::kQ4_K || id == qblocks::kQ5_K;
   if (k4 && !is_aligned(xs, 16)) return cudaErrorInvalidValue;  // K4 loads a chunk's 4 sums at once
   Args a{};
