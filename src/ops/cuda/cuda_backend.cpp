@@ -613,10 +613,19 @@ cuda::Q8Out CudaBackend::q8_for_rows(const float* y, int64_t rows, int64_t dim) 
   return q8_for(y, rows * dim);
 }
 
+cuda::Q8Out CudaBackend::norm_q8(const float* y, int64_t rows, int64_t dim) {
+  if (rows > cuda::kMmqMaxTokens || !cuda::rms_norm_q8_supported(dim)) {
+    forget_q8();
+    return cuda::Q8Out{};
+  }
+  return q8_for_rows(y, rows, dim);
+}
+
 Status CudaBackend::rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* y) {
   activate();
-  forget_q8();
-  return check(cuda::rms_norm(x, w, eps, n, dim, y, stream_), "rms_norm");
+  Status st = check(cuda::rms_norm(x, w, eps, n, dim, y, stream_, norm_q8(y, n, dim)), "rms_norm");
+  if (!st.ok()) forget_q8();
+  return st;
 }
 
 Status CudaBackend::rope_neox(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
@@ -782,8 +791,9 @@ Status CudaBackend::causal_conv1d_silu(const float* x, int64_t n, int64_t channe
 Status CudaBackend::add_rms_norm(float* x, const float* delta, const float* w, float eps, int64_t n, int64_t dim,
                                  float* y) {
   activate();
-  forget_q8();
-  return check(cuda::add_rms_norm(x, delta, w, eps, n, dim, y, stream_), "add_rms_norm");
+  Status st = check(cuda::add_rms_norm(x, delta, w, eps, n, dim, y, stream_, norm_q8(y, n, dim)), "add_rms_norm");
+  if (!st.ok()) forget_q8();
+  return st;
 }
 Status CudaBackend::add_inplace(float* y, const float* x, int64_t n) {
   activate();

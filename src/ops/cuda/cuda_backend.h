@@ -152,8 +152,9 @@ class CudaBackend final : public Backend {
   // While recording: the replay's first KV slot, when the op's `first` is the step's (else unsupported).
   Result<const int32_t*> recorded_first_slot(int64_t first, const char* what) const;
   void free_list_push(float* p);
-  // The int8 form of the last SwiGLU output (gemv_q8.h), written by that kernel beside its
-  // f32 output so that the GEMV reading it needs no quantize launch. It describes `src` only until the
+  // The int8 form of the last output of a producer that writes one (gemv_q8.h: SwiGLU, the RMSNorms of up to
+  // kMmqMaxTokens rows, the output gates), written by that kernel beside its f32 output so that the GEMV
+  // reading it needs no quantize launch. It describes `src` only until the
   // next op that writes device memory (every such op but matmul/matmul_group calls forget_q8() first),
   // and the GEMV uses it only for the same pointer and size. Outputs up to kQ8SideElems elements (decode
   // and verify steps); the buffer is allocated once, so recorded steps keep pointing at it.
@@ -167,6 +168,9 @@ class CudaBackend final : public Backend {
   cuda::Q8Out q8_for(const float* y, int64_t elems);
   // q8_for for a producer of rows of `dim` whose 32-element blocks must each lie within a row.
   cuda::Q8Out q8_for_rows(const float* y, int64_t rows, int64_t dim);
+  // q8_for_rows for an RMSNorm's output: rows a decode or verify step's GEMV reads (up to kMmqMaxTokens; a
+  // prefill's products round x to bf16 instead) of a width the norm kernel quantizes.
+  cuda::Q8Out norm_q8(const float* y, int64_t rows, int64_t dim);
   void forget_q8() { q8_side_ = Q8Side{}; }
  public:
   // GEMV calls that read a producer's int8 side output (for tests).

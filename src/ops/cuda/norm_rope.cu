@@ -72,15 +72,20 @@ __global__ void rms_norm_warp_kernel(float* x, int64_t xs, const float* delta, c
       if (i < dim) yr[i] = o;
       if (q8.on()) quantize_q8_block(o, lane, (r * dim + 32 * k) / 32, q8);
     } else {
-      if (i < dim) yr[i] = w != nullptr ? __fmul_rn(__fmul_rn(v[k], scale), wv[k]) : __fmul_rn(v[k], scale);
+      if (q8.on() && 32 * k >= dim) break;
+      const float o = w != nullptr ? __fmul_rn(__fmul_rn(v[k], scale), wv[k]) : __fmul_rn(v[k], scale);
+      if (i < dim) yr[i] = o;
+      if (q8.on()) quantize_q8_block(o, lane, (r * dim + 32 * k) / 32, q8);
     }
   }
 }
 
-// One block per row (long rows: the hidden size), dim <= kThreads * kBlockPer.
+// One block per row (long rows: the hidden size), dim <= kThreads * kBlockPer. kQ8: the output row is staged in
+// shared memory and quantized from there, 16 values a lane (quantize_q8_row), into q8 (dim a multiple of 32).
 constexpr int kBlockPer = 32;
+template <bool kQ8>
 __global__ void rms_norm_block_kernel(float* x, int64_t xs, const float* delta, const float* w, float eps, int64_t dim,
-                                      float* y, int64_t ys) {
+                                      float* y, int64_t ys, Q8Out q8) {
   pdl_begin();
   __shared__ double scratch[kThreads / 32];
   const int64_t r = blockIdx.x;
@@ -108,10 +113,19 @@ __global__ void rms_norm_block_kernel(float* x, int64_t xs, const float* delta, 
   sum = block_reduce<kThreads, false>(sum, scratch);
   const float mean = dim > 0 ? static_cast<float>(sum / static_cast<double>(dim)) : 0.0f;
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+  __shared__ float staged[kQ8 ? kThreads * kBlockPer : 1];
 #pragma unroll
   for (int k = 0; k < kBlockPer; ++k) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(kThreads) * k;
-    if (i < dim) yr[i] = w != nullptr ? __fmul_rn(__fmul_rn(v[k], scale), wv[k]) : __fmul_rn(v[k], scale);
+    const float o = w != nullptr ? __fmul_rn(__fmul_rn(v[k], scale), wv[k]) : __fmul_rn(v[k], scale);
+    if (i < dim) {
+      yr[i] = o;
+      if constexpr (kQ8) staged[i] = o;
+    }
+  }
+  if constexpr (kQ8) {
+    __syncthreads();
+    quantize_q8_row<kThreads>(staged, dim, r * dim / 32, q8);
   }
 }
 
@@ -328,19 +342,22 @@ __global__ void qk_prep_kernel(QkPrepArgs a) {
 namespace {
 
 cudaError_t launch_rms_norm(float* x, int64_t x_stride, const float* delta, const float* w, float eps, int64_t n,
-                            int64_t dim, float* y, int64_t y_stride, cudaStream_t stream) {
+                            int64_t dim, float* y, int64_t y_stride, cudaStream_t stream, const Q8Out& q8 = Q8Out{}) {
   if (n < 0 || dim < 0 || x_stride < dim || y_stride < dim) return cudaErrorInvalidValue;
+  if (q8.on() && (!rms_norm_q8_supported(dim) || y_stride != dim || q8.xd == nullptr || q8.xs == nullptr ||
+                  reinterpret_cast<uintptr_t>(q8.xq) % 16 != 0))
+    return cudaErrorInvalidValue;
   if (n == 0 || dim == 0) return cudaSuccess;
   if (x == nullptr || y == nullptr) return cudaErrorInvalidValue;
   if (dim <= 32 * kWarpPer) {
     const int64_t blocks = (n + kThreads / 32 - 1) / (kThreads / 32);
     if (blocks > kMaxGridX) return cudaErrorInvalidValue;
     launch_pdl(rms_norm_warp_kernel<false>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, x, x_stride,
-               delta, w, eps, n, dim, y, y_stride, nullptr, Q8Out{});
+               delta, w, eps, n, dim, y, y_stride, nullptr, q8);
   } else if (dim <= int64_t{kThreads} * kBlockPer) {
     if (n > kMaxGridX) return cudaErrorInvalidValue;
-    launch_pdl(rms_norm_block_kernel, dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, x, x_stride, delta, w,
-               eps, dim, y, y_stride);
+    launch_pdl(q8.on() ? rms_norm_block_kernel<true> : rms_norm_block_kernel<false>, dim3(static_cast<unsigned>(n)),
+               dim3(kThreads), 0, stream, x, x_stride, delta, w, eps, dim, y, y_stride, q8);
   } else {
     if (n > kMaxGridX) return cudaErrorInvalidValue;
     launch_pdl(rms_norm_long_kernel, dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, x, x_stride, delta, w,
@@ -357,16 +374,18 @@ cudaError_t rms_norm_strided(const float* x, int64_t x_stride, const float* w, f
   return launch_rms_norm(const_cast<float*>(x), x_stride, nullptr, w, eps, n, dim, y, y_stride, stream);
 }
 
+bool rms_norm_q8_supported(int64_t dim) { return dim > 0 && dim % 32 == 0 && dim <= int64_t{kThreads} * kBlockPer; }
+
 cudaError_t add_rms_norm(float* x, const float* delta, const float* w, float eps, int64_t n, int64_t dim, float* y,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, const Q8Out& q8) {
   if (delta == nullptr && n > 0 && dim > 0) return cudaErrorInvalidValue;
   if (y == x) return cudaErrorInvalidValue;
-  return launch_rms_norm(x, dim, delta, w, eps, n, dim, y, dim, stream);
+  return launch_rms_norm(x, dim, delta, w, eps, n, dim, y, dim, stream, q8);
 }
 
 cudaError_t rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* y,
-                     cudaStream_t stream) {
-  return rms_norm_strided(x, dim, w, eps, n, dim, y, dim, stream);
+                     cudaStream_t stream, const Q8Out& q8) {
+  return launch_rms_norm(const_cast<float*>(x), dim, nullptr, w, eps, n, dim, y, dim, stream, q8);
 }
 
 cudaError_t rms_norm_silu_gate(float* o, const float* w, float eps, int64_t rows, int64_t dim, const float* z,

@@ -31,8 +31,12 @@ namespace dflash::cuda {
 
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w for n rows of `dim` (w null: no scale).
 // Per-head use (the q/k norms, the DeltaNet output norm): n = tokens * heads rows of dim = head_dim.
+// With q8 on (rms_norm_q8_supported(dim); xq 16-byte aligned), y's int8 form too, bit for bit what
+// quantize_q8_rows makes of y, so the GEMV that reads y needs no quantize launch (as swiglu's).
 cudaError_t rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* y,
-                     cudaStream_t stream = nullptr);
+                     cudaStream_t stream = nullptr, const Q8Out& q8 = Q8Out{});
+// The rows rms_norm and add_rms_norm can write the int8 form of: dim a multiple of 32, at most 8192.
+bool rms_norm_q8_supported(int64_t dim);
 // The same with row strides (in floats): row r of x at x + r * x_stride, of y at y + r * y_stride
 // (strides >= dim). For reading q out of the gated [q_h | gate_h] rows, x_stride = 2 * head_dim.
 cudaError_t rms_norm_strided(const float* x, int64_t x_stride, const float* w, float eps, int64_t n, int64_t dim,
@@ -44,9 +48,9 @@ inline constexpr int64_t kRmsNormSiluGateMaxDim = 1024;
 cudaError_t rms_norm_silu_gate(float* o, const float* w, float eps, int64_t rows, int64_t dim, const float* z,
                                cudaStream_t stream = nullptr, const Q8Out& q8 = Q8Out{});
 // The residual add fused with the next norm: x += delta (each sum rounded once, as add() does), then
-// y = rms_norm(x) with weights w. x, delta [n, dim]; y must not alias x or delta.
+// y = rms_norm(x) with weights w. x, delta [n, dim]; y must not alias x or delta. q8: as rms_norm's.
 cudaError_t add_rms_norm(float* x, const float* delta, const float* w, float eps, int64_t n, int64_t dim, float* y,
-                         cudaStream_t stream = nullptr);
+                         cudaStream_t stream = nullptr, const Q8Out& q8 = Q8Out{});
 
 // Attention input prep for n tokens in one launch: q [n, nh, hd] and k [n, nkv, hd] get RMSNorm over each
 // head (weights q_norm / k_norm [hd]) then NEOX RoPE on their first rot dims at positions[t] (a device

@@ -151,6 +151,72 @@ TEST_F(NormRopeTest, AddRmsNormMatchesAddThenNorm) {
   EXPECT_EQ(cuda::add_rms_norm(d.get(), d.get(), nullptr, 1e-6f, 1, 64, d.get()), cudaErrorInvalidValue);
 }
 
+// RMSNorm (and the residual add fused with it) writing its output's int8 form beside it, for the warp kernel
+// (dim <= 1024) and the block kernel (a lane pair a block from the row staged in shared memory, including a
+// last warp only partly on: dim 4128): y is unchanged, and the int8 form is bit for bit what quantize_q8_rows
+// makes of y, also for a row of zeros (codes and scale 0) and a row holding inf (scale NaN, codes 0).
+// Widths the kernels cannot quantize are refused.
+TEST_F(NormRopeTest, RmsNormQ8OutputEqualsQuantizingTheOutput) {
+  SCOPED_TRACE(seed_note());
+  for (int64_t dim : {64, 1024, 4096, 4128, 5120, 8192}) {
+    for (int64_t n : {1, 4}) {
+      for (bool add : {false, true}) {
+        const std::string what = std::string(add ? "add_rms_norm" : "rms_norm") + " n=" + std::to_string(n) +
+                                 " dim=" + std::to_string(dim);
+        const size_t e = static_cast<size_t>(n * dim);
+        auto x = random(e, -3.0f, 3.0f);
+        auto delta = random(e, -1.0f, 1.0f);
+        auto w = random(static_cast<size_t>(dim), -2.0f, 2.0f);
+        if (n > 1) {
+          std::fill(x.begin() + dim, x.begin() + 2 * dim, 0.0f);  // row 1: zeros
+          std::fill(delta.begin() + dim, delta.begin() + 2 * dim, 0.0f);
+          x[static_cast<size_t>(2 * dim + 37)] = std::numeric_limits<float>::infinity();  // row 2: an inf
+        }
+        Dev<float> dx(e), dd(e), dw(w.size()), dy(e), plain(e), x2(e), wd(e / 32), qd(e / 32);
+        Dev<int8_t> q(e), wq(e);
+        Dev<int> qs(e / 16), ws(e / 16);
+        DF_ASSERT_CUDA(dx.upload(x));
+        DF_ASSERT_CUDA(x2.upload(x));
+        DF_ASSERT_CUDA(dd.upload(delta));
+        DF_ASSERT_CUDA(dw.upload(w));
+        DF_ASSERT_CUDA(dy.poison());
+        const cuda::Q8Out q8{q.get(), qd.get(), qs.get()};
+        if (add) {
+          DF_ASSERT_CUDA(cuda::add_rms_norm(dx.get(), dd.get(), dw.get(), 1e-6f, n, dim, dy.get(), nullptr, q8));
+          DF_ASSERT_CUDA(cuda::add_rms_norm(x2.get(), dd.get(), dw.get(), 1e-6f, n, dim, plain.get()));
+          EXPECT_EQ(dx.download(), x2.download()) << what;
+        } else {
+          DF_ASSERT_CUDA(cuda::rms_norm(dx.get(), dw.get(), 1e-6f, n, dim, dy.get(), nullptr, q8));
+          DF_ASSERT_CUDA(cuda::rms_norm(dx.get(), dw.get(), 1e-6f, n, dim, plain.get()));
+        }
+        const auto y = dy.download(), want_y = plain.download();
+        EXPECT_EQ(0, std::memcmp(y.data(), want_y.data(), e * 4)) << what;
+        DF_ASSERT_CUDA(cuda::quantize_q8_rows(dy.get(), n, dim, wq.get(), wd.get(), ws.get()));
+        EXPECT_EQ(q.download(), wq.download()) << what;
+        const auto gd = qd.download(), want_d = wd.download();
+        EXPECT_EQ(0, std::memcmp(gd.data(), want_d.data(), gd.size() * 4)) << what;
+        EXPECT_EQ(qs.download(), ws.download()) << what;
+        if (n > 1) {
+          EXPECT_EQ(gd[static_cast<size_t>(dim / 32)], 0.0f) << what << ": the zero row's scale";
+          EXPECT_TRUE(std::isnan(gd[static_cast<size_t>(2 * dim / 32 + 1)])) << what << ": the inf's block";
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(cuda::rms_norm_q8_supported(8192));
+  Dev<float> d(8224 * 2);
+  Dev<int8_t> q(8224 * 2);
+  Dev<float> qd(8224 * 2 / 32);
+  Dev<int> qs(8224 * 2 / 16);
+  const cuda::Q8Out q8{q.get(), qd.get(), qs.get()};
+  for (int64_t dim : {80, 8224}) {
+    EXPECT_FALSE(cuda::rms_norm_q8_supported(dim));
+    EXPECT_EQ(cuda::rms_norm(d.get(), nullptr, 1e-6f, 1, dim, d.get(), nullptr, q8), cudaErrorInvalidValue) << dim;
+  }
+  const cuda::Q8Out misaligned{q.get() + 4, qd.get(), qs.get()};
+  EXPECT_EQ(cuda::rms_norm(d.get(), nullptr, 1e-6f, 1, 64, d.get(), nullptr, misaligned), cudaErrorInvalidValue);
+}
+
 // SwiGLU writing its output's int8 form beside it (what the down projection's GEMV reads instead of
 // quantizing): the f32 output is unchanged, and the int8 form is bit for bit what quantize_q8_rows makes
 // of it, also when the grid-stride loop wraps; a length that is not a multiple of 32 is refused.

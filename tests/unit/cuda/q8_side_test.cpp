@@ -1,5 +1,6 @@
-// CudaBackend's int8 side output: SwiGLU writes its output's int8 form beside it, and the integer-dot GEMV
-// that reads that output next (the down projection) uses it instead of quantizing.
+// CudaBackend's int8 side output: SwiGLU and the RMSNorms write their output's int8 form beside it, and the
+// integer-dot GEMV that reads that output next (the down projection, the projections after a norm) uses it
+// instead of quantizing.
 // Checked against the same GEMV on a copy of the input (a copy is not a producer, so that GEMV quantizes
 // for itself): the outputs must be equal bit for bit. An op that rewrites the input between its producer
 // and the GEMV must make the GEMV quantize afresh (else it would multiply stale codes).
@@ -118,16 +119,27 @@ TEST_F(CudaQ8Side, gemv_after_its_producer_equals_gemv_on_a_copy_and_rewrites_in
       ASSERT_TRUE(be_->upload(y.data(), random(n * cols, -1, 1).data(), n * cols).ok());
       fused = product(w, y, n);
       EXPECT_EQ(fused, product_of_copy(w, y, n)) << "uploaded after swiglu " << what;
+      // A norm over the output: the GEMV reads the norm's side (of the new values).
       ASSERT_TRUE(be_->swiglu(gate.data(), up.data(), y.data(), n * cols).ok());
       ASSERT_TRUE(be_->rms_norm(gate.data(), nullptr, 1e-6f, n, cols, y.data()).ok());
       fused = product(w, y, n);
+      EXPECT_EQ(be_->q8_side_uses(), uses + 3) << "the GEMV after rms_norm should read its int8 side";
       EXPECT_EQ(fused, product_of_copy(w, y, n)) << "normed over after swiglu " << what;
+      // The residual add fused with the norm: its side too, and x is not the side.
+      Buffer h = upload(random(n * cols, -3, 3)), wn = upload(random(cols, -2, 2));
+      ASSERT_TRUE(be_->add_rms_norm(h.data(), delta.data(), wn.data(), 1e-6f, n, cols, y.data()).ok());
+      fused = product(w, y, n);
+      EXPECT_EQ(be_->q8_side_uses(), uses + 4) << "the GEMV after add_rms_norm should read its int8 side";
+      EXPECT_EQ(fused, product_of_copy(w, y, n)) << "add_rms_norm " << what;
+      ASSERT_TRUE(be_->add_rms_norm(h.data(), delta.data(), wn.data(), 1e-6f, n, cols, y.data()).ok());
+      fused = product(w, h, n);
+      EXPECT_EQ(fused, product_of_copy(w, h, n)) << "the norm's input " << what;
       // Another buffer of the same size as the producer's output is not its side.
       Buffer other = upload(random(n * cols, -3, 3));
       ASSERT_TRUE(be_->swiglu(gate.data(), up.data(), y.data(), n * cols).ok());
       fused = product(w, other, n);
       EXPECT_EQ(fused, product_of_copy(w, other, n)) << "another input " << what;
-      EXPECT_EQ(be_->q8_side_uses(), uses + 2) << "only the GEMVs right after their producer use a side";
+      EXPECT_EQ(be_->q8_side_uses(), uses + 4) << "only the GEMVs right after their producer use a side";
     }
   }
 }
