@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 namespace dflash::cuda {
 namespace {
@@ -23,13 +24,14 @@ constexpr int kThreads = 256;
 // all its loads before its first store (stores may alias later loads, which would otherwise serialize
 // one memory round trip per element: these kernels are latency-bound at decode sizes). Sums of squares are in double, like the CPU's, so the order of the terms hardly matters.
 
-// One warp per row (dim <= 32 * kWarpPer): 8 rows per block.
+// One warp per row (dim <= 32 * kWarpPer): 8 rows per block; kPer values a lane (launched with the least of
+// 1, 2, 4, ..., 32 that covers the row: the unrolled loops issue every k, predicated off or not).
 constexpr int kWarpPer = 32;
 // With `delta` (the fused residual add): x += delta first, stored back to x, and the norm is of the sum.
 // kGate (rms_norm_silu_gate): y = the norm * silu(gate) (gate [n, dim]), and with q8 on (dim a multiple of
 // 32) its int8 form: a warp's 32 values of step k are one 32-element block.
 __device__ __forceinline__ float silu_f(float v) { return __fdiv_rn(v, __fadd_rn(1.0f, expf(-v))); }
-template <bool kGate>
+template <int kPer, bool kGate>
 __global__ void rms_norm_warp_kernel(float* x, int64_t xs, const float* delta, const float* w, float eps, int64_t n,
                                      int64_t dim, float* y, int64_t ys, const float* gate, Q8Out q8) {
   pdl_begin();
@@ -38,9 +40,9 @@ __global__ void rms_norm_warp_kernel(float* x, int64_t xs, const float* delta, c
   const int lane = threadIdx.x % 32;
   float* xr = x + r * xs;
   float* yr = y + r * ys;
-  float v[kWarpPer], wv[kWarpPer], dv[kWarpPer];
+  float v[kPer], wv[kPer], dv[kPer];
 #pragma unroll
-  for (int k = 0; k < kWarpPer; ++k) {
+  for (int k = 0; k < kPer; ++k) {
     const int64_t i = lane + 32 * k;
     v[k] = i < dim ? xr[i] : 0.0f;
     wv[k] = i < dim && w != nullptr ? __ldg(w + i) : 1.0f;
@@ -49,7 +51,7 @@ __global__ void rms_norm_warp_kernel(float* x, int64_t xs, const float* delta, c
   }
   if (!kGate && delta != nullptr) {
 #pragma unroll
-    for (int k = 0; k < kWarpPer; ++k) {
+    for (int k = 0; k < kPer; ++k) {
       const int64_t i = lane + 32 * k;
       v[k] = __fadd_rn(v[k], dv[k]);
       if (i < dim) xr[i] = v[k];
@@ -57,12 +59,12 @@ __global__ void rms_norm_warp_kernel(float* x, int64_t xs, const float* delta, c
   }
   double sum = 0.0;
 #pragma unroll
-  for (int k = 0; k < kWarpPer; ++k) sum += static_cast<double>(v[k]) * v[k];
+  for (int k = 0; k < kPer; ++k) sum += static_cast<double>(v[k]) * v[k];
   sum = warp_sum(sum);
   const float mean = dim > 0 ? static_cast<float>(sum / static_cast<double>(dim)) : 0.0f;
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
 #pragma unroll
-  for (int k = 0; k < kWarpPer; ++k) {
+  for (int k = 0; k < kPer; ++k) {
     const int64_t i = lane + 32 * k;
     if constexpr (kGate) {
       if (32 * k >= dim) break;
@@ -80,10 +82,11 @@ __global__ void rms_norm_warp_kernel(float* x, int64_t xs, const float* delta, c
   }
 }
 
-// One block per row (long rows: the hidden size), dim <= kThreads * kBlockPer. kQ8: the output row is staged in
-// shared memory and quantized from there, 16 values a lane (quantize_q8_row), into q8 (dim a multiple of 32).
+// One block per row (long rows: the hidden size), dim <= kThreads * kBlockPer, kPer values a thread (the least of
+// 8, 16, 20, 24, 32 that covers the row: 16 for 4096, 20 for 5120). kQ8: the output row is staged in shared memory
+// and quantized from there, 16 values a lane (quantize_q8_row), into q8 (dim a multiple of 32).
 constexpr int kBlockPer = 32;
-template <bool kQ8>
+template <int kPer, bool kQ8>
 __global__ void rms_norm_block_kernel(float* x, int64_t xs, const float* delta, const float* w, float eps, int64_t dim,
                                       float* y, int64_t ys, Q8Out q8) {
   pdl_begin();
@@ -91,9 +94,9 @@ __global__ void rms_norm_block_kernel(float* x, int64_t xs, const float* delta, 
   const int64_t r = blockIdx.x;
   float* xr = x + r * xs;
   float* yr = y + r * ys;
-  float v[kBlockPer], wv[kBlockPer], dv[kBlockPer];
+  float v[kPer], wv[kPer], dv[kPer];
 #pragma unroll
-  for (int k = 0; k < kBlockPer; ++k) {
+  for (int k = 0; k < kPer; ++k) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(kThreads) * k;
     v[k] = i < dim ? xr[i] : 0.0f;
     wv[k] = i < dim && w != nullptr ? __ldg(w + i) : 1.0f;
@@ -101,7 +104,7 @@ __global__ void rms_norm_block_kernel(float* x, int64_t xs, const float* delta, 
   }
   if (delta != nullptr) {
 #pragma unroll
-    for (int k = 0; k < kBlockPer; ++k) {
+    for (int k = 0; k < kPer; ++k) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(kThreads) * k;
       v[k] = __fadd_rn(v[k], dv[k]);
       if (i < dim) xr[i] = v[k];
@@ -109,13 +112,13 @@ __global__ void rms_norm_block_kernel(float* x, int64_t xs, const float* delta, 
   }
   double sum = 0.0;
 #pragma unroll
-  for (int k = 0; k < kBlockPer; ++k) sum += static_cast<double>(v[k]) * v[k];
+  for (int k = 0; k < kPer; ++k) sum += static_cast<double>(v[k]) * v[k];
   sum = block_reduce<kThreads, false>(sum, scratch);
   const float mean = dim > 0 ? static_cast<float>(sum / static_cast<double>(dim)) : 0.0f;
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-  __shared__ float staged[kQ8 ? kThreads * kBlockPer : 1];
+  __shared__ float staged[kQ8 ? kThreads * kPer : 1];
 #pragma unroll
-  for (int k = 0; k < kBlockPer; ++k) {
+  for (int k = 0; k < kPer; ++k) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(kThreads) * k;
     const float o = w != nullptr ? __fmul_rn(__fmul_rn(v[k], scale), wv[k]) : __fmul_rn(v[k], scale);
     if (i < dim) {
@@ -341,6 +344,13 @@ __global__ void qk_prep_kernel(QkPrepArgs a) {
 
 namespace {
 
+// Calls f(std::integral_constant<int, P>{}) for the least P of kPers that is at least `per` (at most the last).
+template <int... kPers, typename F>
+void with_per(int64_t per, F&& f) {
+  bool done = false;
+  ((done = done || (per <= kPers && (f(std::integral_constant<int, kPers>{}), true))), ...);
+}
+
 cudaError_t launch_rms_norm(float* x, int64_t x_stride, const float* delta, const float* w, float eps, int64_t n,
                             int64_t dim, float* y, int64_t y_stride, cudaStream_t stream, const Q8Out& q8 = Q8Out{}) {
   if (n < 0 || dim < 0 || x_stride < dim || y_stride < dim) return cudaErrorInvalidValue;
@@ -352,12 +362,18 @@ cudaError_t launch_rms_norm(float* x, int64_t x_stride, const float* delta, cons
   if (dim <= 32 * kWarpPer) {
     const int64_t blocks = (n + kThreads / 32 - 1) / (kThreads / 32);
     if (blocks > kMaxGridX) return cudaErrorInvalidValue;
-    launch_pdl(rms_norm_warp_kernel<false>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, x, x_stride,
-               delta, w, eps, n, dim, y, y_stride, nullptr, q8);
+    with_per<1, 2, 4, 8, 16, kWarpPer>((dim + 31) / 32, [&](auto per) {
+      launch_pdl(rms_norm_warp_kernel<decltype(per)::value, false>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads),
+                 0, stream, x, x_stride, delta, w, eps, n, dim, y, y_stride, nullptr, q8);
+    });
   } else if (dim <= int64_t{kThreads} * kBlockPer) {
     if (n > kMaxGridX) return cudaErrorInvalidValue;
-    launch_pdl(q8.on() ? rms_norm_block_kernel<true> : rms_norm_block_kernel<false>, dim3(static_cast<unsigned>(n)),
-               dim3(kThreads), 0, stream, x, x_stride, delta, w, eps, dim, y, y_stride, q8);
+    with_per<8, 16, 20, 24, kBlockPer>((dim + kThreads - 1) / kThreads, [&](auto per) {
+      constexpr int kPer = decltype(per)::value;
+      launch_pdl(q8.on() ? rms_norm_block_kernel<kPer, true> : rms_norm_block_kernel<kPer, false>,
+                 dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, x, x_stride, delta, w, eps, dim, y, y_stride,
+                 q8);
+    });
   } else {
     if (n > kMaxGridX) return cudaErrorInvalidValue;
     launch_pdl(rms_norm_long_kernel, dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, x, x_stride, delta, w,
@@ -396,8 +412,10 @@ cudaError_t rms_norm_silu_gate(float* o, const float* w, float eps, int64_t rows
   if (o == nullptr || z == nullptr || (q8.on() && dim % 32 != 0)) return cudaErrorInvalidValue;
   const int64_t blocks = (rows + kThreads / 32 - 1) / (kThreads / 32);
   if (blocks > kMaxGridX) return cudaErrorInvalidValue;
-  launch_pdl(rms_norm_warp_kernel<true>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, o, dim,
-             static_cast<const float*>(nullptr), w, eps, rows, dim, o, dim, z, q8);
+  with_per<1, 2, 4, 8, 16, kWarpPer>((dim + 31) / 32, [&](auto per) {
+    launch_pdl(rms_norm_warp_kernel<decltype(per)::value, true>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0,
+               stream, o, dim, static_cast<const float*>(nullptr), w, eps, rows, dim, o, dim, z, q8);
+  });
   return cudaGetLastError();
 }
 

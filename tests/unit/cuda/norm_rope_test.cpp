@@ -102,7 +102,7 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 
 TEST_F(NormRopeTest, RmsNormMatchesCpu) {
   SCOPED_TRACE(seed_note());
-  for (int64_t dim : {64, 128, 256, 1000, 1024, 1025, 4096, 5120}) {
+  for (int64_t dim : {64, 128, 256, 1000, 1024, 1025, 4096, 5120, 6000, 8192}) {
     for (int64_t n : {1, 3, 17}) {
       for (bool weighted : {true, false}) {
         const std::string what = "rms_norm n=" + std::to_string(n) + " dim=" + std::to_string(dim) +
