@@ -69,7 +69,7 @@ __global__ void deltanet_gates_kernel(float* a, float* b, const float* dt_bias, 
 // head: its channels' conv outputs, L2-normalised for q and k), warp 2 Hk + Hv the token's gates. With
 // shift (one token, chain form) each lane then moves the window of its channels: it is their only reader.
 constexpr int kPrepWarps = 4;
-template <int KC>  // conv_silu_at's
+template <int KC, int kPer>  // conv_silu_at's; channels a lane (of the wider of d_k, d_v, over 32)
 __global__ void __launch_bounds__(kPrepWarps * 32) deltanet_prep_kernel(DeltaNetPrepArgs a, bool shift) {
   pdl_begin();
   const int warp = static_cast<int>(blockIdx.x) * kPrepWarps + static_cast<int>(threadIdx.x) / 32;
@@ -105,22 +105,22 @@ __global__ void __launch_bounds__(kPrepWarps * 32) deltanet_prep_kernel(DeltaNet
         for (int64_t j = 0; j < a.kernel - 1; ++j) a.conv_capture[j * C + c0 + c] = a.conv_state[j * C + c0 + c];
     }
   }
-  float val[kDeltaNetPrepMaxPer];
+  float val[kPer];
 #pragma unroll
-  for (int j = 0; j < kDeltaNetPrepMaxPer; ++j) {
+  for (int j = 0; j < kPer; ++j) {
     const int64_t c = lane + 32 * j;
     val[j] = c < width ? conv_silu_at<KC>(a.mixed, t, c0 + c, C, a.conv_w, a.kernel, a.conv_state, a.parents) : 0.0f;
   }
   if (warp < 2 * Hk) {
     float ss = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kDeltaNetPrepMaxPer; ++j) ss = __fadd_rn(ss, __fmul_rn(val[j], val[j]));
+    for (int j = 0; j < kPer; ++j) ss = __fadd_rn(ss, __fmul_rn(val[j], val[j]));
     const float inv = l2_inv(ss, kDeltaNetL2Eps);
 #pragma unroll
-    for (int j = 0; j < kDeltaNetPrepMaxPer; ++j) val[j] = __fmul_rn(__fmul_rn(val[j], inv), scale);
+    for (int j = 0; j < kPer; ++j) val[j] = __fmul_rn(__fmul_rn(val[j], inv), scale);
   }
 #pragma unroll
-  for (int j = 0; j < kDeltaNetPrepMaxPer; ++j)
+  for (int j = 0; j < kPer; ++j)
     if (lane + 32 * j < width) dst[lane + 32 * j] = val[j];
   if (shift)
     for (int64_t c = lane; c < width; c += 32) conv_shift_state(a.mixed, 1, c0 + c, C, a.kernel - 1, a.conv_state);
@@ -241,8 +241,13 @@ cudaError_t deltanet_prep(const DeltaNetPrepArgs& a, int64_t n, cudaStream_t str
   if (warps > 65535 * int64_t{kPrepWarps}) return cudaErrorInvalidValue;
   const bool chain_window = a.parents == nullptr && a.kernel > 1;
   const dim3 grid(static_cast<unsigned>((warps + kPrepWarps - 1) / kPrepWarps), static_cast<unsigned>(n));
-  launch_pdl(a.kernel == kConvCommonKernel ? deltanet_prep_kernel<kConvCommonKernel> : deltanet_prep_kernel<0>, grid,
-             dim3(kPrepWarps * 32), 0, stream, a, chain_window && n == 1);
+  const int64_t width = a.d_k > a.d_v ? a.d_k : a.d_v;
+  with_per<1, 2, 4, kDeltaNetPrepMaxPer>((width + 31) / 32, [&](auto per) {
+    constexpr int kPer = decltype(per)::value;
+    launch_pdl(a.kernel == kConvCommonKernel ? deltanet_prep_kernel<kConvCommonKernel, kPer>
+                                             : deltanet_prep_kernel<0, kPer>,
+               grid, dim3(kPrepWarps * 32), 0, stream, a, chain_window && n == 1);
+  });
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || !chain_window || n == 1) return err;
   const int64_t C = 2 * a.n_k_heads * a.d_k + a.n_v_heads * a.d_v;

@@ -23,7 +23,9 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 #include <utility>
 
 namespace dflash::cuda {
@@ -98,6 +100,15 @@ cudaError_t allow_dynamic_smem(size_t bytes) {
   err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (err == cudaSuccess) raised.fetch_or(bit, std::memory_order_relaxed);
   return err;
+}
+
+// Calls f(std::integral_constant<int, P>{}) for the least P of kPers that is at least `per` (none past the last):
+// the kernels that keep a row's values in registers are instantiated for a few counts a thread, since their
+// unrolled loops issue every step, predicated off or not.
+template <int... kPers, typename F>
+void with_per(int64_t per, F&& f) {
+  bool done = false;
+  ((done = done || (per <= kPers && (f(std::integral_constant<int, kPers>{}), true))), ...);
 }
 
 // griddepcontrol.wait: blocks until the grids this one depends on programmatically have completed and their

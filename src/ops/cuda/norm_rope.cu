@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 namespace dflash::cuda {
 namespace {
@@ -267,6 +266,7 @@ constexpr int64_t kMaxGridX = 2147483647;
 // (half a multiple of 32). RMSNorm (double sum, as rms_norm), then RoPE (host frequency table, double
 // sincos, as rope_neox), then q in place, k and the token's v row into the KV store at its position.
 constexpr int kPrepMaxPer = 8;  // head_dim <= 256
+template <int kPer>  // head_dim / 32
 __global__ void qk_prep_kernel(QkPrepArgs a) {
   pdl_begin();
   const int64_t warp_global = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
@@ -278,25 +278,25 @@ __global__ void qk_prep_kernel(QkPrepArgs a) {
   float* src = is_q ? a.q + (t * a.nh + h) * a.hd : a.k + (t * a.nkv + (h - a.nh)) * a.hd;
   const float* w = is_q ? a.q_norm : a.k_norm;
   const int per = static_cast<int>(a.hd / 32);
-  float v[kPrepMaxPer], wv[kPrepMaxPer];
+  float v[kPer], wv[kPer];
 #pragma unroll
-  for (int j = 0; j < kPrepMaxPer; ++j) {
+  for (int j = 0; j < kPer; ++j) {
     v[j] = j < per ? src[lane + 32 * j] : 0.0f;
     wv[j] = j < per ? __ldg(w + lane + 32 * j) : 0.0f;
   }
   double sum = 0.0;
 #pragma unroll
-  for (int j = 0; j < kPrepMaxPer; ++j) sum += static_cast<double>(v[j]) * v[j];
+  for (int j = 0; j < kPer; ++j) sum += static_cast<double>(v[j]) * v[j];
   sum = warp_sum(sum);
   const float mean = static_cast<float>(sum / static_cast<double>(a.hd));
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, a.eps)));
 #pragma unroll
-  for (int j = 0; j < kPrepMaxPer; ++j) v[j] = __fmul_rn(__fmul_rn(v[j], scale), wv[j]);
+  for (int j = 0; j < kPer; ++j) v[j] = __fmul_rn(__fmul_rn(v[j], scale), wv[j]);
   // RoPE on the first rot dims: element i = lane + 32 j < half pairs with i + half (slot j + half / 32).
   const double angle_pos = a.positions[t];
   const int hj = static_cast<int>(a.rot / 64);  // half / 32
 #pragma unroll
-  for (int j = 0; j < kPrepMaxPer; ++j) {
+  for (int j = 0; j < kPer; ++j) {
     if (j >= hj) break;
     const int64_t i = lane + 32 * j;
     double sn, cs;
@@ -308,7 +308,7 @@ __global__ void qk_prep_kernel(QkPrepArgs a) {
   }
   if (is_q) {
 #pragma unroll
-    for (int j = 0; j < kPrepMaxPer; ++j)
+    for (int j = 0; j < kPer; ++j)
       if (j < per) src[lane + 32 * j] = v[j];
     return;
   }
@@ -316,14 +316,14 @@ __global__ void qk_prep_kernel(QkPrepArgs a) {
   const int64_t kh = h - a.nh, c = slot / a.chunk_tokens, row = slot - c * a.chunk_tokens;
   const int64_t e0 = (row * a.nkv + kh) * a.hd;  // element offset of the row's head in the chunk
   const float* vs = a.v + (t * a.nkv + kh) * a.hd;
-  float vv[kPrepMaxPer];
+  float vv[kPer];
 #pragma unroll
-  for (int j = 0; j < kPrepMaxPer; ++j) vv[j] = j < per ? vs[lane + 32 * j] : 0.0f;
+  for (int j = 0; j < kPer; ++j) vv[j] = j < per ? vs[lane + 32 * j] : 0.0f;
   if (a.kv_f16) {
     __half* kh16 = reinterpret_cast<__half*>(a.k_chunks[c]) + e0;
     __half* vh16 = reinterpret_cast<__half*>(a.v_chunks[c]) + e0;
 #pragma unroll
-    for (int j = 0; j < kPrepMaxPer; ++j)
+    for (int j = 0; j < kPer; ++j)
       if (j < per) {
         kh16[lane + 32 * j] = __float2half_rn(v[j]);
         vh16[lane + 32 * j] = __float2half_rn(vv[j]);
@@ -333,7 +333,7 @@ __global__ void qk_prep_kernel(QkPrepArgs a) {
   float* kd = a.k_chunks[c] + e0;
   float* vd = a.v_chunks[c] + e0;
 #pragma unroll
-  for (int j = 0; j < kPrepMaxPer; ++j)
+  for (int j = 0; j < kPer; ++j)
     if (j < per) {
       kd[lane + 32 * j] = v[j];
       vd[lane + 32 * j] = vv[j];
@@ -343,13 +343,6 @@ __global__ void qk_prep_kernel(QkPrepArgs a) {
 }  // namespace
 
 namespace {
-
-// Calls f(std::integral_constant<int, P>{}) for the least P of kPers that is at least `per` (at most the last).
-template <int... kPers, typename F>
-void with_per(int64_t per, F&& f) {
-  bool done = false;
-  ((done = done || (per <= kPers && (f(std::integral_constant<int, kPers>{}), true))), ...);
-}
 
 cudaError_t launch_rms_norm(float* x, int64_t x_stride, const float* delta, const float* w, float eps, int64_t n,
                             int64_t dim, float* y, int64_t y_stride, cudaStream_t stream, const Q8Out& q8 = Q8Out{}) {
@@ -451,7 +444,10 @@ cudaError_t qk_prep(const QkPrepArgs& a, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const int64_t blocks = (warps + kThreads / 32 - 1) / (kThreads / 32);
   if (blocks > kMaxGridX) return cudaErrorInvalidValue;
-  launch_pdl(qk_prep_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, a);
+  with_per<1, 2, 4, kPrepMaxPer>(a.hd / 32, [&](auto per) {
+    launch_pdl(qk_prep_kernel<decltype(per)::value>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream,
+               a);
+  });
   return cudaGetLastError();
 }
 
