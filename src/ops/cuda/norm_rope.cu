@@ -115,7 +115,7 @@ __global__ void rms_norm_block_kernel(float* x, int64_t xs, const float* delta, 
   sum = block_reduce<kThreads, false>(sum, scratch);
   const float mean = dim > 0 ? static_cast<float>(sum / static_cast<double>(dim)) : 0.0f;
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-  __shared__ float staged[kQ8 ? kThreads * kPer : 1];
+  __shared__ __align__(16) float staged[kQ8 ? kThreads * kPer : 1];  // read as float4 (quantize_q8_row)
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(kThreads) * k;

@@ -64,8 +64,9 @@ __device__ __forceinline__ void quantize_q8_pair(const float (&v)[16], int lane,
   if (h == 0) out.xd[blk] = bad ? __int_as_float(0x7fc00000) : __fdiv_rn(amax, 127.0f);
 }
 
-// A CTA of kThreads quantizes the `dim` values of a row staged in shared memory (dim a multiple of 32) as blocks
-// first_blk, first_blk + 1, ...: a lane 16 consecutive values, a lane pair a block. Every thread must call it.
+// A CTA of kThreads quantizes the `dim` values of a row staged in shared memory (16-byte aligned: read as float4;
+// dim a multiple of 32) as blocks first_blk, first_blk + 1, ...: a lane 16 consecutive values, a lane pair a
+// block. Every thread must call it.
 template <int kThreads>
 __device__ __forceinline__ void quantize_q8_row(const float* row, int64_t dim, int64_t first_blk, const Q8Out& out) {
   const int64_t halves = dim / 16;
