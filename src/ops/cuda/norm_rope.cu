@@ -364,8 +364,8 @@ cudaError_t launch_rms_norm(float* x, int64_t x_stride, const float* delta, cons
     with_per<8, 16, 20, 24, kBlockPer>((dim + kThreads - 1) / kThreads, [&](auto per) {
       constexpr int kPer = decltype(per)::value;
       launch_pdl(q8.on() ? rms_norm_block_kernel<kPer, true> : rms_norm_block_kernel<kPer, false>,
-                 dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, x, x_stride, delta, w, eps, dim, y, y_stride,
-                 q8);
+                 dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, x, x_stride, delta, w, eps, dim, y,
+                 y_stride, q8);
     });
   } else {
     if (n > kMaxGridX) return cudaErrorInvalidValue;
