@@ -578,12 +578,17 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) mmq_kernel(const Args a) {
   const int64_t row0 = wtile * (T * kTileRows);
   const bool active = row0 < rows;
   float acc[T][NT8][4];
+  // f(acc[u][nt][e], u, nt, e) for every accumulator; v(u, nt, e) is its index in a slot of `partial`.
+  const auto each_acc = [&](auto&& f) {
 #pragma unroll
-  for (int u = 0; u < T; ++u)
+    for (int u = 0; u < T; ++u)
 #pragma unroll
-    for (int nt = 0; nt < NT8; ++nt)
+      for (int nt = 0; nt < NT8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[u][nt][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) f(acc[u][nt][e], u, nt, e);
+  };
+  const auto v = [](int u, int nt, int e) { return (u * NT8 + nt) * 4 + e; };
+  each_acc([](float& x, int, int, int) { x = 0.0f; });
   if (active) {
     const uint8_t* rowp[T][2];
 #pragma unroll
@@ -622,54 +627,34 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) mmq_kernel(const Args a) {
           B::template block<NT8, T>(a, raw, b, g, tid, acc);
         }
         if (h + 1 < PP)
-#pragma unroll
-          for (int u = 0; u < T; ++u)
-#pragma unroll
-            for (int nt = 0; nt < NT8; ++nt)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                partial[warp][h * V + (u * NT8 + nt) * 4 + e][lane] = acc[u][nt][e];
-                acc[u][nt][e] = 0.0f;
-              }
+          each_acc([&](float& x, int u, int nt, int e) {
+            partial[warp][h * V + v(u, nt, e)][lane] = x;
+            x = 0.0f;
+          });
       }
     }
   }
   if (a.split > 1) {
-#pragma unroll
-    for (int u = 0; u < T; ++u)
-#pragma unroll
-      for (int nt = 0; nt < NT8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) partial[warp][(PP - 1) * V + (u * NT8 + nt) * 4 + e][lane] = acc[u][nt][e];
+    each_acc([&](float& x, int u, int nt, int e) { partial[warp][(PP - 1) * V + v(u, nt, e)][lane] = x; });
     __syncthreads();
     if (part != 0 || !active) return;
+    each_acc([&](float& x, int u, int nt, int e) {
+      const int i = v(u, nt, e);
+      float s = partial[warp][i][lane];
+      // Parts 1 .. split - 1 in order: part h ws + w in warp + w's h-th slot (no division in the loop).
 #pragma unroll
-    for (int u = 0; u < T; ++u)
-#pragma unroll
-      for (int nt = 0; nt < NT8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int v = (u * NT8 + nt) * 4 + e;
-          float s = partial[warp][v][lane];
-          // Parts 1 .. split - 1 in order: part h ws + w in warp + w's h-th slot (no division in the loop).
-#pragma unroll
-          for (int h = 0; h < PP; ++h)
-            for (int w = h == 0 ? 1 : 0; w < ws; ++w) s = __fadd_rn(s, partial[warp + w][h * V + v][lane]);
-          acc[u][nt][e] = s;
-        }
+      for (int h = 0; h < PP; ++h)
+        for (int w = h == 0 ? 1 : 0; w < ws; ++w) s = __fadd_rn(s, partial[warp + w][h * V + i][lane]);
+      x = s;
+    });
   } else if (!active) {
     return;
   }
-#pragma unroll
-  for (int u = 0; u < T; ++u)
-#pragma unroll
-    for (int nt = 0; nt < NT8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t row = row0 + u * kTileRows + g + 8 * (e >> 1);
-        const int t = nt * 8 + 2 * tid + (e & 1);
-        if (row < rows && t < a.n) a.y[pi][int64_t{t} * rows + row] = acc[u][nt][e];
-      }
+  each_acc([&](float x, int u, int nt, int e) {
+    const int64_t row = row0 + u * kTileRows + g + 8 * (e >> 1);
+    const int t = nt * 8 + 2 * tid + (e & 1);
+    if (row < rows && t < a.n) a.y[pi][int64_t{t} * rows + row] = x;
+  });
 }
 
 // mmq_pack_x: one thread a (block b, chunk c, token t, lane tid) piece of 16 code bytes; tid 0 also writes
