@@ -71,23 +71,21 @@ struct Args {
 // lanes a 16-byte body) and the blocks' 2-byte scales go through L1.
 using gemv_common::ldw_u4;
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint16_t*>(p)); }
+// acc + the byte dot products of q[0..3] with v's four words; kUnsignedQ: q's bytes unsigned (0..255), v's signed.
+template <bool kUnsignedQ = false>
 __device__ __forceinline__ int dot4(const int* q, const uint4& v, int acc) {
-  acc = __dp4a(q[0], static_cast<int>(v.x), acc);
-  acc = __dp4a(q[1], static_cast<int>(v.y), acc);
-  acc = __dp4a(q[2], static_cast<int>(v.z), acc);
-  return __dp4a(q[3], static_cast<int>(v.w), acc);
-}
-// dot4 with q's bytes unsigned (0..255) and v's signed.
-__device__ __forceinline__ int dp4a_us(int q, uint32_t v, int acc) {
-  int d;
-  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(q), "r"(v), "r"(acc));
-  return d;
-}
-__device__ __forceinline__ int dot4_us(const int* q, const uint4& v, int acc) {
-  acc = dp4a_us(q[0], v.x, acc);
-  acc = dp4a_us(q[1], v.y, acc);
-  acc = dp4a_us(q[2], v.z, acc);
-  return dp4a_us(q[3], v.w, acc);
+  const uint32_t x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (kUnsignedQ) {
+      int d;
+      asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(q[i]), "r"(x[i]), "r"(acc));
+      acc = d;
+    } else {
+      acc = __dp4a(q[i], static_cast<int>(x[i]), acc);
+    }
+  }
+  return acc;
 }
 
 // K4 decodes its scales by the hardware conversion (qblocks::fp16_bits_hw): qblocks::fp16_to_f32's branches were
@@ -200,7 +198,7 @@ struct K4 {
     const unsigned group = 0xfu << (lane & 28);
     const int sl = dot4(k.lo + 4, x.lo[1], dot4(k.lo, x.lo[0], 0));
     const int sh = kHigh ? dot4(k.hi + 4, x.hi[1], dot4(k.hi, x.hi[0], 0))
-                         : dot4_us(k.hi + 4, x.hi[1], dot4_us(k.hi, x.hi[0], 0)) >> 4;
+                         : dot4<true>(k.hi + 4, x.hi[1], dot4<true>(k.hi, x.hi[0], 0)) >> 4;
     const float t0 = __fmaf_rn(k.ds0, static_cast<float>(sl), -__fmul_rn(k.ms0, x.s0));
     const float t1 = __fmaf_rn(k.ds1, static_cast<float>(sh), -__fmul_rn(k.ms1, x.s1));
     const float v = __fmaf_rn(x.d.y, t1, __fmul_rn(x.d.x, t0));
