@@ -6,6 +6,7 @@
 
 #include <cuda_fp16.h>
 
+#include "base/checked_math.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/quantize_q8.cuh"
 #include "ops/cuda/warp_reduce.cuh"
@@ -65,19 +66,11 @@ __global__ void rms_norm_warp_kernel(float* x, int64_t xs, const float* delta, c
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
     const int64_t i = lane + 32 * k;
-    if constexpr (kGate) {
-      if (32 * k >= dim) break;
-      const float o = i < dim ? __fmul_rn(w != nullptr ? __fmul_rn(__fmul_rn(v[k], scale), wv[k]) : __fmul_rn(v[k], scale),
-                                          silu_f(dv[k]))
-                              : 0.0f;
-      if (i < dim) yr[i] = o;
-      if (q8.on()) quantize_q8_block(o, lane, (r * dim + 32 * k) / 32, q8);
-    } else {
-      if (q8.on() && 32 * k >= dim) break;
-      const float o = w != nullptr ? __fmul_rn(__fmul_rn(v[k], scale), wv[k]) : __fmul_rn(v[k], scale);
-      if (i < dim) yr[i] = o;
-      if (q8.on()) quantize_q8_block(o, lane, (r * dim + 32 * k) / 32, q8);
-    }
+    if ((kGate || q8.on()) && 32 * k >= dim) break;
+    float o = w != nullptr ? __fmul_rn(__fmul_rn(v[k], scale), wv[k]) : __fmul_rn(v[k], scale);
+    if constexpr (kGate) o = i < dim ? __fmul_rn(o, silu_f(dv[k])) : 0.0f;
+    if (i < dim) yr[i] = o;
+    if (q8.on()) quantize_q8_block(o, lane, (r * dim + 32 * k) / 32, q8);
   }
 }
 
@@ -348,7 +341,7 @@ cudaError_t launch_rms_norm(float* x, int64_t x_stride, const float* delta, cons
                             int64_t dim, float* y, int64_t y_stride, cudaStream_t stream, const Q8Out& q8 = Q8Out{}) {
   if (n < 0 || dim < 0 || x_stride < dim || y_stride < dim) return cudaErrorInvalidValue;
   if (q8.on() && (!rms_norm_q8_supported(dim) || y_stride != dim || q8.xd == nullptr || q8.xs == nullptr ||
-                  reinterpret_cast<uintptr_t>(q8.xq) % 16 != 0))
+                  !is_aligned(q8.xq, 16)))
     return cudaErrorInvalidValue;
   if (n == 0 || dim == 0) return cudaSuccess;
   if (x == nullptr || y == nullptr) return cudaErrorInvalidValue;
