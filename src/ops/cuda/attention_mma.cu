@@ -6,10 +6,11 @@
 // key splits), the row blocks in reverse so that a causal call's longest blocks start first.
 // Q (times scale * log2(e), so that scores come out in base-2 units) is staged once as f16 in shared memory.
 // Per tile of BN keys (64; 32 at head_dim 256):
-//   1. K and V rows of the next tile: float4 loads from the chunk table into registers, converted to f16
-//      (round to nearest) and stored to the other half of a double buffer once this tile no longer needs
-//      the registers (head_dim 128: both at the end of the tile; 64, 256: K after step 2, V after step 4);
-//      rows are padded by 16 bytes so ldmatrix's eight 16-byte row reads hit distinct banks;
+//   1. K and V rows of the next tile into the other half of a double buffer. fp16 KV: cp.async from the chunk
+//      table, waited for at the end of the tile (no registers held: two blocks an SM at head_dim 128). fp32
+//      KV: float4 loads into registers, converted to f16 (round to nearest) and stored once this tile no
+//      longer needs the registers (head_dim 128: both at the end of the tile; 64, 256: K after step 2, V
+//      after step 4). Rows are padded by 16 bytes so ldmatrix's eight 16-byte row reads hit distinct banks;
 //   2. S = Q K^T: mma.sync m16n8k16 (f16 inputs, f32 accumulators), A fragments of Q and B fragments of K
 //      by ldmatrix;
 //   3. masked to -inf where a tile crosses the causal diagonal, the window or the key range; online softmax
@@ -28,6 +29,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/attention_internal.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/mma_f16.cuh"
@@ -56,8 +58,18 @@ struct Shape {
   static constexpr int kRowStep = kThreads / kC4;  // rows a pass of the block covers
   static_assert(kThreads % kC4 == 0 && BN % kRowStep == 0);
   static constexpr int kLoads = BN / kRowStep;  // float4 per thread per K (or V) tile
-  static constexpr int kMinBlocks = HD <= 64 ? 2 : 1;
+  static constexpr int kC8 = HD / 8;                 // 16-byte f16 columns of a row (fp16 KV's cp.async)
+  static constexpr int kRowStep8 = kThreads / kC8;
+  static_assert(kThreads % kC8 == 0 && BN % kRowStep8 == 0);
+  static constexpr int kCopies = BN / kRowStep8;  // cp.async per thread per K (or V) tile
 };
+
+// Blocks an SM: fp16 KV at head_dim 128 stages its tiles by cp.async, which holds no registers, so two blocks
+// fit at 128 registers a thread.
+template <int HD, bool F16>
+constexpr int min_blocks() {
+  return HD <= 64 || (HD == 128 && F16) ? 2 : 1;
+}
 
 __device__ __forceinline__ float4 ldg_nc4(const float* ptr) {
   float4 v;
@@ -115,8 +127,26 @@ __device__ __forceinline__ void store_tile(__half* buf, const Staged<F16> (&st)[
   }
 }
 
+// fp16 KV: keys [j0, j0 + BN) (zeros at and past ke) of one KV head copied into a [BN][LD] buffer by cp.async,
+// in the thread's current commit group.
+template <int HD, int BN>
+__device__ __forceinline__ void copy_tile(const Params& p, const float* const* chunks, int kvh, int j0, int ke,
+                                          __half* buf) {
+  using S = Shape<HD, BN>;
+  const int c8 = threadIdx.x % S::kC8, t0 = threadIdx.x / S::kC8;
+#pragma unroll
+  for (int k = 0; k < S::kCopies; ++k) {
+    const int t = t0 + k * S::kRowStep8, j = j0 + t;
+    const bool in = j < ke;
+    const int jj = in ? j : j0;  // a valid address when nothing is read
+    const int c = p.chunk_shift >= 0 ? jj >> p.chunk_shift : jj / p.chunk_tokens;
+    const int64_t off = (static_cast<int64_t>(jj - c * p.chunk_tokens) * p.n_kv_heads + kvh) * HD + 8 * c8;
+    cp_async16_zfill(buf + t * S::LD + 8 * c8, reinterpret_cast<const __half*>(chunks[c]) + off, in);
+  }
+}
+
 template <int HD, int BN, bool F16>
-__global__ void __launch_bounds__(kThreads, Shape<HD, BN>::kMinBlocks) attn_mma_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, min_blocks<HD, F16>()) attn_mma_kernel(const Params p) {
   using S = Shape<HD, BN>;
   extern __shared__ uint4 smem_u4[];
   __half* smem = reinterpret_cast<__half*>(smem_u4);
@@ -156,13 +186,22 @@ __global__ void __launch_bounds__(kThreads, Shape<HD, BN>::kMinBlocks) attn_mma_
     }
     *reinterpret_cast<uint2*>(Qs + r * S::LD + 4 * c4) = make_uint2(pack_half2(v.x, v.y), pack_half2(v.z, v.w));
   }
-  Staged<F16> st[S::kLoads];                      // K's next tile (or K's, then V's)
-  Staged<F16> stv[S::kLoadBoth ? S::kLoads : 1];  // V's next tile (kLoadBoth)
+  // fp32 KV: the next tile through registers (converted to f16 on the way); fp16 KV: cp.async, no registers.
+  constexpr int kStaged = F16 ? 1 : S::kLoads;
+  Staged<F16> st[kStaged];                                  // K's next tile (or K's, then V's)
+  Staged<F16> stv[S::kLoadBoth && !F16 ? S::kLoads : 1];  // V's next tile (kLoadBoth)
   if (n_tiles > 0) {
-    load_tile<HD, BN, F16>(p, p.k_chunks, kvh, kb, ke, st);
-    store_tile<HD, BN, F16>(smem + S::kK, st);
-    load_tile<HD, BN, F16>(p, p.v_chunks, kvh, kb, ke, st);
-    store_tile<HD, BN, F16>(smem + S::kV, st);
+    if constexpr (F16) {
+      copy_tile<HD, BN>(p, p.k_chunks, kvh, kb, ke, smem + S::kK);
+      copy_tile<HD, BN>(p, p.v_chunks, kvh, kb, ke, smem + S::kV);
+      cp_async_commit();
+      cp_async_wait<0>();
+    } else {
+      load_tile<HD, BN, F16>(p, p.k_chunks, kvh, kb, ke, st);
+      store_tile<HD, BN, F16>(smem + S::kK, st);
+      load_tile<HD, BN, F16>(p, p.v_chunks, kvh, kb, ke, st);
+      store_tile<HD, BN, F16>(smem + S::kV, st);
+    }
   }
   __syncthreads();
 
@@ -194,7 +233,13 @@ __global__ void __launch_bounds__(kThreads, Shape<HD, BN>::kMinBlocks) attn_mma_
     const bool more = t + 1 < n_tiles;
     const uint32_t kbuf = sbase + 2u * static_cast<uint32_t>(S::kK + buf * BN * S::LD);
     const uint32_t vbuf = sbase + 2u * static_cast<uint32_t>(S::kV + buf * BN * S::LD);
-    if (more) {
+    if constexpr (F16) {
+      if (more) {
+        copy_tile<HD, BN>(p, p.k_chunks, kvh, j0 + BN, ke, smem + S::kK + (buf ^ 1) * BN * S::LD);
+        copy_tile<HD, BN>(p, p.v_chunks, kvh, j0 + BN, ke, smem + S::kV + (buf ^ 1) * BN * S::LD);
+      }
+      cp_async_commit();
+    } else if (more) {
       load_tile<HD, BN, F16>(p, p.k_chunks, kvh, j0 + BN, ke, st);
       if constexpr (S::kLoadBoth) load_tile<HD, BN, F16>(p, p.v_chunks, kvh, j0 + BN, ke, stv);
     }
@@ -202,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, Shape<HD, BN>::kMinBlocks) attn_mma_
     // 2. S = Q K^T.
     float s[BN / 8][4];
     qk_tile<HD, BN>(s, q_addr, kbuf + k_off, S::LD);
-    if constexpr (!S::kLoadBoth) {
+    if constexpr (!S::kLoadBoth && !F16) {
       if (more) {
         store_tile<HD, BN, F16>(smem + S::kK + (buf ^ 1) * BN * S::LD, st);
         load_tile<HD, BN, F16>(p, p.v_chunks, kvh, j0 + BN, ke, st);
@@ -228,7 +273,9 @@ __global__ void __launch_bounds__(kThreads, Shape<HD, BN>::kMinBlocks) attn_mma_
 
     // 4. O += P V.
     pv_tile<HD, BN>(s, o, vbuf + v_off, S::LD);
-    if (more) {
+    if constexpr (F16) {
+      cp_async_wait<0>();
+    } else if (more) {
       if constexpr (S::kLoadBoth) {
         store_tile<HD, BN, F16>(smem + S::kK + (buf ^ 1) * BN * S::LD, st);
         store_tile<HD, BN, F16>(smem + S::kV + (buf ^ 1) * BN * S::LD, stv);
