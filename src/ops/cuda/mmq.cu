@@ -699,32 +699,34 @@ int tiles_a_warp(bool q4, int64_t n, int64_t rows) {
   return q4 && n > 24 && rows >= 16384 && (g_variant & 4) == 0 ? 2 : 1;
 }
 
-template <typename B>
-cudaError_t launch(const Args& a, int tiles, unsigned grid, cudaStream_t stream) {
-  if constexpr (std::is_same_v<B, Q4K<true>> || std::is_same_v<B, Q4K<false>> ||
-                std::is_same_v<B, Q4K<true, true>> || std::is_same_v<B, Q4K<false, true>>) {
-    if (a.pp == 2) {  // mmq(): split 8, one tile a warp, 4 warps a tile summing two parts each
-      if (a.n <= 8) mmq_kernel<B, 1, 3, 1, 2><<<grid, kThreads, 0, stream>>>(a);
-      else if (a.n <= 16) mmq_kernel<B, 2, 2, 1, 2><<<grid, kThreads, 0, stream>>>(a);
-      else if (a.n <= 24) mmq_kernel<B, 3, 2, 1, 2><<<grid, kThreads, 0, stream>>>(a);
-      else mmq_kernel<B, 4, 2, 1, 2><<<grid, kThreads, 0, stream>>>(a);
-      return cudaGetLastError();
-    }
-  }
+// One ladder by token count, for one part a warp (PP 1) or two (PP 2: mmq()'s split 8 on q4_K/q5_K, 4 warps a
+// tile). Two row tiles a warp (tiles_a_warp) only for q4_K at one part a warp.
+template <typename B, int PP>
+cudaError_t launch_pp(const Args& a, int tiles, unsigned grid, cudaStream_t stream) {
+  constexpr bool kTwoTiles = PP == 1 && (std::is_same_v<B, Q4K<true>> || std::is_same_v<B, Q4K<false>>);
   if (a.n <= 8) {
-    if (g_variant & 1) mmq_kernel<B, 1, 3, 1><<<grid, kThreads, 0, stream>>>(a);
-    else mmq_kernel<B, 1, 2, 1><<<grid, kThreads, 0, stream>>>(a);
+    if (g_variant & 1) mmq_kernel<B, 1, 3, 1, PP><<<grid, kThreads, 0, stream>>>(a);
+    else mmq_kernel<B, 1, 2, 1, PP><<<grid, kThreads, 0, stream>>>(a);
   } else if (a.n <= 16) {
-    mmq_kernel<B, 2, 2, 1><<<grid, kThreads, 0, stream>>>(a);
+    mmq_kernel<B, 2, 2, 1, PP><<<grid, kThreads, 0, stream>>>(a);
   } else if (a.n <= 24) {
-    mmq_kernel<B, 3, 2, 1><<<grid, kThreads, 0, stream>>>(a);
-  } else if constexpr (!std::is_same_v<B, Q4K<true>> && !std::is_same_v<B, Q4K<false>>) {  // one tile a warp
-    mmq_kernel<B, 4, 2, 1><<<grid, kThreads, 0, stream>>>(a);
+    mmq_kernel<B, 3, 2, 1, PP><<<grid, kThreads, 0, stream>>>(a);
+  } else if (kTwoTiles && tiles == 2) {
+    if constexpr (kTwoTiles) mmq_kernel<B, 4, 1, 2><<<grid, kThreads, 0, stream>>>(a);
   } else {
-    if (tiles == 2) mmq_kernel<B, 4, 1, 2><<<grid, kThreads, 0, stream>>>(a);
-    else mmq_kernel<B, 4, 2, 1><<<grid, kThreads, 0, stream>>>(a);
+    mmq_kernel<B, 4, 2, 1, PP><<<grid, kThreads, 0, stream>>>(a);
   }
   return cudaGetLastError();
+}
+
+template <typename B>
+cudaError_t launch(const Args& a, int tiles, unsigned grid, cudaStream_t stream) {
+  constexpr bool kParts = std::is_same_v<B, Q4K<true>> || std::is_same_v<B, Q4K<false>> ||
+                          std::is_same_v<B, Q4K<true, true>> || std::is_same_v<B, Q4K<false, true>>;
+  if constexpr (kParts) {
+    if (a.pp == 2) return launch_pp<B, 2>(a, tiles, grid, stream);
+  }
+  return launch_pp<B, 1>(a, tiles, grid, stream);
 }
 
 }  // namespace
