@@ -40,9 +40,10 @@ using test::kNanPoison;
 
 
 // Shapes: realistic heads (dk = dv = 128, the float4 path; Hv = 2 Hk and 3 Hk), small and odd dims (the
-// scalar path, partial row tiles), dk = 256.
-const cpu::DeltaNetShape kShapes[] = {
-    {2, 4, 128, 128}, {1, 3, 128, 128}, {2, 6, 16, 24}, {3, 3, 40, 7}, {1, 2, 100, 33}, {1, 2, 256, 64}};
+// scalar path, partial row tiles), dk = 256, and dv over 128 (the chunked prep's V in two slabs, float4 and
+// scalar).
+const cpu::DeltaNetShape kShapes[] = {{2, 4, 128, 128}, {1, 3, 128, 128}, {2, 6, 16, 24}, {3, 3, 40, 7},
+                                      {1, 2, 100, 33},  {1, 2, 256, 64},  {1, 2, 32, 160}, {2, 2, 24, 130}};
 const int64_t kLengths[] = {1, 5, 16, 63, 64, 65, 300};
 
 std::string describe(const cpu::DeltaNetShape& s, int64_t n, float g_lo) {
