@@ -368,7 +368,9 @@ constexpr int prep_qv_width() {  // the prep tile that holds Q, then V slabs
 
 template <int KP>
 size_t prep_smem_bytes() {
-  return sizeof(double) * kC + sizeof(float) * (2 * kC + kC * KP + kC * prep_qv_width<KP>() + 2 * kC * kC + 3 * 16 * 32);
+  // gam; beta, beta e^gam; K; Q / V slabs; A, T; the three warps' sum_m A_sm T_mc
+  return sizeof(double) * kC +
+         sizeof(float) * (2 * kC + kC * KP + kC * prep_qv_width<KP>() + 2 * kC * kC + 3 * 16 * 32);
 }
 
 template <int KP>
