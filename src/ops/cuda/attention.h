@@ -14,7 +14,7 @@
 //   prefill (n_q > 32, kCausal with or without a window, or kFull): attn_mma_kernel (attention_mma.cu),
 //     FlashAttention-2 style: a block takes 128 rows = (query, head-of-the-group) pairs of one KV head (so a
 //     K/V tile in shared memory serves every query head of the group), 16 a warp; K/V tiles of 64 keys (32
-//     at hd 256) converted to f16 while staged; S = Q K^T and O += P V by mma.sync m16n8k16 (f16 inputs,
+//     at hd 256), fp32 KV converted to f16 while staged, fp16 KV copied by cp.async; S = Q K^T and O += P V by mma.sync m16n8k16 (f16 inputs,
 //     f32 accumulators), online softmax in f32. Within f16 rounding of the reference (attention_test
 //     states the bound). attention_internal.h's kSimt runs these calls on the float32 kernel instead (a
 //     64-row launch of attn_kernel in attention.cu), as token-exact steps do.
