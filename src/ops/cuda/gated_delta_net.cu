@@ -324,6 +324,25 @@ __device__ __forceinline__ FragB frag_b_t(const float* T, int k0, int n0, int g,
   return f;
 }
 
+// x1 += A1 B and x2 += A2 B over k < kd (kd a multiple of 8, at most KP) for the 16 rows at m0 and NT 8-column
+// tiles at n0, the tiles holding A1 and A2 (kA, widths W1, W2) and B^T (kA, width WB): the prep's K K^T and Q K^T,
+// the scan's W S^T and Q S^T (one B fragment for both products).
+template <int NT, int KP, int W1, int W2, int WB>
+__device__ __forceinline__ void dual_products(float (&x1)[NT][4], float (&x2)[NT][4], const float* A1, const float* A2,
+                                              const float* Bt, int m0, int n0, int kd, int g, int t) {
+#pragma unroll
+  for (int k0 = 0; k0 < KP; k0 += 8) {
+    if (k0 >= kd) break;
+    const FragA a1 = frag_a<Swz::kA, W1>(A1, m0, k0, g, t), a2 = frag_a<Swz::kA, W2>(A2, m0, k0, g, t);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const FragB b = frag_b_t<Swz::kA, WB>(Bt, k0, n0 + 8 * nt, g, t);
+      mma3(x1[nt], a1, b);
+      mma3(x2[nt], a2, b);
+    }
+  }
+}
+
 // Element e of a thread's C fragment of the 16 x 8 tile at (m0, n0): row m0 + g (+ 8 for e >= 2), column
 // n0 + 2 t (+ 1 for odd e).
 __device__ __forceinline__ int frag_row(int m0, int g, int e) { return m0 + g + ((e >> 1) << 3); }
@@ -434,20 +453,7 @@ __global__ void __launch_bounds__(kChunkThreads, chunk_min_blocks<KP>())
   // positive.
   const int m0 = 16 * (warp & 3), nb = 32 * (warp >> 2);
   float kk[4][4] = {}, qk[4][4] = {};
-  if (nb <= m0 + 15) {
-    const int kd = (dk + 7) & ~7;
-#pragma unroll
-    for (int k0 = 0; k0 < KP; k0 += 8) {
-      if (k0 >= kd) break;
-      const FragA ka = frag_a<Swz::kA, KP>(Ks, m0, k0, gq, tq), qa = frag_a<Swz::kA, QW>(Qs, m0, k0, gq, tq);
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const FragB kb = frag_b_t<Swz::kA, KP>(Ks, k0, nb + 8 * nt, gq, tq);
-        mma3(kk[nt], ka, kb);
-        mma3(qk[nt], qa, kb);
-      }
-    }
-  }
+  if (nb <= m0 + 15) dual_products<4, KP, KP, QW, KP>(kk, qk, Ks, Qs, Ks, m0, nb, (dk + 7) & ~7, gq, tq);
   __syncthreads();  // gam; Q is read
   // The first slab of V into Q's tile, while A and T are built.
   const int64_t v_stride = int64_t(hv) * dv;
@@ -634,17 +640,7 @@ __global__ void __launch_bounds__(kChunkThreads, chunk_min_blocks<KP>())
     // W S^T and Q S^T: warp w takes tokens 16 (w % 4) .. and state rows 16 (w / 4) .. (two tiles of 8).
     const int m0 = 16 * (warp & 3), n0 = 16 * (warp >> 2);
     float wst[2][4] = {}, qst[2][4] = {};
-#pragma unroll
-    for (int k0 = 0; k0 < KP; k0 += 8) {
-      if (k0 >= kd) break;
-      const FragA wa = frag_a<Swz::kA, KP>(Xs, m0, k0, gq, tq), qa = frag_a<Swz::kA, KP>(Qs, m0, k0, gq, tq);
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const FragB sb = frag_b_t<Swz::kA, KP>(Ss, k0, n0 + 8 * nt, gq, tq);
-        mma3(wst[nt], wa, sb);
-        mma3(qst[nt], qa, sb);
-      }
-    }
+    dual_products<2, KP, KP, KP, KP>(wst, qst, Xs, Qs, Ss, m0, n0, kd, gq, tq);
     // D = U - W S^T (zero past L and past the tile's rows)
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
