@@ -27,7 +27,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/attention_internal.h"
@@ -79,51 +78,44 @@ __device__ __forceinline__ float4 ldg_nc4(const float* ptr) {
   return v;
 }
 
-__device__ __forceinline__ uint2 ldg_nc2(const void* ptr) {
-  uint2 v;
-  asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(ptr));
-  return v;
+// Chunk-table offset (elements) of column col of key j's row for KV head kvh; c: the key's chunk.
+template <int HD>
+__device__ __forceinline__ int64_t kv_offset(const Params& p, int j, int kvh, int col, int& c) {
+  c = p.chunk_shift >= 0 ? j >> p.chunk_shift : j / p.chunk_tokens;
+  return (static_cast<int64_t>(j - c * p.chunk_tokens) * p.n_kv_heads + kvh) * HD + col;
 }
 
-// Four K/V elements as loaded: float32 (converted to f16 when stored) or fp16 (stored as they are). The
-// loads are volatile asm so that they stay where they are issued, ahead of the tile's arithmetic, and the
-// registers are not touched before store_tile.
-template <bool F16>
-using Staged = std::conditional_t<F16, uint2, float4>;
-
-// This thread's four-element groups of keys [j0, j0 + BN) (zeros at and past ke) of one KV head.
-template <int HD, int BN, bool F16>
+// fp32 KV: this thread's four-element groups of keys [j0, j0 + BN) (zeros at and past ke) of one KV head, into
+// registers. The loads are volatile asm so that they stay where they are issued, ahead of the tile's
+// arithmetic, and the registers are not touched before store_tile.
+template <int HD, int BN>
 __device__ __forceinline__ void load_tile(const Params& p, const float* const* chunks, int kvh, int j0, int ke,
-                                          Staged<F16> (&st)[Shape<HD, BN>::kLoads]) {
+                                          float4 (&st)[Shape<HD, BN>::kLoads]) {
   using S = Shape<HD, BN>;
   const int c4 = threadIdx.x % S::kC4, t0 = threadIdx.x / S::kC4;
 #pragma unroll
   for (int k = 0; k < S::kLoads; ++k) {
     const int j = j0 + t0 + k * S::kRowStep;
     if (j < ke) {
-      const int c = p.chunk_shift >= 0 ? j >> p.chunk_shift : j / p.chunk_tokens;
-      const int64_t off = (static_cast<int64_t>(j - c * p.chunk_tokens) * p.n_kv_heads + kvh) * HD + 4 * c4;
-      if constexpr (F16) st[k] = ldg_nc2(reinterpret_cast<const __half*>(chunks[c]) + off);
-      else st[k] = ldg_nc4(chunks[c] + off);
+      int c;
+      const int64_t off = kv_offset<HD>(p, j, kvh, 4 * c4, c);
+      st[k] = ldg_nc4(chunks[c] + off);
     } else {
-      if constexpr (F16) st[k] = make_uint2(0u, 0u);
-      else st[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+      st[k] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
 }
 
-// The registers of load_tile, as f16, to a [BN][LD] buffer.
-template <int HD, int BN, bool F16>
-__device__ __forceinline__ void store_tile(__half* buf, const Staged<F16> (&st)[Shape<HD, BN>::kLoads]) {
+// The registers of load_tile, rounded to f16, to a [BN][LD] buffer.
+template <int HD, int BN>
+__device__ __forceinline__ void store_tile(__half* buf, const float4 (&st)[Shape<HD, BN>::kLoads]) {
   using S = Shape<HD, BN>;
   const int c4 = threadIdx.x % S::kC4, t0 = threadIdx.x / S::kC4;
 #pragma unroll
   for (int k = 0; k < S::kLoads; ++k) {
     const int t = t0 + k * S::kRowStep;
-    uint2 h;
-    if constexpr (F16) h = st[k];
-    else h = make_uint2(pack_half2(st[k].x, st[k].y), pack_half2(st[k].z, st[k].w));
-    *reinterpret_cast<uint2*>(buf + t * S::LD + 4 * c4) = h;
+    *reinterpret_cast<uint2*>(buf + t * S::LD + 4 * c4) =
+        make_uint2(pack_half2(st[k].x, st[k].y), pack_half2(st[k].z, st[k].w));
   }
 }
 
@@ -138,9 +130,8 @@ __device__ __forceinline__ void copy_tile(const Params& p, const float* const* c
   for (int k = 0; k < S::kCopies; ++k) {
     const int t = t0 + k * S::kRowStep8, j = j0 + t;
     const bool in = j < ke;
-    const int jj = in ? j : j0;  // a valid address when nothing is read
-    const int c = p.chunk_shift >= 0 ? jj >> p.chunk_shift : jj / p.chunk_tokens;
-    const int64_t off = (static_cast<int64_t>(jj - c * p.chunk_tokens) * p.n_kv_heads + kvh) * HD + 8 * c8;
+    int c;
+    const int64_t off = kv_offset<HD>(p, in ? j : j0, kvh, 8 * c8, c);  // j0: a valid address when nothing is read
     cp_async16_zfill(buf + t * S::LD + 8 * c8, reinterpret_cast<const __half*>(chunks[c]) + off, in);
   }
 }
@@ -187,9 +178,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<HD, F16>()) attn_mma_kern
     *reinterpret_cast<uint2*>(Qs + r * S::LD + 4 * c4) = make_uint2(pack_half2(v.x, v.y), pack_half2(v.z, v.w));
   }
   // fp32 KV: the next tile through registers (converted to f16 on the way); fp16 KV: cp.async, no registers.
-  constexpr int kStaged = F16 ? 1 : S::kLoads;
-  Staged<F16> st[kStaged];                                  // K's next tile (or K's, then V's)
-  Staged<F16> stv[S::kLoadBoth && !F16 ? S::kLoads : 1];  // V's next tile (kLoadBoth)
+  float4 st[F16 ? 1 : S::kLoads];                       // K's next tile (or K's, then V's)
+  float4 stv[S::kLoadBoth && !F16 ? S::kLoads : 1];  // V's next tile (kLoadBoth)
   if (n_tiles > 0) {
     if constexpr (F16) {
       copy_tile<HD, BN>(p, p.k_chunks, kvh, kb, ke, smem + S::kK);
@@ -197,10 +187,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks<HD, F16>()) attn_mma_kern
       cp_async_commit();
       cp_async_wait<0>();
     } else {
-      load_tile<HD, BN, F16>(p, p.k_chunks, kvh, kb, ke, st);
-      store_tile<HD, BN, F16>(smem + S::kK, st);
-      load_tile<HD, BN, F16>(p, p.v_chunks, kvh, kb, ke, st);
-      store_tile<HD, BN, F16>(smem + S::kV, st);
+      load_tile<HD, BN>(p, p.k_chunks, kvh, kb, ke, st);
+      store_tile<HD, BN>(smem + S::kK, st);
+      load_tile<HD, BN>(p, p.v_chunks, kvh, kb, ke, st);
+      store_tile<HD, BN>(smem + S::kV, st);
     }
   }
   __syncthreads();
@@ -240,8 +230,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<HD, F16>()) attn_mma_kern
       }
       cp_async_commit();
     } else if (more) {
-      load_tile<HD, BN, F16>(p, p.k_chunks, kvh, j0 + BN, ke, st);
-      if constexpr (S::kLoadBoth) load_tile<HD, BN, F16>(p, p.v_chunks, kvh, j0 + BN, ke, stv);
+      load_tile<HD, BN>(p, p.k_chunks, kvh, j0 + BN, ke, st);
+      if constexpr (S::kLoadBoth) load_tile<HD, BN>(p, p.v_chunks, kvh, j0 + BN, ke, stv);
     }
 
     // 2. S = Q K^T.
@@ -249,8 +239,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<HD, F16>()) attn_mma_kern
     qk_tile<HD, BN>(s, q_addr, kbuf + k_off, S::LD);
     if constexpr (!S::kLoadBoth && !F16) {
       if (more) {
-        store_tile<HD, BN, F16>(smem + S::kK + (buf ^ 1) * BN * S::LD, st);
-        load_tile<HD, BN, F16>(p, p.v_chunks, kvh, j0 + BN, ke, st);
+        store_tile<HD, BN>(smem + S::kK + (buf ^ 1) * BN * S::LD, st);
+        load_tile<HD, BN>(p, p.v_chunks, kvh, j0 + BN, ke, st);
       }
     }
 
@@ -277,10 +267,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks<HD, F16>()) attn_mma_kern
       cp_async_wait<0>();
     } else if (more) {
       if constexpr (S::kLoadBoth) {
-        store_tile<HD, BN, F16>(smem + S::kK + (buf ^ 1) * BN * S::LD, st);
-        store_tile<HD, BN, F16>(smem + S::kV + (buf ^ 1) * BN * S::LD, stv);
+        store_tile<HD, BN>(smem + S::kK + (buf ^ 1) * BN * S::LD, st);
+        store_tile<HD, BN>(smem + S::kV + (buf ^ 1) * BN * S::LD, stv);
       } else {
-        store_tile<HD, BN, F16>(smem + S::kV + (buf ^ 1) * BN * S::LD, st);
+        store_tile<HD, BN>(smem + S::kV + (buf ^ 1) * BN * S::LD, st);
       }
     }
     __syncthreads();
