@@ -1,10 +1,11 @@
 // bench_cuda_attention: device attention (ops/cuda/attention.h).
 //
-//   bench_cuda_attention [--quick] [--no-old] [--sizes 512,4096,...] [--kv f32|f16]
+//   bench_cuda_attention [--quick] [--no-old] [--old simt|mma-sync] [--sizes 512,4096,...] [--kv f32|f16]
 //   bench_cuda_attention --decode [--sizes ...] [--tuning] [--shape S] [--kv f32|f16] [--nq 1|16|23|33]
 //
 // Prefill (default): causal prefill attention, the tensor-core kernel that attention() runs for n_q > 32
-// beside the float32 kernel that ran those calls before it (attention_internal.h: AttnPrefillKernel::kSimt).
+// beside the float32 kernel that ran those calls before it (attention_internal.h: AttnPrefillKernel::kSimt), or
+// (--old mma-sync) beside the mma.sync kernel (kMmaSync: on Hopper with fp16 K/V, the kernel wgmma replaced).
 // Shapes: Qwen3-8B (32 query heads, 8 KV heads, head_dim 128) and Qwen3.5-27B's attention layers (24 / 4,
 // head_dim 256); n_q = n_keys = n (a prompt's prefill from an empty cache), n in 512, 4096, 16384, 32768
 // (--quick: 4096; --sizes: a comma-separated list). K/V in 64-token chunks of one buffer, as KvStore keeps
@@ -166,12 +167,16 @@ void decode_table(const std::vector<int64_t>& sizes, bool tuning) {
 int main(int argc, char** argv) {
   using dflash::cuda::AttnPrefillKernel;
   bool with_old = true, decode = false, tuning = false, f16 = false, sizes_given = false;
+  AttnPrefillKernel old_kernel = AttnPrefillKernel::kSimt;
   std::vector<int64_t> sizes = {512, 4096, 16384, 32768};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       sizes = {4096};
     } else if (std::strcmp(argv[i], "--no-old") == 0) {
       with_old = false;
+    } else if (std::strcmp(argv[i], "--old") == 0 && i + 1 < argc &&
+               (std::strcmp(argv[i + 1], "simt") == 0 || std::strcmp(argv[i + 1], "mma-sync") == 0)) {
+      old_kernel = std::strcmp(argv[++i], "simt") == 0 ? AttnPrefillKernel::kSimt : AttnPrefillKernel::kMmaSync;
     } else if (std::strcmp(argv[i], "--decode") == 0) {
       decode = true;
     } else if (std::strcmp(argv[i], "--shape") == 0 && i + 1 < argc) {
@@ -199,7 +204,8 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--no-old] [--sizes 512,4096,...] [--kv f32|f16] [--shape qwen3-8b|qwen3.5-27b]\n"
+                   "usage: %s [--quick] [--no-old] [--old simt|mma-sync] [--sizes 512,4096,...] [--kv f32|f16]\n"
+                   "          [--shape qwen3-8b|qwen3.5-27b]\n"
                    "       %s --decode [--sizes ...] [--tuning] [--shape ...] [--kv f32|f16] [--nq 1|16|23|33]\n",
                    argv[0], argv[0]);
       return 2;
@@ -228,7 +234,7 @@ int main(int argc, char** argv) {
       dflash::cuda::DeviceAttnMask mask;  // causal, no prefix
       const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
       const size_t ws_new = dflash::cuda::attention_workspace_bytes_with(AttnPrefillKernel::kTensorCore, n, s.nh, kv, mask);
-      const size_t ws_old = dflash::cuda::attention_workspace_bytes_with(AttnPrefillKernel::kSimt, n, s.nh, kv, mask);
+      const size_t ws_old = dflash::cuda::attention_workspace_bytes_with(old_kernel, n, s.nh, kv, mask);
       void* ws = nullptr;
       if (std::max(ws_new, ws_old) > 0) CHECK(cudaMalloc(&ws, std::max(ws_new, ws_old)));
       auto run = [&](AttnPrefillKernel kernel, float* out, size_t ws_bytes) {
@@ -246,7 +252,7 @@ int main(int argc, char** argv) {
         CHECK(cudaEventCreate(&a));
         CHECK(cudaEventCreate(&b));
         CHECK(cudaEventRecord(a));
-        run(AttnPrefillKernel::kSimt, out_old, ws_old);
+        run(old_kernel, out_old, ws_old);
         CHECK(cudaEventRecord(b));
         CHECK(cudaEventSynchronize(b));
         float first = 0;
@@ -254,7 +260,7 @@ int main(int argc, char** argv) {
         cudaEventDestroy(a);
         cudaEventDestroy(b);
         const int runs = std::clamp(static_cast<int>(2000.0f / std::max(first, 1e-3f)), 1, 10);
-        const float old_ms = bench::median_ms([&] { run(AttnPrefillKernel::kSimt, out_old, ws_old); }, runs, 1);
+        const float old_ms = bench::median_ms([&] { run(old_kernel, out_old, ws_old); }, runs, 1);
         std::snprintf(old_ms_s, sizeof old_ms_s, "%.3f", old_ms);
         std::snprintf(old_tf_s, sizeof old_tf_s, "%.1f", flops / (old_ms * 1e-3) / 1e12);
         std::snprintf(speed_s, sizeof speed_s, "%.1fx", old_ms / new_ms);

@@ -9,7 +9,7 @@ if(NOT DFLASH_CUDA STREQUAL "OFF")
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
-      set(CMAKE_CUDA_ARCHITECTURES "80;86;89;90" CACHE STRING "CUDA architectures" FORCE)
+      set(CMAKE_CUDA_ARCHITECTURES "80;86;89;90a-real;90-virtual" CACHE STRING "CUDA architectures" FORCE)
     endif()
     enable_language(CUDA)
     # CMake 3.25 does not know nvcc 13's C++20 dialect flag; tell it.

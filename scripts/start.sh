@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DFLASH_SKIP_NPM=1 scripts/setup-debian.sh  # the test oracles (npm) are not needed to serve
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${DFLASH_CUDA_ARCHS:-90}" >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${DFLASH_CUDA_ARCHS:-90a}" >/dev/null
 cmake --build build -j"$(nproc)" --target dflash
 cat <<'MSG'
 == dflash serve: the bundled default model (models/, docs/default-model.md). Try:

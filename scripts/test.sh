@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 scripts/setup-debian.sh
 
 JOBS=$(nproc)
-CUDA_ARCHS=${DFLASH_CUDA_ARCHS:-90}   # one architecture keeps the CI build short; releases build 80;86;89;90
+CUDA_ARCHS=${DFLASH_CUDA_ARCHS:-90a}  # one architecture keeps the CI build short; releases build 80;86;89;90a-real;90-virtual
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/dflash-ccache}
 
 # Fuzz targets (clang, libFuzzer + ASan/UBSan) first, so ctest below can run them for a short while.

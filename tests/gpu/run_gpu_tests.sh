@@ -7,7 +7,7 @@
 #
 # 1. Dev machine (nvcc 13, the Debian deps; no GPU needed), from the repository root:
 #        tests/gpu/run_gpu_tests.sh bundle
-#    configures and builds build-gpu/ (CMAKE_CUDA_ARCHITECTURES=90, Release) and writes
+#    configures and builds build-gpu/ (CMAKE_CUDA_ARCHITECTURES=90a, Release) and writes
 #    build-gpu/bundle/{bin,lib,lib-cxx} (a few MiB): the tests plus `dflash` and bench_cuda_matmul for
 #    benchmarks (run them as LD_LIBRARY_PATH=bundle/lib:/usr/local/cuda/lib64 bundle/bin/dflash ...).
 #    Override the build dir with DFLASH_GPU_BUILD=dir.
@@ -41,7 +41,7 @@ non_glibc_libs() {
 
 cmd_bundle() {
   command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] || { echo "bundle: no nvcc" >&2; exit 1; }
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a >/dev/null
   ninja -C "$build" -j"${JOBS:-2}" "${tests[@]}" dflash bench_cuda_matmul bench_cuda_attention bench_cuda_mmq
   rm -rf "$bundle"
   mkdir -p "$bundle/bin" "$bundle/lib" "$bundle/lib-cxx"

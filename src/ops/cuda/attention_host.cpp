@@ -11,7 +11,7 @@ static_assert(static_cast<int32_t>(cpu::MaskKind::kCausal) == static_cast<int32_
 
 Status attention_checked(const float* q, int64_t n_q, int64_t n_heads, const DeviceKvView& kv,
                          const DeviceAttnMask& mask, float scale, float* out, void* workspace,
-                         size_t workspace_bytes, cudaStream_t stream, bool tensor_cores) {
+                         size_t workspace_bytes, cudaStream_t stream, AttnPrefillKernel kernel) {
   if (n_q < 0) return invalid_argument("GPU attention: negative query count {}", n_q);
   if (!attention_head_dim_supported(kv.head_dim))
     return unsupported("GPU attention: head_dim {} is not supported (64, 128 or 256)", kv.head_dim);
@@ -29,7 +29,6 @@ Status attention_checked(const float* q, int64_t n_q, int64_t n_heads, const Dev
     return invalid_argument("GPU attention: null KV chunk table for {} tokens", kv.n_tokens);
   if (mask.kind == AttnMaskKind::kTree && mask.parents == nullptr)
     return invalid_argument("GPU attention: a tree mask needs the parents of its {} queries", n_q);
-  const AttnPrefillKernel kernel = tensor_cores ? AttnPrefillKernel::kTensorCore : AttnPrefillKernel::kSimt;
   const cudaError_t err =
       attention_with(kernel, q, n_q, n_heads, kv, mask, scale, out, workspace, workspace_bytes, stream);
   if (err != cudaSuccess)
@@ -39,9 +38,8 @@ Status attention_checked(const float* q, int64_t n_q, int64_t n_heads, const Dev
 }
 
 size_t attention_workspace_bytes_for(int64_t n_q, int64_t n_heads, const DeviceKvView& kv, const DeviceAttnMask& mask,
-                                     bool tensor_cores) {
-  return attention_workspace_bytes_with(tensor_cores ? AttnPrefillKernel::kTensorCore : AttnPrefillKernel::kSimt, n_q,
-                                        n_heads, kv, mask);
+                                     AttnPrefillKernel kernel) {
+  return attention_workspace_bytes_with(kernel, n_q, n_heads, kv, mask);
 }
 
 }  // namespace dflash::cuda

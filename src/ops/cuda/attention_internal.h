@@ -14,12 +14,14 @@
 namespace dflash::cuda {
 
 // The kernel of prefill-shaped calls (n_q > 32 with a kCausal or kFull mask; attention.h):
-//   kTensorCore: attn_mma_kernel (attention_mma.cu), f16 tensor-core inputs, f32 softmax and accumulators
-//                (what attention() runs);
+//   kTensorCore: f16 tensor-core inputs, f32 softmax and accumulators (what attention() runs): on fp16 K/V where
+//                attn_mma::wgmma_available(), attn_wgmma_kernel (attention_wgmma.cu); else attn_mma_kernel
+//                (attention_mma.cu, mma.sync);
+//   kMmaSync:    attn_mma_kernel for every K/V type and GPU (its tests and benchmarks on Hopper);
 //   kSimt:       the f32 kernel attn_kernel in its 64-row prefill launch (what attention() ran before the
-//                tensor-core kernel; float32 throughout).
+//                tensor-core kernels; float32 throughout).
 // Every other call shape (decode, path mode, trees of more than 128 nodes) runs the same launch either way.
-enum class AttnPrefillKernel : int32_t { kTensorCore = 0, kSimt = 1 };
+enum class AttnPrefillKernel : int32_t { kTensorCore = 0, kSimt = 1, kMmaSync = 2 };
 
 size_t attention_workspace_bytes_with(AttnPrefillKernel kernel, int64_t n_q, int64_t n_heads, const DeviceKvView& kv,
                                       const DeviceAttnMask& mask);
@@ -126,6 +128,14 @@ inline int blocks_per_sm(int64_t head_dim) { return head_dim <= 64 ? 2 : 1; }
 
 // Enqueues the kernel (head_dim 64, 128 or 256); the caller merges split partials.
 cudaError_t launch(const Params& p, int head_dim, cudaStream_t stream);
+
+// The same call on Hopper's warpgroup MMA (attention_wgmma.cu): fp16 K/V only, head_dim 64, 128 or 256, tiles of
+// kWgmmaKeysPerTile keys, wgmma_blocks_per_sm blocks an SM. Where wgmma_available(): the binary has sm_90a code
+// (built with 90a in CMAKE_CUDA_ARCHITECTURES) and the device is compute capability 9.0.
+constexpr int kWgmmaKeysPerTile = 64;
+constexpr int wgmma_blocks_per_sm(int64_t head_dim) { return head_dim <= 128 ? 2 : 1; }
+bool wgmma_available();
+cudaError_t launch_wgmma(const Params& p, int head_dim, cudaStream_t stream);
 
 }  // namespace attn_mma
 }  // namespace dflash::cuda

@@ -30,6 +30,7 @@
 
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/attention_internal.h"
+#include "ops/cuda/attention_prefill.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/mma_f16.cuh"
 
@@ -145,22 +146,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks<HD, F16>()) attn_mma_kern
   __half* Qs = smem + S::kQ;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int kvh = blockIdx.y, split = blockIdx.z;
-  const int rb = p.row_blocks - 1 - static_cast<int>(blockIdx.x);
-  const int group = p.group;
-  const int row0 = rb * S::BM;  // rows of this KV head: n_q * group < 2^31 (planner)
-  const int row_end = min(row0 + S::BM, p.n_q * group);
-  const int i_lo = row0 / group, i_hi = (row_end - 1) / group;
-
-  // Keys of this block: the split's range, cut to the last query's causal horizon and the first query's
-  // window.
-  int kb = split * p.keys_per_split;
-  int ke = min(p.n_tokens, kb + p.keys_per_split);
-  if (p.causal) {
-    ke = min(ke, p.n_prefix + i_hi + 1);
-    if (p.window > 0) kb = max(kb, p.n_prefix + i_lo - p.window + 1);
-  }
-  const int n_tiles = ke > kb ? (ke - kb + BN - 1) / BN : 0;
+  const BlockRows r = block_rows<BN>(p);
+  const int kvh = r.kvh, group = p.group, row0 = r.row0, row_end = r.row_end, kb = r.kb, ke = r.ke;
+  const int n_tiles = r.n_tiles;
 
   // Q rows * scale * log2(e) -> f16 in shared memory (zeros past row_end): scores come out in base-2 units.
   for (int e = tid; e < S::BM * S::kC4; e += kThreads) {
@@ -245,20 +233,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<HD, F16>()) attn_mma_kern
     }
 
     // 3. Mask, online softmax.
-    const bool edge = j0 + BN > ke || (p.causal && (j0 + BN - 1 > p.n_prefix + i_lo ||
-                                                    (p.window > 0 && j0 <= p.n_prefix + i_hi - p.window)));
-    if (edge) {
-#pragma unroll
-      for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = j0 + n * 8 + 2 * qc + (e & 1);
-          const int i = e < 2 ? ia : ib;
-          bool vis = j < ke;
-          if (p.causal) vis = vis && j <= p.n_prefix + i && (p.window <= 0 || p.n_prefix + i - j < p.window);
-          if (!vis) s[n][e] = -INFINITY;
-        }
-    }
+    mask_tile<BN>(p, r, j0, ia, ib, qc, s);
     online_softmax<HD, BN>(s, m_a, m_b, l_a, l_b, o);
 
     // 4. O += P V.
@@ -276,28 +251,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<HD, F16>()) attn_mma_kern
     __syncthreads();
   }
 
-  // Epilogue: the row sums over the quad, then O / l or the split's partials.
-#pragma unroll
-  for (int w = 1; w <= 2; w <<= 1) {
-    l_a += __shfl_xor_sync(0xffffffffu, l_a, w);
-    l_b += __shfl_xor_sync(0xffffffffu, l_b, w);
-  }
-  const int64_t n_rows = static_cast<int64_t>(p.n_q) * p.n_heads;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int g = row0 + ra + 8 * half;
-    if (g >= row_end) continue;
-    const int64_t i = g / group, h = static_cast<int64_t>(kvh) * group + g % group;
-    const int64_t row = i * p.n_heads + h;
-    float ov[HD / 8][2];  // the row's columns
-#pragma unroll
-    for (int d = 0; d < HD / 8; ++d) {
-      ov[d][0] = o[d][2 * half];
-      ov[d][1] = o[d][2 * half + 1];
-    }
-    store_row<HD>(ov, half ? m_b : m_a, half ? l_b : l_a, row, qc, split, p.n_splits, n_rows, p.out, p.part_acc,
-                  p.part_ml);
-  }
+  finish_rows<HD>(p, r, ra, qc, o, m_a, m_b, l_a, l_b);
 }
 
 template <int HD, int BN, bool F16>

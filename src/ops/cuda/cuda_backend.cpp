@@ -671,10 +671,11 @@ Status CudaBackend::attention(const float* q, int64_t n_q, int64_t n_heads, cons
   }
   // Prefill-shaped calls on the f16 tensor cores, unless steps must compute as decode does (token-exact
   // verify steps, or tensor-core prefill turned off).
-  const bool tensor_cores = tensor_core_prefill_ && !token_exact_;
-  const size_t ws_bytes = cuda::attention_workspace_bytes_for(n_q, n_heads, dkv, dmask, tensor_cores);
+  const cuda::AttnPrefillKernel kernel = tensor_core_prefill_ && !token_exact_ ? cuda::AttnPrefillKernel::kTensorCore
+                                                                              : cuda::AttnPrefillKernel::kSimt;
+  const size_t ws_bytes = cuda::attention_workspace_bytes_for(n_q, n_heads, dkv, dmask, kernel);
   DF_ASSIGN_OR_RETURN(void* ws, reserve(workspace_, ws_bytes));
-  return cuda::attention_checked(q, n_q, n_heads, dkv, dmask, scale, out, ws, ws_bytes, stream_, tensor_cores);
+  return cuda::attention_checked(q, n_q, n_heads, dkv, dmask, scale, out, ws, ws_bytes, stream_, kernel);
 }
 
 // The frequencies as the CPU forms them (std::pow on the host), uploaded once per shape.

@@ -20,6 +20,8 @@
 //     scale_mul 4 cases).
 //     Short contexts (n_prefix 0, 17; windows of 1..129 keys) keep a masking error (a key seen or missed
 //     wrongly moves a weight by 1/keys) far above it. The same call must also give the same bits twice.
+//     The prefill cases run on float32 K/V (attention_mma.cu's kernel), on fp16 K/V (attention_wgmma.cu's on
+//     Hopper, with the same roundings) and, where the two differ, on fp16 K/V forced to attention_mma.cu's.
 #include "ops/cuda/attention.h"
 
 #include <cuda_runtime.h>
@@ -87,13 +89,14 @@ struct Case {
   int64_t window = 0;       // kCausal: sliding window (0: none)
   bool f16_kv = false;      // K/V chunks in fp16 on the device (the reference reads the same values in f32)
   bool path_tc = false;     // DeviceAttnMask::path_tensor_cores (fp16 KV path mode on the tensor cores)
+  cuda::AttnPrefillKernel prefill = cuda::AttnPrefillKernel::kTensorCore;  // kMmaSync: mma.sync on Hopper too
   std::string name() const {
     const char* k = kind == cpu::MaskKind::kCausal ? "causal" : (kind == cpu::MaskKind::kTree ? "tree" : "full");
     return std::string(k) + (window > 0 ? " window=" + std::to_string(window) : std::string()) + " hd=" + std::to_string(hd) + " nh=" + std::to_string(nh) + " nkv=" +
            std::to_string(nkv) + " n_q=" + std::to_string(n_q) + " n_prefix=" + std::to_string(n_prefix) +
            " scale_mul=" + std::to_string(scale_mul) + (workspace ? "" : " no-workspace") +
            (extra_keys ? " extra=" + std::to_string(extra_keys) : "") + (f16_kv ? " f16-kv" : "") +
-           (path_tc ? " path-tc" : "");
+           (path_tc ? " path-tc" : "") + (prefill == cuda::AttnPrefillKernel::kMmaSync ? " mma-sync" : "");
   }
 };
 
@@ -201,10 +204,10 @@ class AttentionTest : public ::testing::Test {
     ASSERT_NE(dq, nullptr);
     ASSERT_NE(dout, nullptr);
     DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dout), q.size(), kNaN));
-    const size_t ws_bytes = c.workspace ? cuda::attention_workspace_bytes(c.n_q, c.nh, dkv, dmask) : 0;
+    const size_t ws_bytes = c.workspace ? cuda::attention_workspace_bytes_for(c.n_q, c.nh, dkv, dmask, c.prefill) : 0;
     void* ws = ws_bytes ? arena.alloc<uint8_t>(ws_bytes) : nullptr;
     if (ws_bytes) DF_ASSERT_CUDA(cuda::fill_u32(static_cast<uint32_t*>(ws), ws_bytes / 4, kNaN));
-    const Status st = cuda::attention_checked(dq, c.n_q, c.nh, dkv, dmask, scale, dout, ws, ws_bytes);
+    const Status st = cuda::attention_checked(dq, c.n_q, c.nh, dkv, dmask, scale, dout, ws, ws_bytes, nullptr, c.prefill);
     ASSERT_TRUE(st.ok()) << st.message();
     DF_ASSERT_CUDA(cudaDeviceSynchronize());
     std::vector<float> got(q.size());
@@ -234,7 +237,8 @@ class AttentionTest : public ::testing::Test {
       // Deterministic: the same call again gives the same bits.
       DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dout), q.size(), kNaN));
       if (ws_bytes) DF_ASSERT_CUDA(cuda::fill_u32(static_cast<uint32_t*>(ws), ws_bytes / 4, kNaN));
-      const Status st2 = cuda::attention_checked(dq, c.n_q, c.nh, dkv, dmask, scale, dout, ws, ws_bytes);
+      const Status st2 =
+          cuda::attention_checked(dq, c.n_q, c.nh, dkv, dmask, scale, dout, ws, ws_bytes, nullptr, c.prefill);
       ASSERT_TRUE(st2.ok()) << st2.message();
       std::vector<float> got2(q.size());
       DF_ASSERT_CUDA(cudaMemcpy(got2.data(), dout, sizeof(float) * got2.size(), cudaMemcpyDeviceToHost));
@@ -261,6 +265,19 @@ class AttentionTest : public ::testing::Test {
     EXPECT_EQ(bad, 0) << c.name() << ": " << bad << " of " << got.size() << " differ (tolerance " << tol
                       << "); " << seed_note();
     (f16 ? worst_f16_ : worst_) = std::max(f16 ? worst_f16_ : worst_, worst);
+  }
+
+  // A prefill-shaped case on float32 K/V (attn_mma_kernel), on fp16 K/V (attn_wgmma_kernel where
+  // wgmma_available(), else attn_mma_kernel), and on fp16 K/V forced to attn_mma_kernel where they differ.
+  void run_each_prefill_kernel(Case c) {
+    c.f16_kv = false;
+    run_case(c);
+    c.f16_kv = true;
+    run_case(c);
+    if (cuda::attn_mma::wgmma_available()) {
+      c.prefill = cuda::AttnPrefillKernel::kMmaSync;
+      run_case(c);
+    }
   }
 
   void print_worst(const char* what) const {
@@ -387,7 +404,7 @@ TEST_F(AttentionTest, TensorCorePrefillMatchesCpu) {
           if (k % 7 == 5) c.workspace = false;
           ++k;
           ASSERT_TRUE(tensor_core_path(c));
-          run_case(c);
+          run_each_prefill_kernel(c);
           if (HasFatalFailure()) return;
         }
   print_worst("tensor-core prefill");
@@ -398,13 +415,13 @@ TEST_F(AttentionTest, TensorCorePrefillMatchesCpu) {
 TEST_F(AttentionTest, TensorCorePrefillSplitK) {
   SCOPED_TRACE(seed_note());
   for (int64_t hd : {64, 128, 256}) {
-    run_case({hd, 8, 1, 40, 6000, cpu::MaskKind::kCausal});
+    run_each_prefill_kernel({hd, 8, 1, 40, 6000, cpu::MaskKind::kCausal});
     Case w{hd, 4, 2, 64, 5000, cpu::MaskKind::kCausal};
     w.window = 300;
-    run_case(w);
+    run_each_prefill_kernel(w);
     Case f{hd, 6, 2, 50, 3000, cpu::MaskKind::kFull};
     f.extra_keys = 11;
-    run_case(f);
+    run_each_prefill_kernel(f);
     if (HasFatalFailure()) return;
   }
   print_worst("tensor-core split-K");
