@@ -71,21 +71,6 @@ constexpr int min_blocks() {
   return HD <= 64 || (HD == 128 && F16) ? 2 : 1;
 }
 
-__device__ __forceinline__ float4 ldg_nc4(const float* ptr) {
-  float4 v;
-  asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "l"(ptr));
-  return v;
-}
-
-// Chunk-table offset (elements) of column col of key j's row for KV head kvh; c: the key's chunk.
-template <int HD>
-__device__ __forceinline__ int64_t kv_offset(const Params& p, int j, int kvh, int col, int& c) {
-  c = p.chunk_shift >= 0 ? j >> p.chunk_shift : j / p.chunk_tokens;
-  return (static_cast<int64_t>(j - c * p.chunk_tokens) * p.n_kv_heads + kvh) * HD + col;
-}
-
 // fp32 KV: this thread's four-element groups of keys [j0, j0 + BN) (zeros at and past ke) of one KV head, into
 // registers. The loads are volatile asm so that they stay where they are issued, ahead of the tile's
 // arithmetic, and the registers are not touched before store_tile.
@@ -150,20 +135,11 @@ __global__ void __launch_bounds__(kThreads, min_blocks<HD, F16>()) attn_mma_kern
   const int kvh = r.kvh, group = p.group, row0 = r.row0, row_end = r.row_end, kb = r.kb, ke = r.ke;
   const int n_tiles = r.n_tiles;
 
-  // Q rows * scale * log2(e) -> f16 in shared memory (zeros past row_end): scores come out in base-2 units.
+  // Q rows * scale * log2(e) -> f16 in shared memory.
   for (int e = tid; e < S::BM * S::kC4; e += kThreads) {
-    const int r = e / S::kC4, c4 = e % S::kC4;
-    const int g = row0 + r;
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (g < row_end) {
-      const int64_t i = g / group, h = static_cast<int64_t>(kvh) * group + g % group;
-      v = ldg_nc4(p.q + (i * p.n_heads + h) * HD + 4 * c4);
-      v.x *= p.scale_log2;
-      v.y *= p.scale_log2;
-      v.z *= p.scale_log2;
-      v.w *= p.scale_log2;
-    }
-    *reinterpret_cast<uint2*>(Qs + r * S::LD + 4 * c4) = make_uint2(pack_half2(v.x, v.y), pack_half2(v.z, v.w));
+    const int row = e / S::kC4, c4 = e % S::kC4;
+    const float4 v = scaled_q4<HD>(p, r, row, c4);
+    *reinterpret_cast<uint2*>(Qs + row * S::LD + 4 * c4) = make_uint2(pack_half2(v.x, v.y), pack_half2(v.z, v.w));
   }
   // fp32 KV: the next tile through registers (converted to f16 on the way); fp16 KV: cp.async, no registers.
   float4 st[F16 ? 1 : S::kLoads];                       // K's next tile (or K's, then V's)

@@ -1,5 +1,6 @@
 // What the two prefill kernels of attention.h share (attention_mma.cu's mma.sync one and attention_wgmma.cu's
-// wgmma one, attention_internal.h's Params): a block's rows and key range, the mask of a tile, and the epilogue.
+// wgmma one, attention_internal.h's Params): a block's rows and key range, its scaled Q, a key's place in the
+// chunk table, the mask of a tile, and the epilogue.
 // Rows are (query, head-of-group) pairs of one KV head, query-major, kRowsPerBlock of them a block; a thread holds
 // rows a and b (the C fragments' g and g + 8 of its warp's 16), the 4 threads of a quad share a row.
 //
@@ -38,6 +39,36 @@ __device__ __forceinline__ BlockRows block_rows(const Params& p) {
   }
   r.n_tiles = r.ke > r.kb ? (r.ke - r.kb + BN - 1) / BN : 0;
   return r;
+}
+
+__device__ __forceinline__ float4 ldg_nc4(const float* ptr) {
+  float4 v;
+  asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "l"(ptr));
+  return v;
+}
+
+// Columns [4 c4, 4 c4 + 4) of the block's Q row `row` times scale * log2(e), so that scores come out in base-2
+// units (zeros past row_end).
+template <int HD>
+__device__ __forceinline__ float4 scaled_q4(const Params& p, const BlockRows& r, int row, int c4) {
+  const int g = r.row0 + row;
+  if (g >= r.row_end) return make_float4(0.f, 0.f, 0.f, 0.f);
+  const int64_t i = g / p.group, h = static_cast<int64_t>(r.kvh) * p.group + g % p.group;
+  float4 v = ldg_nc4(p.q + (i * p.n_heads + h) * HD + 4 * c4);
+  v.x *= p.scale_log2;
+  v.y *= p.scale_log2;
+  v.z *= p.scale_log2;
+  v.w *= p.scale_log2;
+  return v;
+}
+
+// Chunk-table offset (elements) of column col of key j's row for KV head kvh; c: the key's chunk.
+template <int HD>
+__device__ __forceinline__ int64_t kv_offset(const Params& p, int j, int kvh, int col, int& c) {
+  c = p.chunk_shift >= 0 ? j >> p.chunk_shift : j / p.chunk_tokens;
+  return (static_cast<int64_t>(j - c * p.chunk_tokens) * p.n_kv_heads + kvh) * HD + col;
 }
 
 // Keys of tile j0 a row may not see to -inf (the tile crosses the key range's end, the causal diagonal or the

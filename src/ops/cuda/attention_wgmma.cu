@@ -39,16 +39,16 @@ constexpr int kThreads = 256;
 constexpr int BM = kRowsPerBlock;
 constexpr int BN = kWgmmaKeysPerTile;
 static_assert(BM == 128 && BN % 16 == 0);
+constexpr uint32_t kQBlock = BM * 128;   // bytes of one 64-column block of Q
+constexpr uint32_t kKvBlock = BN * 128;  // ... of a K or V tile
 
 // Shared memory of a block: Q, then two buffers each of K and V tiles.
 template <int HD>
 struct Layout {
   static_assert(HD % 64 == 0);
-  static constexpr int kBlocks = HD / 64;                 // 64-column blocks of a row
-  static constexpr uint32_t kQBlock = BM * 128;           // bytes of one column block of Q
-  static constexpr uint32_t kKvBlock = BN * 128;          // ... of a K or V tile
+  static constexpr int kBlocks = HD / 64;  // 64-column blocks of a row
   static constexpr uint32_t kKvTile = kBlocks * kKvBlock;
-  static constexpr uint32_t kQ = 0;                       // byte offsets from the 1024-aligned base
+  static constexpr uint32_t kQ = 0;  // byte offsets from the 1024-aligned base
   static constexpr uint32_t kK = kQ + kBlocks * kQBlock;
   static constexpr uint32_t kV = kK + 2 * kKvTile;
   static constexpr uint32_t kEnd = kV + 2 * kKvTile;
@@ -69,30 +69,19 @@ __device__ __forceinline__ void copy_tile(const Params& p, const float* const* c
     const int t = e / (HD / 8), c8 = e % (HD / 8);  // key t of the tile, 16-byte column c8
     const int j = j0 + t;
     const bool in = j < ke;
-    const int jj = in ? j : j0;  // a valid address when nothing is read
-    const int c = p.chunk_shift >= 0 ? jj >> p.chunk_shift : jj / p.chunk_tokens;
-    const int64_t off = (static_cast<int64_t>(jj - c * p.chunk_tokens) * p.n_kv_heads + kvh) * HD + 8 * c8;
-    cp_async16_zfill(dst + (c8 >> 3) * (BN * 128) + wgmma::swizzled_offset(t, 8 * (c8 & 7)),
+    int c;
+    const int64_t off = kv_offset<HD>(p, in ? j : j0, kvh, 8 * c8, c);  // j0: a valid address when nothing is read
+    cp_async16_zfill(dst + (c8 >> 3) * kKvBlock + wgmma::swizzled_offset(t, 8 * (c8 & 7)),
                      reinterpret_cast<const __half*>(chunks[c]) + off, in);
   }
 }
 
-// Q rows * scale * log2(e) -> f16, swizzled (zeros past row_end).
+// Q rows * scale * log2(e) -> f16, swizzled.
 template <int HD>
 __device__ __forceinline__ void stage_q(const Params& p, const BlockRows& r, uint8_t* qs) {
-  constexpr uint32_t kQBlock = BM * 128;
   for (int e = threadIdx.x; e < BM * HD / 4; e += kThreads) {
     const int row = e / (HD / 4), c4 = e % (HD / 4);
-    const int g = r.row0 + row;
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (g < r.row_end) {
-      const int64_t i = g / p.group, h = static_cast<int64_t>(r.kvh) * p.group + g % p.group;
-      v = __ldg(reinterpret_cast<const float4*>(p.q + (i * p.n_heads + h) * HD) + c4);
-      v.x *= p.scale_log2;
-      v.y *= p.scale_log2;
-      v.z *= p.scale_log2;
-      v.w *= p.scale_log2;
-    }
+    const float4 v = scaled_q4<HD>(p, r, row, c4);
     const int k = 4 * c4;
     *reinterpret_cast<uint2*>(qs + (k >> 6) * kQBlock + wgmma::swizzled_offset(row, k & 63)) =
         make_uint2(pack_half2(v.x, v.y), pack_half2(v.z, v.w));
@@ -105,8 +94,8 @@ __device__ __forceinline__ void issue_qk(float (&s)[BN / 8][4], uint32_t q_addr,
 #pragma unroll
   for (int k = 0; k < HD / 16; ++k) {
     const uint32_t col = static_cast<uint32_t>(k & 3) * 32u;  // k16 step within the column block
-    wgmma::mma_ss_f16<BN>(s, wgmma::desc_k128(q_addr + (k >> 2) * (BM * 128) + col),
-                          wgmma::desc_k128(k_tile + (k >> 2) * (BN * 128) + col), k > 0);
+    wgmma::mma_ss_f16<BN>(s, wgmma::desc_k128(q_addr + (k >> 2) * kQBlock + col),
+                          wgmma::desc_k128(k_tile + (k >> 2) * kKvBlock + col), k > 0);
   }
 }
 
@@ -125,7 +114,7 @@ __device__ __forceinline__ void p_fragments(const float (&s)[BN / 8][4], uint32_
 template <int HD>
 __device__ __forceinline__ void issue_pv(float (&o)[HD / 8][4], const uint32_t (&pa)[BN / 16][4], uint32_t v_tile) {
 #pragma unroll
-  for (int k = 0; k < BN / 16; ++k) wgmma::mma_rs_f16<HD>(o, pa[k], wgmma::desc(v_tile + k * 2048u, BN * 128), 1);
+  for (int k = 0; k < BN / 16; ++k) wgmma::mma_rs_f16<HD>(o, pa[k], wgmma::desc(v_tile + k * 2048u, kKvBlock), 1);
 }
 
 template <int HD>

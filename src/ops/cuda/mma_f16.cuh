@@ -71,11 +71,9 @@ __device__ __forceinline__ void qk_tile(float (&s)[BN / 8][4], uint32_t q_addr, 
 // summed over the quad at the end), and s becomes p = 2^(s - m_new). A row that has seen no key keeps
 // m = -inf (every p and its correction are 0); the correction is exactly 1 when a row's max does not move, so a
 // tile a row sees none of leaves its (m, l, O) as they were, bit for bit.
-// softmax_weights is all of it but O's correction, returned in corr_a and corr_b (for a kernel that rescales O
-// once its products are done).
-template <int BN>
-__device__ __forceinline__ void softmax_weights(float (&s)[BN / 8][4], float& m_a, float& m_b, float& l_a, float& l_b,
-                                                float& corr_a, float& corr_b) {
+template <int HD, int BN>
+__device__ __forceinline__ void online_softmax(float (&s)[BN / 8][4], float& m_a, float& m_b, float& l_a, float& l_b,
+                                               float (&o)[HD / 8][4]) {
   float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
   for (int n = 0; n < BN / 8; ++n) {
@@ -89,8 +87,8 @@ __device__ __forceinline__ void softmax_weights(float (&s)[BN / 8][4], float& m_
   }
   const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
   const float base_a = mn_a == -INFINITY ? 0.0f : mn_a, base_b = mn_b == -INFINITY ? 0.0f : mn_b;
-  corr_a = m_a == mn_a ? 1.0f : fast_exp2(m_a - base_a);
-  corr_b = m_b == mn_b ? 1.0f : fast_exp2(m_b - base_b);
+  const float corr_a = m_a == mn_a ? 1.0f : fast_exp2(m_a - base_a);
+  const float corr_b = m_b == mn_b ? 1.0f : fast_exp2(m_b - base_b);
   m_a = mn_a;
   m_b = mn_b;
   float sum_a = 0.0f, sum_b = 0.0f;
@@ -105,10 +103,6 @@ __device__ __forceinline__ void softmax_weights(float (&s)[BN / 8][4], float& m_
   }
   l_a = l_a * corr_a + sum_a;
   l_b = l_b * corr_b + sum_b;
-}
-
-template <int HD>
-__device__ __forceinline__ void rescale_rows(float (&o)[HD / 8][4], float corr_a, float corr_b) {
 #pragma unroll
   for (int d = 0; d < HD / 8; ++d) {
     o[d][0] *= corr_a;
@@ -116,14 +110,6 @@ __device__ __forceinline__ void rescale_rows(float (&o)[HD / 8][4], float corr_a
     o[d][2] *= corr_b;
     o[d][3] *= corr_b;
   }
-}
-
-template <int HD, int BN>
-__device__ __forceinline__ void online_softmax(float (&s)[BN / 8][4], float& m_a, float& m_b, float& l_a, float& l_b,
-                                               float (&o)[HD / 8][4]) {
-  float corr_a, corr_b;
-  softmax_weights<BN>(s, m_a, m_b, l_a, l_b, corr_a, corr_b);
-  rescale_rows<HD>(o, corr_a, corr_b);
 }
 
 // O += P V: P rounded to f16 straight from the S accumulators (the C layout of two n8 tiles is the A layout of
