@@ -333,7 +333,9 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
   const auto greedy = [](std::span<const float> l) {
     return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
   };
-  // Plain: prefill, then one recorded decode step a token. Run twice (the first records the step graph).
+  // Plain: prefill, then one recorded decode step a token. Run twice, timing the second: the first loads kernels
+  // and picks GEMM algorithms. Each run is a new sequence, so each records its own step graphs (recordings are
+  // kept per sequence), on both sides of the comparison.
   std::vector<int32_t> plain;
   double plain_s = 0;
   for (int rep = 0; rep < 2; ++rep) {
