@@ -37,9 +37,4 @@ Status attention_checked(const float* q, int64_t n_q, int64_t n_heads, const Dev
   return Status();
 }
 
-size_t attention_workspace_bytes_for(int64_t n_q, int64_t n_heads, const DeviceKvView& kv, const DeviceAttnMask& mask,
-                                     AttnPrefillKernel kernel) {
-  return attention_workspace_bytes_with(kernel, n_q, n_heads, kv, mask);
-}
-
 }  // namespace dflash::cuda

@@ -673,7 +673,7 @@ Status CudaBackend::attention(const float* q, int64_t n_q, int64_t n_heads, cons
   // verify steps, or tensor-core prefill turned off).
   const cuda::AttnPrefillKernel kernel = tensor_core_prefill_ && !token_exact_ ? cuda::AttnPrefillKernel::kTensorCore
                                                                               : cuda::AttnPrefillKernel::kSimt;
-  const size_t ws_bytes = cuda::attention_workspace_bytes_for(n_q, n_heads, dkv, dmask, kernel);
+  const size_t ws_bytes = cuda::attention_workspace_bytes_with(kernel, n_q, n_heads, dkv, dmask);
   DF_ASSIGN_OR_RETURN(void* ws, reserve(workspace_, ws_bytes));
   return cuda::attention_checked(q, n_q, n_heads, dkv, dmask, scale, out, ws, ws_bytes, stream_, kernel);
 }

@@ -204,7 +204,7 @@ class AttentionTest : public ::testing::Test {
     ASSERT_NE(dq, nullptr);
     ASSERT_NE(dout, nullptr);
     DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dout), q.size(), kNaN));
-    const size_t ws_bytes = c.workspace ? cuda::attention_workspace_bytes_for(c.n_q, c.nh, dkv, dmask, c.prefill) : 0;
+    const size_t ws_bytes = c.workspace ? cuda::attention_workspace_bytes_with(c.prefill, c.n_q, c.nh, dkv, dmask) : 0;
     void* ws = ws_bytes ? arena.alloc<uint8_t>(ws_bytes) : nullptr;
     if (ws_bytes) DF_ASSERT_CUDA(cuda::fill_u32(static_cast<uint32_t*>(ws), ws_bytes / 4, kNaN));
     const Status st = cuda::attention_checked(dq, c.n_q, c.nh, dkv, dmask, scale, dout, ws, ws_bytes, nullptr, c.prefill);
