@@ -1,6 +1,6 @@
 // Device attention over the chunked KV layout (kernels in attention.cu, attention_decode.cu,
-// attention_decode_mma.cu and attention_mma.cu); the math of cpu::attention (ops/cpu/ops.h), which is the
-// reference: same masks, GQA mapping, scale, "a query that sees no key gets zeros", a running max.
+// attention_decode_mma.cu, attention_mma.cu and attention_wgmma.cu); the math of cpu::attention (ops/cpu/ops.h),
+// which is the reference: same masks, GQA mapping, scale, "a query that sees no key gets zeros", a running max.
 // Decode-shaped calls are float32 throughout, except path mode on fp16 K/V with
 // DeviceAttnMask::path_tensor_cores; prefill-shaped calls run on the tensor cores with f16 inputs (below).
 //
@@ -14,10 +14,12 @@
 //   prefill (n_q > 32, kCausal with or without a window, or kFull): attn_mma_kernel (attention_mma.cu),
 //     FlashAttention-2 style: a block takes 128 rows = (query, head-of-the-group) pairs of one KV head (so a
 //     K/V tile in shared memory serves every query head of the group), 16 a warp; K/V tiles of 64 keys (32
-//     at hd 256), fp32 KV converted to f16 while staged, fp16 KV copied by cp.async; S = Q K^T and O += P V by mma.sync m16n8k16 (f16 inputs,
-//     f32 accumulators), online softmax in f32. Within f16 rounding of the reference (attention_test
-//     states the bound). attention_internal.h's kSimt runs these calls on the float32 kernel instead (a
-//     64-row launch of attn_kernel in attention.cu), as token-exact steps do.
+//     at hd 256), fp32 KV converted to f16 while staged, fp16 KV copied by cp.async; S = Q K^T and O += P V
+//     by mma.sync m16n8k16 (f16 inputs, f32 accumulators), online softmax in f32. On fp16 KV on a compute
+//     capability 9.0 GPU with sm_90a code, attn_wgmma_kernel (attention_wgmma.cu) instead: the same rows,
+//     masks, splits and roundings, the products on Hopper's warpgroup MMA. Within f16 rounding of the
+//     reference (attention_test states the bound). attention_internal.h's kSimt runs these calls on the
+//     float32 kernel instead (a 64-row launch of attn_kernel in attention.cu), as token-exact steps do.
 //   Path mode (a causal mask without a window and n_q <= 32 -- decode, chain verify --, or a tree of up
 //     to 128 nodes): the float32 decode kernel of attention_decode.cu, or on fp16 K/V with
 //     DeviceAttnMask::path_tensor_cores the tensor-core kernel of attention_decode_mma.cu (the same splits,
