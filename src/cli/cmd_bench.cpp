@@ -479,14 +479,17 @@ Status run_bench(const BenchOptions& opt) {
   const HandoffStats h0 = runner.handoff_stats();
   // The decode rate is the steady state's: the steps after the first, which on a device records the step's graph
   // (once a sequence: a server slot keeps its recordings across requests) and is reported apart, as the peer's
-  // warm-up steps are (llbench --tgwarm). With --gen-len 1 the one step is all there is.
+  // warm-up steps are (llbench --tgwarm). With --gen-len 1 the one step is all there is. Each token is the
+  // argmax reduced on the backend, as the server's plain greedy decoding takes it (Runner::greedy_token).
   const double t1 = now_s();
   double t_steady = t1;
   for (int64_t i = 0; i < opt.gen_len; ++i) {
     Step step;
     step.tokens = std::span<const int32_t>(&tokens.back(), 1);
+    step.logits_on_device = true;
     DF_ASSIGN_OR_RETURN(StepOutput o, runner.forward(state, step));
-    tokens.push_back(static_cast<int32_t>(std::max_element(o.logits.begin(), o.logits.end()) - o.logits.begin()));
+    DF_ASSIGN_OR_RETURN(const int32_t next, runner.greedy_token(o));
+    tokens.push_back(next);
     if (i == 0) t_steady = now_s();
   }
   const double t_end = now_s();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <numeric>
 
 namespace dflash {
@@ -85,7 +86,7 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
   const bool verify = step.capture_recurrent || tree;
   if (graphs_on_ && records_steps()) {
     const bool causal = step.mask == cpu::MaskKind::kCausal && step.positions.empty();
-    const bool plain_decode = n == 1 && causal && !step.capture_recurrent && !step.logits_on_device;
+    const bool plain_decode = n == 1 && causal && !step.capture_recurrent;
     const bool verify_shape = verify_graphs_on_ && verify && (tree || causal) && step.all_logits &&
                               step.logits_on_device && n <= kMaxRecordedVerify;
     if (plain_decode || verify_shape) {
@@ -130,6 +131,21 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
   }
   if (step.mask != cpu::MaskKind::kTree) state.set_n_past(state.n_past() + n);
   return out;
+}
+
+Result<int32_t> Runner::greedy_token(const StepOutput& out) {
+  const int64_t V = spec().vocab;
+  if (out.rows < 1 || out.device_logits.data() == nullptr || out.device_logits.size() < out.rows * V)
+    return invalid_argument("greedy_token: the step left no logits on the device (Step::logits_on_device)");
+  int32_t id = -1;
+  float best = 0;
+  DF_RETURN_IF_ERROR(
+      backend().top_k_rows(out.device_logits.data() + (out.rows - 1) * V, 1, V, 1, &id, &best, nullptr));
+  if (!(best < std::numeric_limits<float>::infinity()))
+    return invalid_argument("sampler: logit of token {} is {} (a numeric fault upstream)", id, best);
+  if (best == -std::numeric_limits<float>::infinity())
+    return invalid_argument("sampler: every token is masked (all {} logits are -inf)", V);
+  return id;
 }
 
 Runner::~Runner() {

@@ -85,12 +85,17 @@ class Runner {
   // n_past unchanged: the caller commits accepted nodes. Where every shard's backend records steps, two
   // shapes are recorded per sequence and replayed afterwards (one launch a shard instead of one per op),
   // their outputs those of the eager step: a plain one-token decode step (causal, default position, no
-  // recurrent capture; capture layers allowed), recorded at once; and a verify step (a chain with
+  // recurrent capture; capture layers and device logits allowed), recorded at once; and a verify step (a chain with
   // capture_recurrent or a tree, every row's logits left on the device, at most kMaxRecordedVerify tokens),
   // recorded the second time its shape comes (the first, eager, allocates what it needs). A replayed verify
   // step's device logits and features are the recording's own buffers: valid until the sequence's next step.
   Result<StepOutput> forward(SequenceState& state, const Step& step);
   static constexpr int64_t kMaxRecordedVerify = 32;
+  // The greedy token of `out`'s last logits row, left on the device (Step::logits_on_device): its argmax, ties
+  // to the lowest id (the sampler's greedy choice), reduced on the backend, so that one id crosses to the host
+  // instead of the row. Errors as the sampler's: the best logit +inf, or every logit -inf (a NaN counts as -inf
+  // here, as in Backend::top_k_rows).
+  Result<int32_t> greedy_token(const StepOutput& out);
   // Turns recorded steps off (or back on); on by default where the backend supports them. set_verify_graphs
   // turns off (or on) the recorded verify steps alone.
   void set_step_graphs(bool on) { graphs_on_ = on; }

@@ -162,6 +162,7 @@ Status Generation::start(SequenceState& state) {
   std::sort(exports_.begin(), exports_.end());
   exports_.erase(std::unique(exports_.begin(), exports_.end()), exports_.end());
   logits_.clear();
+  greedy_next_.reset();
   disk_writes_.clear();
   root_.reset();
   ar_left_ = judged_steps_ = judged_tokens_ = 0;
@@ -350,10 +351,10 @@ Result<bool> Generation::step() {
     if (root_) {  // drafting paused with a chosen root: evaluate it first
       const int32_t root = *root_;
       root_.reset();
-      DF_RETURN_IF_ERROR(evaluate(std::span<const int32_t>(&root, 1)));
+      DF_RETURN_IF_ERROR(evaluate(std::span<const int32_t>(&root, 1), argmax_only()));
     }
-    DF_ASSIGN_OR_RETURN(done, take_token(logits_));
-    if (!done) DF_RETURN_IF_ERROR(evaluate(std::span<const int32_t>(&history_.back(), 1)));
+    DF_ASSIGN_OR_RETURN(done, take_next());
+    if (!done) DF_RETURN_IF_ERROR(evaluate(std::span<const int32_t>(&history_.back(), 1), argmax_only()));
     if (draft_ != nullptr) {
       ++res_.ar_tokens;
       adapt(false, 1, ms_since(t_ar));
@@ -397,7 +398,17 @@ Result<bool> Generation::commit_token(int32_t next) {
   return res_.completion_tokens == req_.max_tokens;
 }
 
-Status Generation::evaluate(std::span<const int32_t> tokens) {
+Result<bool> Generation::take_next() {
+  if (!greedy_next_) return take_token(logits_);
+  const int32_t next = *greedy_next_;
+  greedy_next_.reset();
+  return commit_token(next);
+}
+
+bool Generation::argmax_only() const { return req_.sampling.plain_argmax() && !json_ && req_.top_logprobs < 0; }
+
+Status Generation::evaluate(std::span<const int32_t> tokens, bool greedy) {
+  greedy_next_.reset();
   if (ring_) {
     DF_ASSIGN_OR_RETURN(StepOutput out,
                         forward_capturing(*engine_.runner, *state_, *ring_, draft_->capture_layers(), tokens));
@@ -406,7 +417,14 @@ Status Generation::evaluate(std::span<const int32_t> tokens) {
   }
   Step step;
   step.tokens = tokens;
+  step.logits_on_device = greedy;
   DF_ASSIGN_OR_RETURN(StepOutput out, engine_.runner->forward(*state_, step));
+  if (greedy) {
+    logits_.clear();
+    DF_ASSIGN_OR_RETURN(const int32_t next, engine_.runner->greedy_token(out));
+    greedy_next_ = next;
+    return Status();
+  }
   logits_ = std::move(out.logits);
   return Status();
 }
@@ -419,7 +437,7 @@ Result<bool> Generation::speculative_decode(bool* ran) {
   if (!root_) {  // the block's root: chosen from the last evaluated logits as plain decoding would
     // Chosen from logits a plain step (or the prefill) left: a plain token, not one of a draft step.
     ++res_.ar_tokens;
-    DF_ASSIGN_OR_RETURN(bool done, take_token(logits_));
+    DF_ASSIGN_OR_RETURN(bool done, take_next());
     *ran = true;
     if (done) return true;
     root_ = history_.back();
@@ -431,7 +449,7 @@ Result<bool> Generation::speculative_decode(bool* ran) {
   if (model_ctx > 0) max_drafts = std::min(max_drafts, model_ctx - state_->n_past() - 1);
   if (max_drafts < 1) return false;  // the last token(s): one at a time
   // Plain greedy needs only each node's argmax (reduced on the device); anything else reads the node's row.
-  const bool argmax_only = req_.sampling.plain_argmax() && !json_ && req_.top_logprobs < 0;
+  const bool argmax_only = this->argmax_only();
   const ChooseFn choose = [this, argmax_only](NodeLogits& logits) -> Result<Choice> {
     bool done = false;
     if (argmax_only) {

@@ -198,7 +198,8 @@ class Generation {
   bool prefilling() const { return prefilled_ < static_cast<int64_t>(req_.prompt.size()); }
   // The cuts of this prompt's prefill (prefill_cuts; the last is the prompt's length).
   const std::vector<int64_t>& cuts() const { return cuts_; }
-  // [V] logits of the last evaluated token (after the prefill: what the first token is sampled from).
+  // [V] logits of the last evaluated token (after the prefill: what the first token is sampled from; empty after
+  // a decode step of an argmax-only request, whose token was reduced on the backend).
   const std::vector<float>& logits() const { return logits_; }
   const GenerationRequest& request() const { return req_; }
   const GenerationResult& result() const { return res_; }
@@ -222,11 +223,17 @@ class Generation {
   // Samples the next token from `logits` (the request's sampler, JSON constraint, logprobs), accounts for it
   // and emits its text; true when the generation ends with it (end of generation, stop string, budget).
   Result<bool> take_token(std::span<const float> logits);
+  // take_token of the last evaluated token: its device-reduced greedy choice where evaluate() took one, else
+  // take_token(logits_).
+  Result<bool> take_next();
+  // Plain greedy decoding (no bias, penalties, JSON constraint or logprobs): the next token is the argmax alone.
+  bool argmax_only() const;
   // Accounts for the chosen token `next` and emits its text (take_token's second half).
   Result<bool> commit_token(int32_t next);
   // One target forward of `tokens` after the state (features captured into ring_ when drafting); logits of
-  // the last token into logits_.
-  Status evaluate(std::span<const int32_t> tokens);
+  // the last token into logits_, or with `greedy` (a decode step of an argmax_only() request, not drafting)
+  // only their argmax into greedy_next_, reduced on the backend: one id crosses to the host, not the row.
+  Status evaluate(std::span<const int32_t> tokens, bool greedy = false);
   // A decode step with the draft (speculative_step), when it may run now; *ran = false otherwise.
   Result<bool> speculative_decode(bool* ran);
   // Updates the adaptive choice between drafting and plain decoding after a step of `tokens` in `ms`.
@@ -248,6 +255,7 @@ class Generation {
   std::vector<int32_t> eog_;
   std::vector<int32_t> history_;  // prompt + generated ids (the sampler's penalty window)
   std::vector<float> logits_;     // [V] of the last evaluated token: what the next token is sampled from
+  std::optional<int32_t> greedy_next_;  // instead of logits_ after a greedy evaluate(): their argmax
   int64_t prefilled_ = 0;         // prompt tokens evaluated (or restored) so far
   std::vector<int64_t> cuts_;     // prefill_cuts of the prompt
   size_t next_cut_ = 0;           // cuts_[next_cut_]: where the running segment ends

@@ -341,14 +341,17 @@ void CudaDFlash::verify_logits_equal_plain_decoding() {
 }
 
 // Plain decode steps that capture the draft's layers (a drafting request's fallback) are recorded and
-// replayed like any decode step: their logits and features equal the eager step's bit for bit.
+// replayed like any decode step: their logits and features equal the eager step's bit for bit. Mode 2 also
+// leaves the logits on the device (plain greedy decoding) and takes each token from Runner::greedy_token: the
+// same rows, and the token is the host row's argmax.
 TEST_F(CudaDFlash, recorded_decode_steps_with_captures_equal_eager_steps) {
-  const int64_t V = 512;
-  std::vector<float> logits[2], features[2];
-  int64_t replayed[2] = {0, 0};
-  for (int graphs = 0; graphs < 2; ++graphs) {
+  const int64_t V = target_.dev->spec().vocab;
+  std::vector<float> logits[3], features[3];
+  std::vector<int32_t> tokens[3];
+  int64_t replayed[3] = {0, 0, 0};
+  for (int mode = 0; mode < 3; ++mode) {
     Runner runner(*target_.dev, *be_);
-    runner.set_step_graphs(graphs == 1);
+    runner.set_step_graphs(mode > 0);
     SequenceState st(target_.dev->spec(), *be_);
     auto l = runner.prefill(st, prompt_);
     ASSERT_TRUE(l.ok());
@@ -357,19 +360,34 @@ TEST_F(CudaDFlash, recorded_decode_steps_with_captures_equal_eager_steps) {
       Step step;
       step.tokens = std::span<const int32_t>(&t, 1);
       step.capture_layers = gpu_draft_->capture_layers();
+      step.logits_on_device = mode == 2;
       auto o = runner.forward(st, step);
       ASSERT_TRUE(o.ok()) << o.status().to_string();
       ASSERT_EQ(o->features.size(), gpu_draft_->capture_layers().size());
-      logits[graphs].insert(logits[graphs].end(), o->logits.begin(), o->logits.end());
-      for (const auto& f : o->features) features[graphs].insert(features[graphs].end(), f.begin(), f.end());
-      t = argmax(std::span<const float>(o->logits).first(V));
+      std::vector<float> row = o->logits;
+      if (mode == 2) {
+        ASSERT_TRUE(row.empty());
+        row.resize(static_cast<size_t>(V));
+        ASSERT_TRUE(be_->download(row.data(), o->device_logits.data(), V).ok());
+        auto g = runner.greedy_token(*o);
+        ASSERT_TRUE(g.ok()) << g.status().to_string();
+        t = *g;
+      } else {
+        t = argmax(row);
+      }
+      logits[mode].insert(logits[mode].end(), row.begin(), row.end());
+      for (const auto& f : o->features) features[mode].insert(features[mode].end(), f.begin(), f.end());
+      tokens[mode].push_back(t);
     }
-    replayed[graphs] = runner.replayed_steps();
+    replayed[mode] = runner.replayed_steps();
   }
   EXPECT_EQ(replayed[0], 0);
-  EXPECT_GE(replayed[1], 4);  // recorded at the first step, replayed after
-  EXPECT_EQ(logits[0], logits[1]);
-  EXPECT_EQ(features[0], features[1]);
+  for (int mode = 1; mode < 3; ++mode) {
+    EXPECT_GE(replayed[mode], 4) << mode;  // recorded at the first step, replayed after
+    EXPECT_EQ(logits[0], logits[mode]) << mode;
+    EXPECT_EQ(features[0], features[mode]) << mode;
+    EXPECT_EQ(tokens[0], tokens[mode]) << mode;
+  }
 }
 
 // Verify steps recorded and replayed (Runner: a chain with captured recurrent state, and trees, every row's

@@ -229,6 +229,15 @@ TEST_F(SchedulerTest, interleaved_and_reused_slots_reproduce_generate_exactly) {
     if (alone[k].finish_reason == "length") {
       EXPECT_EQ(ids.size(), greedy_[k].size());
     }
+    // Without logprobs the request is argmax-only: each decode step's token is reduced on the backend
+    // (Runner::greedy_token) instead of sampled from the downloaded row. The same continuation.
+    GenerationRequest bare = reqs[k];
+    bare.top_logprobs = -1;
+    auto b = generate(engine_, bare, nullptr);
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    EXPECT_EQ(b->text, alone[k].text) << "prompt " << k;
+    EXPECT_EQ(b->completion_tokens, alone[k].completion_tokens) << "prompt " << k;
+    EXPECT_EQ(b->finish_reason, alone[k].finish_reason) << "prompt " << k;
   }
 
   Scheduler s(engine_, 3, 16);
