@@ -30,6 +30,7 @@
 #include "ops/cuda/attention_prefill.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/mma_f16.cuh"
+#include "ops/cuda/sm_count.h"
 #include "ops/cuda/wgmma.cuh"
 
 namespace dflash::cuda::attn_mma {
@@ -198,14 +199,7 @@ cudaError_t launch_shape(const Params& p, cudaStream_t stream) {
 
 bool wgmma_available() {
 #if defined(DFLASH_CUDA_SM90A)
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return major == 9 && minor == 0;
+  return current_compute_capability() == 90;
 #else
   return false;
 #endif

@@ -28,6 +28,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "ops/cuda/sm_count.h"
+
 namespace dflash::cuda {
 
 // 0: PDL off; 1: on (the default); 2: on, with the GEMV's weight prefetch before its wait.
@@ -41,30 +43,8 @@ inline int pdl_mode() {
   return mode;
 }
 
-// Whether launches on the current device use PDL: pdl_mode() != 0 and compute capability >= 9.0 (cached
-// per device).
-inline bool pdl_enabled() {
-  if (pdl_mode() == 0) return false;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices];  // 0 unknown, 1 no, 2 yes (zero-initialized: static)
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  if (dev < 0 || dev >= kMaxDevices) return false;
-  int c = cached[dev].load(std::memory_order_relaxed);
-  if (c == 0) {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    c = major >= 9 ? 2 : 1;
-    cached[dev].store(c, std::memory_order_relaxed);
-  }
-  return c == 2;
-}
+// Whether launches on the current device use PDL: pdl_mode() != 0 and compute capability >= 9.0.
+inline bool pdl_enabled() { return pdl_mode() != 0 && current_compute_capability() >= 90; }
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when pdl_enabled().
 // Returns the launch status (also left in cudaGetLastError, as for <<<>>>).
