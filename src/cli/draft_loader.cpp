@@ -56,6 +56,9 @@ Result<std::unique_ptr<ResidentDraft>> load_draft(const DraftOptions& o, const s
   DF_ASSIGN_OR_RETURN(std::unique_ptr<ResidentDraft> d,
                       ResidentDraft::load(path, model.weights(), model.runner->backend(), *model.host,
                                           std::move(draft_be), policy, threads));
+  // The target's plain steps compute a token as its verify steps do (Runner::set_exact_decode): greedy output
+  // with the draft equals greedy output without it in this process, bit for bit, whatever the weight type.
+  model.runner->set_exact_decode(true);
   spec->ddtree = o.ddtree;
   spec->ddtree_budget = o.ddtree_budget;
   spec->adaptive = o.adaptive;

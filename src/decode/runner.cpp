@@ -84,6 +84,7 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
   // A verify step (rolled back or committed node by node) computes every token as a one-token step would.
   const bool tree = step.mask == cpu::MaskKind::kTree;
   const bool verify = step.capture_recurrent || tree;
+  const bool token_exact = verify || (exact_decode_ && n == 1);
   if (graphs_on_ && records_steps()) {
     const bool causal = step.mask == cpu::MaskKind::kCausal && step.positions.empty();
     const bool plain_decode = n == 1 && causal && !step.capture_recurrent;
@@ -110,9 +111,9 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
   DF_ASSIGN_OR_RETURN(Buffer logits, be.alloc(out.rows * s.vocab));
   std::vector<Buffer> feature_bufs;
   if (step.capture_recurrent && step.mask == cpu::MaskKind::kCausal) state.begin_captured_step(n);
-  if (verify) set_token_exact(true);
+  if (token_exact) set_token_exact(true);
   const Status run = run_layers(state, step, positions, rows, logits.data(), feature_bufs);
-  if (verify) set_token_exact(false);
+  if (token_exact) set_token_exact(false);
   DF_RETURN_IF_ERROR(run);
   if (step.logits_on_device) {
     out.device_logits = std::move(logits);
@@ -223,12 +224,19 @@ Status Runner::run_layers(SequenceState& state, const Step& step, std::span<cons
   return Status();
 }
 
+void Runner::set_exact_decode(bool on) {
+  if (on == exact_decode_) return;
+  exact_decode_ = on;
+  for (auto& [key, rec] : recorded_) drop(rec);
+  recorded_.clear();
+}
+
 void Runner::set_token_exact(bool on) {
   for (const RunnerShard& sh : shards_) sh.backend->set_token_exact(on);
 }
 
 Result<bool> Runner::record(Recorded& rec, SequenceState& state, const Step& step, std::span<const int32_t> positions,
-                            const StepValues& values, bool verify) {
+                            const StepValues& values, bool token_exact) {
   const ModelSpec& s = spec();
   const auto n = static_cast<int64_t>(step.tokens.size());
   const int64_t n_rows = step.all_logits ? n : 1;
@@ -252,7 +260,7 @@ Result<bool> Runner::record(Recorded& rec, SequenceState& state, const Step& ste
   if (step.capture_recurrent && step.mask == cpu::MaskKind::kCausal) state.begin_captured_step(n);
   // One recording per shard: its part of the step, from its residual rows (the embedding on the first).
   state.set_recording(true);
-  if (verify) set_token_exact(true);
+  if (token_exact) set_token_exact(true);
   bool ok = true;
   for (size_t k = 0; k < shards_.size() && ok; ++k) {
     Backend& be = *shards_[k].backend;
@@ -265,7 +273,7 @@ Result<bool> Runner::record(Recorded& rec, SequenceState& state, const Step& ste
     if (id.ok()) rec.ids.push_back(*id);
     ok = id.ok();
   }
-  if (verify) set_token_exact(false);
+  if (token_exact) set_token_exact(false);
   state.set_recording(false);
   if (!ok) {  // run it eagerly: an error there is a real one
     drop(rec);
@@ -321,7 +329,8 @@ Result<StepOutput> Runner::forward_recorded(SequenceState& state, const Step& st
         recorded_.erase(victim);
       }
     }
-    DF_ASSIGN_OR_RETURN(const bool recorded, record(rec, state, step, positions, values, verify));
+    DF_ASSIGN_OR_RETURN(const bool recorded,
+                        record(rec, state, step, positions, values, verify || (exact_decode_ && n == 1)));
     if (!recorded) return StepOutput{};
   }
   if (step.capture_recurrent && step.mask == cpu::MaskKind::kCausal) state.begin_captured_step(n);

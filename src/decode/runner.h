@@ -100,6 +100,14 @@ class Runner {
   // turns off (or on) the recorded verify steps alone.
   void set_step_graphs(bool on) { graphs_on_ = on; }
   void set_verify_graphs(bool on) { verify_graphs_on_ = on; }
+  // Plain one-token steps on the token-exact products too (Backend::set_token_exact), as verify steps always
+  // run: on while a draft decodes with this target (cli/draft_loader.cpp), so that its verify steps and its plain
+  // steps (and a plain request's) compute a token the same way, bit for bit. Off by default: for bf16 weights the
+  // one-token kernel of the other path is faster (ops/cuda/matmul_host.h, kTokenExact); other types take the same
+  // kernels either way.
+  // Changing it drops the recorded steps (they ran the other products).
+  void set_exact_decode(bool on);
+  bool exact_decode() const { return exact_decode_; }
   // Steps that ran as a replay of a recording, and recordings made (for tests and benchmarks).
   int64_t replayed_steps() const { return replayed_; }
   int64_t recordings() const { return recordings_; }
@@ -162,7 +170,7 @@ class Runner {
                                       RecordedKind kind, bool* used);
   // Records `rec` (one recording per shard) for the step; false when a recording failed (run it eagerly).
   Result<bool> record(Recorded& rec, SequenceState& state, const Step& step, std::span<const int32_t> positions,
-                      const StepValues& values, bool verify);
+                      const StepValues& values, bool token_exact);
   // Turns token-exact products on or off on every shard's backend (verify steps).
   void set_token_exact(bool on);
 
@@ -183,6 +191,7 @@ class Runner {
   int64_t prefill_chunk_ = kPrefillChunk;
   bool graphs_on_ = true;
   bool verify_graphs_on_ = true;
+  bool exact_decode_ = false;
   std::map<RecordedKey, Recorded> recorded_;
   uint64_t uses_ = 0;
   int64_t replayed_ = 0, recordings_ = 0;

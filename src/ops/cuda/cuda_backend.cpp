@@ -531,8 +531,9 @@ Status CudaBackend::copy_rows(float* dst, int64_t dst_stride, const float* src, 
 // types, f32 for the rest (bf16/f16 weights: one token only). Longer steps (prefill) run the bf16 tensor-core GEMM (both inputs rounded to
 // bf16, f32 accumulation: the precision HF transformers runs bf16 checkpoints at), or, with
 // set_tensor_core_prefill(false), the GEMV kernels in slices of 16 tokens; while set_token_exact(true)
-// (speculative verify steps) the token-exact path (MatmulPath::kTokenExact: GEMV kernels, and mmq for the
-// large q4_K and q6_K weights) in slices of 32: each token's row then equals what a one-token step computes.
+// (speculative verify steps, and the plain steps of a target with a draft) the token-exact path
+// (MatmulPath::kTokenExact: GEMV kernels, mmq for the large q4_K and q6_K weights, gemv16_mma for bf16) in slices
+// of 32: each token's row then equals what a one-token token-exact step computes.
 Status CudaBackend::matmul(const cpu::WeightView& w, const float* x, int64_t n, float* y) {
   activate();
   const cpu::WeightView* ws[] = {&w};

@@ -36,6 +36,7 @@
 #include "base/checked_math.h"
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/mma_f16.cuh"
 #include "ops/cuda/quant_blocks.cuh"
 #include "ops/cuda/weight_form.h"
 
@@ -57,13 +58,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
                : "r"(addr)
                : "memory");
 }
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // ---- Decoding helpers ----
 
@@ -74,11 +68,6 @@ __device__ __forceinline__ float code_f(uint32_t v, float bias) {
 }
 constexpr float kMagic = 8388608.0f;  // 2^23
 
-// Two floats to a bf16 pair (a in the low half), rounded to nearest even.
-__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
 
 // 8 bytes at an 8-byte aligned shared-memory address.
 __device__ __forceinline__ uint2 load8(const uint8_t* p) { return *reinterpret_cast<const uint2*>(p); }

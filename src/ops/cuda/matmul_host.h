@@ -38,17 +38,20 @@ namespace dflash::cuda {
 
 enum class MatmulPath {
   kAuto,      // n <= 16: as kTokenExact (integer-dot GEMV, mmq for large q4_K/q6_K weights from 4 tokens, where
-              // the type has them), else f32 GEMV; GEMM above
+              // the type has them), else f32 GEMV (bf16 weights too); GEMM above
   kGemv,      // f32 GEMV; n must be <= 16
   kGemvQ8,    // integer-dot GEMV; n <= 16 and a type gemv_q8_supported
   kGemmBf16,     // any n >= 1: the fused kernel where gemm_fused_preferred, else dequantize + cuBLAS
   kGemmDequant,  // any n >= 1: cuBLAS on W itself (bf16) or on slabs of W dequantized to bf16
   kGemmFused,    // any n >= 1: the fused kernel; unsupported for weights it does not take (gemm_q_applies)
-  // n <= kMmqMaxTokens (32): each token's row of y equals, bit for bit, what a one-token kAuto product of the
-  // same targets computes (speculative verify steps). The integer-dot types run gemv_q8 in slices of at most
-  // 16 tokens, in the split of the one-token launch; q4_K and q6_K weights of at least kExactMmqMinRows rows
-  // take mmq from kExactMmqFromTokens tokens on, in gemv_q8_parts of that launch (mmq.h: the same summation
-  // order), where those are at most 8. The other types run the f32 GEMV in slices of at most 16 tokens.
+  // n <= kMmqMaxTokens (32): each token's row of y equals, bit for bit, what a one-token kTokenExact product of
+  // the same targets computes (speculative verify steps, and the plain steps of a target that decodes with a
+  // draft). The integer-dot types run gemv_q8 in slices of at most 16 tokens, in the split of the one-token
+  // launch; q4_K and q6_K weights of at least kExactMmqMinRows rows take mmq from kExactMmqFromTokens tokens on,
+  // in gemv_q8_parts of that launch (mmq.h: the same summation order), where those are at most 8: for these and
+  // the f32-GEMV types a one-token kAuto product is the same. bf16 weights that gemv16_mma_applies takes run
+  // gemv16_mma (x rounded to bf16; its tokens independent of the batch), here only: a one-token kAuto product
+  // runs the f32 16-bit GEMV. The other types run the f32 GEMV in slices of at most 16 tokens.
   kTokenExact,
 };
 

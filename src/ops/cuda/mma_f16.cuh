@@ -1,10 +1,12 @@
-// The f16 tensor-core pieces of the attention kernels (attention_mma.cu, attention_decode_mma.cu):
+// The f16 tensor-core pieces of the attention kernels (attention_mma.cu, attention_decode_mma.cu), and the bf16
+// mma.sync and packing of gemm_q.cu and gemv16_mma.cu:
 // mma.sync m16n8k16 with f16 inputs and f32 accumulators, ldmatrix loads of its fragments from shared memory,
 // f16 packing, the fast base-2 exponential, and a warp's steps of one K/V tile for its 16 rows (Q K^T, the
 // online softmax, P V), FlashAttention-2 style: a thread holds rows a = lane / 4 and b = a + 8 of the tile's
 // C fragments, the 4 threads of a quad share a row.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cmath>
@@ -35,6 +37,21 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t&
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                : "r"(addr)
                : "memory");
+}
+
+// Two floats to a bf16 pair (a in the low half), rounded to nearest even.
+__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// c += a b: m16n8k16, bf16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // d += a b: m16n8k16, f16 inputs, f32 accumulators.

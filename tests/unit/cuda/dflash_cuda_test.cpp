@@ -107,7 +107,7 @@ class CudaDFlash : public ::testing::Test {
     cfg["head_dim"] = 64;
     cfg["rope_parameters"]["mrope_section"] = {4, 2, 2};
     const std::string tdir = test::scratch_dir() + "/target", ddir = test::scratch_dir() + "/draft";
-    ASSERT_TRUE(test::write_random_hf_model(tdir, cfg, 23, SafetensorsDType::kF32).ok());
+    ASSERT_TRUE(test::write_random_hf_model(tdir, cfg, 23, target_dtype()).ok());
     ASSERT_TRUE(test::write_random_hf_model(ddir, draft_config(cfg["hidden_size"].get<int64_t>(), 512), 29,
                                             SafetensorsDType::kF32).ok());
     auto be = CudaBackend::create(0);
@@ -128,6 +128,9 @@ class CudaDFlash : public ::testing::Test {
     cpu_draft_ = std::move(cd).value();
     for (int i = 0; i < 40; ++i) prompt_.push_back((i * 37 + 3) % 500);
   }
+
+  // The target checkpoint's weight type (the draft's stays float32).
+  virtual SafetensorsDType target_dtype() const { return SafetensorsDType::kF32; }
 
   void load(const std::string& dir, Both& m) {
     auto host = Weights::load(dir, 2);
@@ -338,6 +341,32 @@ void CudaDFlash::verify_logits_equal_plain_decoding() {
     }
     EXPECT_EQ(bad, 0) << bad << " of " << n << " nodes differ (" << (chain ? "chain" : "tree") << ")";
   }
+}
+
+// A bf16 target: its verify steps run the tensor-core GEMV (x rounded to bf16), and so do its plain steps once a
+// draft decodes with it (Runner::set_exact_decode, as cli/draft_loader.cpp turns on). Verify rows equal plain
+// decoding's bit for bit, and speculative greedy output equals plain greedy output.
+class CudaDFlashBf16 : public CudaDFlash {
+ protected:
+  SafetensorsDType target_dtype() const override { return SafetensorsDType::kBF16; }
+  void SetUp() override {
+    CudaDFlash::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    const cpu::WeightView* down = target_.dev->find("layers.0.ffn.down");
+    ASSERT_NE(down, nullptr);
+    ASSERT_EQ(down->type, DType::kBF16);
+    gpu_->set_exact_decode(true);
+  }
+};
+
+TEST_F(CudaDFlashBf16, verify_logits_equal_plain_decoding_of_each_path_bit_for_bit) {
+  be_->set_kv_type(cpu::KvType::kF16);
+  verify_logits_equal_plain_decoding();
+}
+
+TEST_F(CudaDFlashBf16, speculative_greedy_equals_plain_greedy_on_the_device) {
+  be_->set_kv_type(cpu::KvType::kF16);
+  speculative_greedy_equals_plain_greedy();
 }
 
 // Plain decode steps that capture the draft's layers (a drafting request's fallback) are recorded and

@@ -31,6 +31,7 @@
 #include "ops/cuda/dequantize.h"
 #include "ops/cuda/fill.h"
 #include "ops/cuda/gemm_q.h"
+#include "ops/cuda/gemv16_mma.h"
 #include "ops/cuda/gemv_q8.h"
 #include "ops/cuda/matmul.h"
 #include "support/random_blocks.h"
@@ -258,7 +259,8 @@ class CudaMatmul : public testing::Test {
     for (int64_t r = 0; r < c.rows; ++r)
       ASSERT_TRUE(dequantize_row(c.type, w.data() + r * rb, wf.data() + r * c.cols, c.cols).ok());
     const bool gemm = is_gemm_path(c.path) || c.plan.bn > 0 ||
-                      (c.path == cuda::MatmulPath::kAuto && c.n > cuda::kGemvMaxTokens && c.split < 0);
+                      (c.path == cuda::MatmulPath::kAuto && c.n > cuda::kGemvMaxTokens && c.split < 0) ||
+                      uses_mma16(c);  // x rounded to bf16 as well
     const bool q8 = uses_q8(c);
 
     std::vector<float> ref(got.size()), ref_bf16, ref_q8;
@@ -320,6 +322,13 @@ class CudaMatmul : public testing::Test {
       }
     if (bad) ADD_FAILURE() << "MISMATCH " << describe(c) << ": " << bad << " of " << got.size() << " outputs; first "
                            << first;
+  }
+
+  // bf16 weights that the tensor-core GEMV takes (gemv16_mma.h), through matmul's kTokenExact (kAuto keeps the
+  // f32 16-bit GEMV).
+  static bool uses_mma16(const Case& c) {
+    return c.split < 0 && c.plan.bn <= 0 && c.type == DType::kBF16 && c.w_offset % 16 == 0 && c.cols % 64 == 0 &&
+           c.path == cuda::MatmulPath::kTokenExact;
   }
 
   static bool uses_q8(const Case& c) {
@@ -601,10 +610,11 @@ TEST_F(CudaMatmul, gemv_q8_grouped_parts_split_inside_row_groups) {
 }
 
 // The token-exact path (speculative verify): for 1..32 tokens every token's row equals, bit for bit, what the
-// one-token kAuto product of the same targets gives it. The groups are laid out so that the large q4_K and
-// q6_K weights take mmq at each of the one-token launch's splits (q4_K at splits 1 and 2: 4 and 8 parts, not
-// at 4: 16 parts, gemv_q8; q6_K at 1, 2 and 4: 2, 4, 8 parts), beside small weights that stay in the group's
-// gemv_q8 launch, and other types (gemv_q8 in 16-token slices, the f32 GEMV for bf16).
+// one-token product of the same targets on that path gives it, and for every type but bf16 what the one-token
+// kAuto product gives it (bf16 weights keep the f32 16-bit GEMV there). The groups are laid out so that the large
+// q4_K and q6_K weights take mmq at each of the one-token launch's splits (q4_K at splits 1 and 2: 4 and 8 parts,
+// not at 4: 16 parts, gemv_q8; q6_K at 1, 2 and 4: 2, 4, 8 parts), beside small weights that stay in the group's
+// gemv_q8 launch, and other types (gemv_q8 in 16-token slices, gemv16_mma for bf16).
 TEST_F(CudaMatmul, token_exact_path_equals_one_token_products_bit_for_bit) {
   SCOPED_TRACE(seed_note());
   const int64_t sms = sm_count();
@@ -661,10 +671,17 @@ TEST_F(CudaMatmul, token_exact_path_equals_one_token_products_bit_for_bit) {
     const int64_t most = cuda::kMmqMaxTokens;
     const auto x = random_x(most, cols, rng_);
     std::vector<std::vector<std::vector<float>>> alone;  // [token][target][row]
-    for (int64_t k = 0; k < most; ++k)
-      alone.push_back(run(std::vector<float>(x.begin() + k * cols, x.begin() + (k + 1) * cols), 1,
-                          cuda::MatmulPath::kAuto));
-    ASSERT_FALSE(HasFailure());
+    for (int64_t k = 0; k < most; ++k) {
+      const std::vector<float> xk(x.begin() + k * cols, x.begin() + (k + 1) * cols);
+      alone.push_back(run(xk, 1, cuda::MatmulPath::kTokenExact));
+      const auto automatic = run(xk, 1, cuda::MatmulPath::kAuto);
+      ASSERT_FALSE(HasFailure());
+      for (size_t i = 0; i < l.types.size(); ++i)
+        if (l.types[i] != DType::kBF16)
+          for (int64_t r = 0; r < l.rows[i]; ++r)
+            ASSERT_EQ(std::bit_cast<uint32_t>(alone[k][i][r]), std::bit_cast<uint32_t>(automatic[i][r]))
+                << dtype_name(l.types[i]) << " target " << i << ": kAuto, token " << k << ", row " << r;
+    }
     for (int64_t n : {1, 2, 8, 9, 16, 17, 23, 32}) {
       const auto all = run(std::vector<float>(x.begin(), x.begin() + n * cols), n, cuda::MatmulPath::kTokenExact);
       ASSERT_FALSE(HasFailure()) << "n " << n;
@@ -866,6 +883,96 @@ TEST_F(CudaMatmul, gemv_16bit_weights_token_alone_equals_token_in_a_batch_bit_fo
                   << "n " << n << " token " << k << " row " << r;
         }
       }
+}
+
+// The bf16 tensor-core GEMV (gemv16_mma.h) on its own: groups of weights whose row counts are not multiples of
+// its 16-row tile, rows of 64 to 5120 columns, 1-32 tokens, x 16-byte aligned or not. Against the CPU on
+// bf16-rounded x (as the prefill GEMM); every token's outputs the same bits alone, in any batch, and at either
+// alignment of x.
+TEST_F(CudaMatmul, bf16_tensor_core_gemv_matches_cpu_and_every_batch_bit_for_bit) {
+  SCOPED_TRACE(seed_note());
+  for (int64_t cols : {64L, 1024L, 5120L}) {
+    SCOPED_TRACE("cols " + std::to_string(cols));
+    const std::vector<int64_t> rows = {1, 37, 300};
+    std::vector<std::vector<uint8_t>> ws;
+    std::vector<std::unique_ptr<test::DeviceBuffer>> dw;
+    for (int64_t r : rows) {
+      ws.push_back(random_weights(DType::kBF16, r, cols, rng_));
+      dw.push_back(std::make_unique<test::DeviceBuffer>(ws.back().size()));
+      DF_ASSERT_CUDA(cudaMemcpy(dw.back()->get(), ws.back().data(), ws.back().size(), cudaMemcpyHostToDevice));
+      ASSERT_TRUE(cuda::gemv16_mma_applies(DType::kBF16, dw.back()->get(), cols));
+    }
+    const int64_t most = cuda::kGemv16MmaMaxTokens;
+    const auto x = random_x(most, cols, rng_);
+    // Every part's y for tokens [0, n) of x, x placed `shift` floats into its buffer.
+    auto run = [&](int64_t k0, int64_t n, int shift) {
+      test::DeviceBuffer dx((x.size() + 4) * 4);
+      float* xp = reinterpret_cast<float*>(dx.get()) + shift;
+      EXPECT_EQ(cudaMemcpy(xp, x.data() + k0 * cols, static_cast<size_t>(n * cols) * 4, cudaMemcpyHostToDevice),
+                cudaSuccess);
+      std::vector<std::unique_ptr<test::DeviceBuffer>> dy;
+      cuda::Gemv16Part parts[3];
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const int64_t words = n * rows[i] + kGuard;
+        dy.push_back(std::make_unique<test::DeviceBuffer>(static_cast<size_t>(words) * 4));
+        EXPECT_EQ(cuda::fill_u32(reinterpret_cast<uint32_t*>(dy[i]->get()), words, kPoison), cudaSuccess);
+        parts[i] = {dw[i]->get(), rows[i], reinterpret_cast<float*>(dy[i]->get())};
+      }
+      EXPECT_EQ(cuda::gemv16_mma(parts, 3, cols, xp, n), cudaSuccess);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<std::vector<float>> ys;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        std::vector<float> y(static_cast<size_t>(n * rows[i] + kGuard));
+        EXPECT_EQ(cudaMemcpy(y.data(), dy[i]->get(), y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        for (size_t k = static_cast<size_t>(n * rows[i]); k < y.size(); ++k)
+          EXPECT_EQ(std::bit_cast<uint32_t>(y[k]), kPoison) << "part " << i << ": guard overwritten";
+        y.resize(static_cast<size_t>(n * rows[i]));
+        ys.push_back(std::move(y));
+      }
+      return ys;
+    };
+    const auto all = run(0, most, 0);
+    ASSERT_FALSE(HasFailure());
+    // Against the CPU on bf16-rounded x.
+    std::vector<float> xr(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xr[i] = round_bf16(x[i]);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::vector<float> ref(static_cast<size_t>(most * rows[i]));
+      ASSERT_TRUE(cpu::matmul({DType::kBF16, rows[i], cols, ws[i].data()}, xr.data(), most, ref.data(), pool_).ok());
+      const auto* wb = reinterpret_cast<const uint16_t*>(ws[i].data());
+      for (int64_t t = 0; t < most; ++t)
+        for (int64_t r = 0; r < rows[i]; ++r) {
+          double scale = 0;
+          for (int64_t k = 0; k < cols; ++k)
+            scale += std::fabs(double{xr[t * cols + k]} * bf16_to_fp32(wb[r * cols + k]));
+          const size_t e = static_cast<size_t>(t * rows[i] + r);
+          ASSERT_LE(std::fabs(double{all[i][e]} - ref[e]), kGemmTol * scale + 1e-30)
+              << "part " << i << " token " << t << " row " << r << ": gpu " << all[i][e] << ", cpu " << ref[e];
+        }
+    }
+    // Each token alone, and batches of every n-tile count, at both alignments of x.
+    for (int64_t n : {1L, 7L, 8L, 9L, 17L, 23L, 32L})
+      for (int shift : {0, 1}) {
+        for (int64_t k0 : {0L, most - n}) {
+          const auto got = run(k0, n, shift);
+          ASSERT_FALSE(HasFailure());
+          for (size_t i = 0; i < rows.size(); ++i)
+            for (int64_t t = 0; t < n; ++t)
+              for (int64_t r = 0; r < rows[i]; ++r)
+                ASSERT_EQ(std::bit_cast<uint32_t>(got[i][t * rows[i] + r]),
+                          std::bit_cast<uint32_t>(all[i][(k0 + t) * rows[i] + r]))
+                    << "n " << n << " shift " << shift << " part " << i << " token " << k0 + t << " row " << r;
+        }
+      }
+  }
+  // Refused: f16 weights, rows of a length that is not a multiple of 64, too many tokens, misaligned weights.
+  test::DeviceBuffer w(4096 * 2 + 16), x(4 * 64 * 33), y(4 * 64 * 33);
+  EXPECT_FALSE(cuda::gemv16_mma_applies(DType::kF16, w.get(), 64));
+  EXPECT_FALSE(cuda::gemv16_mma_applies(DType::kBF16, w.get(), 96));
+  EXPECT_FALSE(cuda::gemv16_mma_applies(DType::kBF16, w.get() + 2, 64));
+  const cuda::Gemv16Part part{w.get(), 64, reinterpret_cast<float*>(y.get())};
+  EXPECT_EQ(cuda::gemv16_mma(&part, 1, 64, reinterpret_cast<const float*>(x.get()), 33), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::gemv16_mma(&part, 1, 96, reinterpret_cast<const float*>(x.get()), 1), cudaErrorInvalidValue);
 }
 
 }  // namespace

@@ -1,0 +1,224 @@
+// bf16 weights times 1-32 tokens on the tensor cores (gemv16_mma.h).
+//
+// Fragments (mma.sync m16n8k16, bf16): lane (g, c) = (lane / 4, lane % 4) holds A's rows g and g + 8 at k-slots
+// 2c, 2c + 1 (a0, a1) and 2c + 8, 2c + 9 (a2, a3), B's column g at the same k-slots (b0, b1), and C's rows g, g + 8
+// at columns 2c, 2c + 1. Of a 64-column chunk, the lane loads columns [8c, 8c + 8) and [32 + 8c, 40 + 8c) of rows g
+// and g + 8 (a 16-byte load each: the 4 lanes of a row read whole 32-byte sectors): its words 2j and 2j + 1
+// (columns col(j) + {0, 1} and + {2, 3}, col(j) = 8c + 4j for j < 2, 32 + 8c + 4(j - 2) after) are the A fragment
+// of the chunk's mma j (j < 4), and its B fragment holds token g's x at the same columns (rounded to bf16). So
+// k-slot 2c + h of mma j is column col(j) + h in every lane: A and B agree.
+#include "ops/cuda/gemv16_mma.h"
+
+#include <climits>
+#include <cstdint>
+
+#include "ops/cuda/gemv_common.cuh"
+#include "ops/cuda/launch.cuh"
+#include "ops/cuda/mma_f16.cuh"
+#include "ops/cuda/quant_blocks.cuh"
+#include "ops/cuda/sm_count.h"
+
+namespace dflash::cuda {
+namespace {
+
+// Launch shape (template parameters): K warps a CTA, each taking every K-th 64-column chunk of T row tiles (16 T
+// rows a CTA), U chunks loaded before they are multiplied. K is part of the summation order: one value (kSplit).
+constexpr int kSplit = 8;
+
+struct Args {
+  Gemv16Part parts[kGemv16MmaMaxParts];
+  int64_t first_block[kGemv16MmaMaxParts + 1];  // index of each part's first CTA
+  int n_parts;
+  int64_t cols;
+  const float* x;
+  int n;
+};
+
+using gemv_common::ldw_u4;
+
+// Token t's x at the lane's 16 columns of chunk k as the B fragments of the chunk's 4 mma (zeros past n).
+template <bool kXVec>
+__device__ __forceinline__ void load_b(const Args& a, int t, int64_t k, int c, uint32_t (&b)[4][2]) {
+  if (t >= a.n) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) b[j][0] = b[j][1] = 0u;
+    return;
+  }
+  const float* xt = a.x + int64_t{t} * a.cols + k * 64 + 8 * c;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float* xp = xt + (j < 2 ? 4 * j : 32 + 4 * (j - 2));
+    float4 v;
+    if constexpr (kXVec) {
+      v = __ldg(reinterpret_cast<const float4*>(xp));
+    } else {
+      v = make_float4(__ldg(xp), __ldg(xp + 1), __ldg(xp + 2), __ldg(xp + 3));
+    }
+    b[j][0] = pack_bf16(v.x, v.y);
+    b[j][1] = pack_bf16(v.z, v.w);
+  }
+}
+
+template <int NT8, bool kXVec, int K, int T, int U>
+__global__ void __launch_bounds__(32 * K) gemv16_mma_kernel(const Args a) {
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int g = lane >> 2, c = lane & 3;
+  __shared__ float part_s[K][16 * T][8 * NT8];
+  bool waited = false;  // the PDL wait comes after the first weight loads (weights are constant in a step)
+  for (int64_t blk = blockIdx.x; blk < a.first_block[a.n_parts]; blk += gridDim.x) {
+    int p = 0;
+    while (p + 1 < a.n_parts && blk >= a.first_block[p + 1]) ++p;
+    const Gemv16Part& part = a.parts[p];
+    const int64_t row0 = (blk - a.first_block[p]) * (16 * T), rb = a.cols * 2;
+    // Rows g and g + 8 of each of the T tiles; rows past the weight's end read its last row again (not stored).
+    const uint8_t* pr[T][2];
+  #pragma unroll
+    for (int tt = 0; tt < T; ++tt)
+  #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = row0 + 16 * tt + 8 * h + g;
+        pr[tt][h] = static_cast<const uint8_t*>(part.w) + (r < part.rows ? r : part.rows - 1) * rb + 16 * c;
+      }
+    const int64_t chunks = a.cols / 64;
+
+    float acc[T][NT8][4];
+  #pragma unroll
+    for (int tt = 0; tt < T; ++tt)
+  #pragma unroll
+      for (int i = 0; i < NT8; ++i) acc[tt][i][0] = acc[tt][i][1] = acc[tt][i][2] = acc[tt][i][3] = 0.0f;
+    for (int64_t k0 = warp; k0 < chunks; k0 += int64_t{K} * U) {
+      uint4 w[U][T][2][2];
+  #pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t k = k0 + int64_t{u} * K;
+        if (k < chunks)
+  #pragma unroll
+          for (int tt = 0; tt < T; ++tt)
+  #pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              w[u][tt][h][0] = ldw_u4(pr[tt][h] + k * 128);
+              w[u][tt][h][1] = ldw_u4(pr[tt][h] + k * 128 + 64);
+            }
+      }
+      if (!waited) {
+        pdl_begin();
+        waited = true;
+      }
+  #pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t k = k0 + int64_t{u} * K;
+        if (k >= chunks) break;
+  #pragma unroll
+        for (int i = 0; i < NT8; ++i) {
+          uint32_t b[4][2];
+          load_b<kXVec>(a, 8 * i + g, k, c, b);
+  #pragma unroll
+          for (int tt = 0; tt < T; ++tt) {
+            const uint4(&wa)[2] = w[u][tt][0];
+            const uint4(&wb)[2] = w[u][tt][1];
+            const uint32_t ea[8] = {wa[0].x, wa[0].y, wa[0].z, wa[0].w, wa[1].x, wa[1].y, wa[1].z, wa[1].w};
+            const uint32_t eb[8] = {wb[0].x, wb[0].y, wb[0].z, wb[0].w, wb[1].x, wb[1].y, wb[1].z, wb[1].w};
+  #pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const uint32_t af[4] = {ea[2 * j], eb[2 * j], ea[2 * j + 1], eb[2 * j + 1]};
+              mma_bf16(acc[tt][i], af, b[j][0], b[j][1]);
+            }
+          }
+        }
+      }
+    }
+    if (!waited) {
+      pdl_begin();
+      waited = true;
+    }
+
+    // The warps' sums in warp order.
+    __syncthreads();  // the previous tile's sums have been read
+  #pragma unroll
+    for (int tt = 0; tt < T; ++tt)
+  #pragma unroll
+      for (int i = 0; i < NT8; ++i) {
+        part_s[warp][16 * tt + g][8 * i + 2 * c] = acc[tt][i][0];
+        part_s[warp][16 * tt + g][8 * i + 2 * c + 1] = acc[tt][i][1];
+        part_s[warp][16 * tt + g + 8][8 * i + 2 * c] = acc[tt][i][2];
+        part_s[warp][16 * tt + g + 8][8 * i + 2 * c + 1] = acc[tt][i][3];
+      }
+    __syncthreads();
+    for (int e = static_cast<int>(threadIdx.x); e < 16 * T * 8 * NT8; e += 32 * K) {
+      const int r = e / (8 * NT8), t = e % (8 * NT8);
+      if (t >= a.n || row0 + r >= part.rows) continue;
+      float s = part_s[0][r][t];
+  #pragma unroll
+      for (int q = 1; q < K; ++q) s = __fadd_rn(s, part_s[q][r][t]);
+      part.y[int64_t{t} * part.rows + row0 + r] = s;
+    }
+  }
+  if (!waited) pdl_begin();
+}
+
+template <int NT8, int K, int T, int U>
+cudaError_t launch_shape(Args a, bool x_vec, cudaStream_t stream) {
+  a.first_block[0] = 0;
+  for (int i = 0; i < a.n_parts; ++i)
+    a.first_block[i + 1] = a.first_block[i] + (a.parts[i].rows + 16 * T - 1) / (16 * T);
+  const int64_t blocks = a.first_block[a.n_parts];
+  if (blocks > INT_MAX) return cudaErrorInvalidValue;
+  // Persistent: as many CTAs as fit on the device at once, each taking every gridDim.x-th CTA's rows (CTAs that
+  // end and start again cost the large weights, 24K-152K rows, a tenth of their rate).
+  dim3 grid(static_cast<unsigned>(blocks));
+  static int per_sm[2] = {0, 0};  // resident CTAs an SM, by x_vec (per instantiation)
+  int& ps = per_sm[x_vec ? 1 : 0];
+  if (ps == 0) {
+    if (x_vec) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, gemv16_mma_kernel<NT8, true, K, T, U>, 32 * K, 0);
+    else cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, gemv16_mma_kernel<NT8, false, K, T, U>, 32 * K, 0);
+    if (ps <= 0) ps = 1;
+  }
+  const int64_t most = int64_t{ps} * current_sm_count();
+  if (blocks > most) grid.x = static_cast<unsigned>(most);
+  if (x_vec) return launch_pdl(gemv16_mma_kernel<NT8, true, K, T, U>, grid, dim3(32 * K), 0, stream, a);
+  return launch_pdl(gemv16_mma_kernel<NT8, false, K, T, U>, grid, dim3(32 * K), 0, stream, a);
+}
+
+// The launch shape: 8 warps a CTA (the k-split), 2 row tiles a warp, 2 chunks in flight. Measured on an H200 over
+// the Qwen3-8B bf16 shapes at 1 and 16 tokens (docs/benchmarks.md, twenty-fourth session) against 4 warps, 1 tile,
+// 4 chunks in flight and a CTA a tile.
+template <int NT8>
+cudaError_t launch_nt(const Args& a, bool x_vec, cudaStream_t stream) {
+  return launch_shape<NT8, kSplit, 2, 2>(a, x_vec, stream);
+}
+
+bool aligned(const void* p, uintptr_t b) { return reinterpret_cast<uintptr_t>(p) % b == 0; }
+
+}  // namespace
+
+bool gemv16_mma_applies(DType type, const void* w, int64_t cols) {
+  return static_cast<uint32_t>(type) == qblocks::kBF16 && w != nullptr && aligned(w, 16) && cols > 0 &&
+         cols % 64 == 0;
+}
+
+cudaError_t gemv16_mma(const Gemv16Part* parts, int n_parts, int64_t cols, const float* x, int64_t n,
+                       cudaStream_t stream) {
+  if (n_parts < 1 || n_parts > kGemv16MmaMaxParts || n < 1 || n > kGemv16MmaMaxTokens || cols <= 0 ||
+      cols % 64 != 0 || x == nullptr || !aligned(x, 4) || cols > INT64_MAX / 2 / kGemv16MmaMaxTokens)
+    return cudaErrorInvalidValue;
+  Args a{};
+  a.cols = cols;
+  a.x = x;
+  a.n = static_cast<int>(n);
+  for (int i = 0; i < n_parts; ++i) {
+    const Gemv16Part& q = parts[i];
+    if (q.rows < 0 || (q.rows > 0 && (q.y == nullptr || !aligned(q.y, 4) || q.w == nullptr || !aligned(q.w, 16))))
+      return cudaErrorInvalidValue;
+    if (q.rows > 0) a.parts[a.n_parts++] = q;
+  }
+  if (a.n_parts == 0) return cudaSuccess;
+  const bool x_vec = aligned(x, 16);
+  switch ((n + 7) / 8) {
+    case 1: return launch_nt<1>(a, x_vec, stream);
+    case 2: return launch_nt<2>(a, x_vec, stream);
+    case 3: return launch_nt<3>(a, x_vec, stream);
+    default: return launch_nt<4>(a, x_vec, stream);
+  }
+}
+
+}  // namespace dflash::cuda

@@ -1,0 +1,54 @@
+// The product of bf16 weights with 1-32 tokens on the tensor cores: the token-exact GEMV of bf16 checkpoints
+// (matmul_host.h, MatmulPath::kTokenExact: speculative verify steps, and the plain steps of a target that decodes
+// with a draft), kernel in gemv16_mma.cu. A plain one-token product keeps the f32 16-bit GEMV (matmul.h), which
+// reads the large weights faster (0.95-1.04 of the copy rate against 0.85-0.99 here).
+//
+// y_p[n, rows] = bf16(x)[n, cols] W_p^T for up to kGemv16MmaMaxParts weights of one launch (the weights that share
+// an input: q/k/v, gate/up). x is rounded to bf16 (nearest even), as HF transformers runs bf16 checkpoints and
+// the prefill GEMM does; products by mma.sync m16n8k16 with f32 accumulators. A CTA of 8 warps takes 32 rows (two
+// 16-row tiles) of one weight at a time, as many CTAs as fit the device each taking every gridDim-th 32 rows; warp
+// s takes the 64-column chunks s, s + 8, s + 16, ... of them, a lane 16 bytes of each of two 32-byte pieces of two
+// rows a tile (L1::no_allocate loads, 2 chunks in flight), the columns a lane loads being the k-slots of its A and
+// B fragments (any k order serves a dot product, so no shuffle or shared-memory staging); tokens are the 8 columns
+// of B (tokens 8 i .. 8 i + 7: n-tile i), x loaded once a chunk for both tiles. The 8 warps' sums of a (row,
+// token) are added in warp order.
+//
+// Every output is summed in an order fixed by cols alone (each warp's chunks ascending, the mma's own order
+// inside a chunk, the warps in order), and the mma computes each column of its output from that column of B
+// alone: a token's outputs are the same bits whatever n, the weights grouped with it, or x's alignment. So a
+// verify step of n tokens equals n one-token token-exact steps bit for bit (DFlash stays lossless on the GPU).
+//
+// Included by nvcc-compiled code: no base/status.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dflash {
+enum class DType : uint32_t;  // tensor/dtype.h
+}  // namespace dflash
+
+namespace dflash::cuda {
+
+constexpr int64_t kGemv16MmaMaxTokens = 32;
+constexpr int kGemv16MmaMaxParts = 4;
+
+struct Gemv16Part {
+  const void* w;  // rows x cols bf16, 16-byte aligned
+  int64_t rows;
+  float* y;  // y[t * rows + r]
+};
+
+// Whether gemv16_mma takes a weight: bf16, 16-byte aligned, cols a positive multiple of 64. It depends on the
+// weight alone, so a weight's decode and its verify take the same kernel.
+bool gemv16_mma_applies(DType type, const void* w, int64_t cols);
+
+// Enqueues y_p = bf16(x) W_p^T for every part (all bf16, all cols wide, each gemv16_mma_applies) in one launch;
+// x [n, cols] f32, 4-byte aligned, n in [1, kGemv16MmaMaxTokens]. cudaErrorInvalidValue (nothing enqueued) for a
+// part it does not take, a bad shape, more than kGemv16MmaMaxParts parts, or a null or misaligned pointer. Parts of
+// 0 rows are skipped.
+cudaError_t gemv16_mma(const Gemv16Part* parts, int n_parts, int64_t cols, const float* x, int64_t n,
+                       cudaStream_t stream = nullptr);
+
+}  // namespace dflash::cuda
