@@ -179,12 +179,21 @@ cudaError_t launch_shape(Args a, bool x_vec, cudaStream_t stream) {
   return launch_pdl(gemv16_mma_kernel<NT8, false, K, T, U>, grid, dim3(32 * K), 0, stream, a);
 }
 
-// The launch shape: 8 warps a CTA (the k-split), 2 row tiles a warp, 2 chunks in flight. Measured on an H200 over
-// the Qwen3-8B bf16 shapes at 1 and 16 tokens (docs/benchmarks.md, twenty-fourth session) against 4 warps, 1 tile,
-// 4 chunks in flight and a CTA a tile.
+// The launch shape by n-tiles (8 tokens each): 8 warps a CTA (the k-split), T row tiles a CTA, U chunks in flight.
+// T and U leave the summation order as it is (a row lies in one tile, and a warp sums its chunks in order), so a
+// token's outputs are the same bits at every n. At 1-8 tokens 2 tiles, 2 in flight (measured on an H200 over the
+// Qwen3-8B bf16 shapes, docs/benchmarks.md, twenty-fourth session). Above, that shape holds 150-162 registers, one
+// CTA an SM: 9-24 tokens 1 tile, 1 in flight, and 25-32 2 tiles, 1 in flight (twenty-fifth session: a 23-token
+// Qwen3.5-27B bf16 verify step 32.1 -> 23.9 ms, 16 tokens 20.1 -> 19.7).
+template <int NT8>
+struct LaunchShape {
+  static constexpr int T = NT8 == 1 || NT8 == 4 ? 2 : 1;
+  static constexpr int U = NT8 == 1 ? 2 : 1;
+};
+
 template <int NT8>
 cudaError_t launch_nt(const Args& a, bool x_vec, cudaStream_t stream) {
-  return launch_shape<NT8, kSplit, 2, 2>(a, x_vec, stream);
+  return launch_shape<NT8, kSplit, LaunchShape<NT8>::T, LaunchShape<NT8>::U>(a, x_vec, stream);
 }
 
 bool aligned(const void* p, uintptr_t b) { return reinterpret_cast<uintptr_t>(p) % b == 0; }

@@ -5,13 +5,13 @@
 //
 // y_p[n, rows] = bf16(x)[n, cols] W_p^T for up to kGemv16MmaMaxParts weights of one launch (the weights that share
 // an input: q/k/v, gate/up). x is rounded to bf16 (nearest even), as HF transformers runs bf16 checkpoints and
-// the prefill GEMM does; products by mma.sync m16n8k16 with f32 accumulators. A CTA of 8 warps takes 32 rows (two
-// 16-row tiles) of one weight at a time, as many CTAs as fit the device each taking every gridDim-th 32 rows; warp
-// s takes the 64-column chunks s, s + 8, s + 16, ... of them, a lane 16 bytes of each of two 32-byte pieces of two
-// rows a tile (L1::no_allocate loads, 2 chunks in flight), the columns a lane loads being the k-slots of its A and
-// B fragments (any k order serves a dot product, so no shuffle or shared-memory staging); tokens are the 8 columns
-// of B (tokens 8 i .. 8 i + 7: n-tile i), x loaded once a chunk for both tiles. The 8 warps' sums of a (row,
-// token) are added in warp order.
+// the prefill GEMM does; products by mma.sync m16n8k16 with f32 accumulators. A CTA of 8 warps takes one or two
+// 16-row tiles of one weight at a time (by token count), as many CTAs as fit the device each taking every
+// gridDim-th group of rows; warp s takes the 64-column chunks s, s + 8, s + 16, ... of them, a lane 16 bytes of
+// each of two 32-byte pieces of two rows a tile (L1::no_allocate loads, 1 or 2 chunks in flight), the columns a
+// lane loads being the k-slots of its A and B fragments (any k order serves a dot product, so no shuffle or
+// shared-memory staging); tokens are the 8 columns of B (tokens 8 i .. 8 i + 7: n-tile i), x loaded once a chunk
+// for the CTA's tiles. The 8 warps' sums of a (row, token) are added in warp order.
 //
 // Every output is summed in an order fixed by cols alone (each warp's chunks ascending, the mma's own order
 // inside a chunk, the warps in order), and the mma computes each column of its output from that column of B
