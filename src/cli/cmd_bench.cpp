@@ -365,7 +365,10 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
                         forward_capturing(runner, st, ring, draft->capture_layers(), prompt, runner.prefill_chunk()));
     got = {greedy(o.logits)};
     stats = SpecStats();
-    const ChooseFn choose = [](NodeLogits& l) -> Result<Choice> { return Choice{l.argmax(), false}; };
+    const ChooseFn choose = [](NodeLogits& l) -> Result<Choice> {
+      DF_ASSIGN_OR_RETURN(const int32_t t, l.greedy());
+      return Choice{t, false};
+    };
     const double t0 = now_s();
     while (static_cast<int64_t>(got.size()) < opt.gen_len) {
       const int64_t left = opt.gen_len - static_cast<int64_t>(got.size());
@@ -393,7 +396,10 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
     DF_ASSIGN_OR_RETURN(StepOutput o,
                         forward_capturing(runner, st, ring, draft->capture_layers(), prompt, runner.prefill_chunk()));
     int32_t root = greedy(o.logits);
-    const ChooseFn choose = [](NodeLogits& l) -> Result<Choice> { return Choice{l.argmax(), false}; };
+    const ChooseFn choose = [](NodeLogits& l) -> Result<Choice> {
+      DF_ASSIGN_OR_RETURN(const int32_t t, l.greedy());
+      return Choice{t, false};
+    };
     double wall = 0;
     for (int64_t i = 0; i < opt.profile; ++i) {
       const double t0 = now_s();

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "decode/ddtree.h"
+#include "decode/sampler.h"
 #include "model/forward.h"
 
 namespace dflash {
@@ -194,6 +195,8 @@ Result<DraftTopK> DFlashDraft::propose(Context& ctx, const FeatureRing& ring, in
   return draft_top_k(be, logits, rows, V, k);
 }
 
+Result<int32_t> NodeLogits::greedy() const { return checked_greedy(argmax_, best_, vocab_); }
+
 Result<std::span<const float>> NodeLogits::row() {
   if (host_.empty()) {
     host_.resize(static_cast<size_t>(vocab_));
@@ -339,7 +342,8 @@ Result<SpecStepResult> verify_tree(Runner& target, SequenceState& state, Feature
   // Walk: the caller's choice at each node, down the child that holds it.
   bool stop = false;
   const auto choose_at = [&](int32_t node) -> Result<int32_t> {
-    NodeLogits logits(be, out.device_logits.data() + static_cast<int64_t>(node) * V, V, top[static_cast<size_t>(node)]);
+    const auto k = static_cast<size_t>(node);
+    NodeLogits logits(be, out.device_logits.data() + static_cast<int64_t>(node) * V, V, top[k], top_value[k]);
     DF_ASSIGN_OR_RETURN(Choice c, choose(logits));
     stop = c.stop;
     return c.token;

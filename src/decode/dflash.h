@@ -135,13 +135,16 @@ class DFlashDraft {
   bool graphs_on_ = true;
 };
 
-// A verified node's logits, for the caller's choice: their argmax (reduced on the backend for every node of
-// the step), and the whole row on demand (one row crosses to the host, once).
+// A verified node's logits, for the caller's choice: their argmax and its logit (reduced on the backend for every
+// node of the step), and the whole row on demand (one row crosses to the host, once).
 class NodeLogits {
  public:
-  NodeLogits(Backend& be, const float* row, int64_t vocab, int32_t argmax)
-      : be_(&be), dev_(row), vocab_(vocab), argmax_(argmax) {}
+  NodeLogits(Backend& be, const float* row, int64_t vocab, int32_t argmax, float best)
+      : be_(&be), dev_(row), vocab_(vocab), argmax_(argmax), best_(best) {}
   int32_t argmax() const { return argmax_; }
+  // The greedy choice, with the sampler's errors (decode/sampler.h checked_greedy: the best logit +inf or NaN,
+  // or every logit -inf), as Runner::greedy_token gives plain greedy decoding.
+  Result<int32_t> greedy() const;
   Result<std::span<const float>> row();
 
  private:
@@ -149,6 +152,7 @@ class NodeLogits {
   const float* dev_;
   int64_t vocab_;
   int32_t argmax_;
+  float best_;
   std::vector<float> host_;
 };
 

@@ -5,6 +5,8 @@
 #include <limits>
 #include <numeric>
 
+#include "decode/sampler.h"
+
 namespace dflash {
 
 Runner::Runner(const Weights& weights, int threads) : owned_(std::make_unique<CpuBackend>(threads)) {
@@ -142,11 +144,7 @@ Result<int32_t> Runner::greedy_token(const StepOutput& out) {
   float best = 0;
   DF_RETURN_IF_ERROR(
       backend().top_k_rows(out.device_logits.data() + (out.rows - 1) * V, 1, V, 1, &id, &best, nullptr));
-  if (!(best < std::numeric_limits<float>::infinity()))
-    return invalid_argument("sampler: logit of token {} is {} (a numeric fault upstream)", id, best);
-  if (best == -std::numeric_limits<float>::infinity())
-    return invalid_argument("sampler: every token is masked (all {} logits are -inf)", V);
-  return id;
+  return checked_greedy(id, best, V);
 }
 
 Runner::~Runner() {

@@ -106,9 +106,7 @@ Status Sampler::run_chain(std::span<const float> logits, std::span<const int32_t
   }
 
   constexpr float kPosInf = std::numeric_limits<float>::infinity();
-  auto bad_logit = [](size_t i, float l) {
-    return invalid_argument("sampler: logit of token {} is {} (a numeric fault upstream)", i, l);
-  };
+  auto bad_logit = [](size_t i, float l) { return logit_fault(static_cast<int64_t>(i), l); };
 
   // Plain greedy (no bias, no penalties): one scan, no copy.
   if (params_.greedy() && params_.logit_bias.empty() && (!params_.has_penalties() || history.empty())) {
@@ -122,7 +120,7 @@ Status Sampler::run_chain(std::span<const float> logits, std::span<const int32_t
         best = static_cast<int32_t>(i);
       }
     }
-    if (best < 0) return invalid_argument("sampler: every token is masked (all {} logits are -inf)", vocab);
+    if (best < 0) return all_masked(static_cast<int64_t>(vocab));
     cand_.resize(1);
     cand_[0] = Candidate{best, best_l, 1.0f};
     sorted_ = true;
@@ -158,7 +156,7 @@ Status Sampler::run_chain(std::span<const float> logits, std::span<const int32_t
         best = c.id;
       }
     }
-    if (best < 0) return invalid_argument("sampler: every token is masked (all {} logits are -inf)", vocab);
+    if (best < 0) return all_masked(static_cast<int64_t>(vocab));
     cand_.resize(1);
     cand_[0] = Candidate{best, best_l, 1.0f};
     sorted_ = true;
@@ -168,7 +166,7 @@ Status Sampler::run_chain(std::span<const float> logits, std::span<const int32_t
 
   // Masked tokens never survive (stable: cand_ stays in id order).
   std::erase_if(cand_, [](const Candidate& c) { return c.logit == kNegInf; });
-  if (cand_.empty()) return invalid_argument("sampler: every token is masked (all {} logits are -inf)", vocab);
+  if (cand_.empty()) return all_masked(static_cast<int64_t>(vocab));
 
   // Top-k: the k largest logits, ties to the lowest id; then sorted (k is small).
   auto by_logit = [](const Candidate& a, const Candidate& b) {
@@ -318,6 +316,20 @@ Result<int32_t> Sampler::sample_from(std::span<const float> probs) {
     if (u < cum) return last;
   }
   return last;
+}
+
+Status logit_fault(int64_t token, float logit) {
+  return invalid_argument("sampler: logit of token {} is {} (a numeric fault upstream)", token, logit);
+}
+
+Status all_masked(int64_t vocab) {
+  return invalid_argument("sampler: every token is masked (all {} logits are -inf)", vocab);
+}
+
+Result<int32_t> checked_greedy(int32_t id, float best, int64_t vocab) {
+  if (!(best < std::numeric_limits<float>::infinity())) return logit_fault(id, best);
+  if (best == -std::numeric_limits<float>::infinity()) return all_masked(vocab);
+  return id;
 }
 
 }  // namespace dflash

@@ -121,4 +121,12 @@ class Sampler {
   double kept_mass_ = 0.0;
 };
 
+// The sampler's errors for a faulty row, one text for every greedy choice: the Sampler's, and those reduced on a
+// backend (Runner::greedy_token, NodeLogits::greedy in decode/dflash.h).
+Status logit_fault(int64_t token, float logit);  // a NaN or +inf logit
+Status all_masked(int64_t vocab);                // every logit -inf
+// A greedy choice reduced on a backend (Backend::top_k_rows with k = 1, where a NaN counts as -inf): `id`, or
+// the sampler's error when its logit `best` is +inf (or NaN) or -inf.
+Result<int32_t> checked_greedy(int32_t id, float best, int64_t vocab);
+
 }  // namespace dflash

@@ -453,7 +453,8 @@ Result<bool> Generation::speculative_decode(bool* ran) {
   const ChooseFn choose = [this, argmax_only](NodeLogits& logits) -> Result<Choice> {
     bool done = false;
     if (argmax_only) {
-      DF_ASSIGN_OR_RETURN(done, commit_token(logits.argmax()));
+      DF_ASSIGN_OR_RETURN(const int32_t token, logits.greedy());
+      DF_ASSIGN_OR_RETURN(done, commit_token(token));
     } else {
       DF_ASSIGN_OR_RETURN(std::span<const float> row, logits.row());
       DF_ASSIGN_OR_RETURN(done, take_token(row));

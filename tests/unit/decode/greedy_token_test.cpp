@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "decode/dflash.h"
 #include "decode/runner.h"
 #include "decode/sampler.h"
 #include "state/sequence_state.h"
@@ -91,6 +92,45 @@ TEST(GreedyToken, TiesGoToTheLowestIdAndFaultsAreRefused) {
   host.rows = 1;
   host.logits.assign(V, 0.0f);
   EXPECT_FALSE(runner.greedy_token(host).ok());
+}
+
+// A speculative step's greedy choice at a verified node (NodeLogits::greedy, from the node's argmax and logit as
+// the backend reduced them) gives what Runner::greedy_token gives plain greedy decoding: the same token, or the
+// same error, with the sampler's text for a +inf logit and for a fully masked row.
+TEST(GreedyToken, SpeculativeNodesChooseAndFailAsPlainDecodingDoes) {
+  Runner runner(test::fixture_model("tiny-qwen3"), 2);
+  const auto V = static_cast<size_t>(runner.spec().vocab);
+  Sampler sampler(SamplingParams{});
+  const std::vector<int32_t> no_history;
+  std::vector<float> row(V);
+  for (int kind = 0; kind < 5; ++kind) {
+    SCOPED_TRACE("row kind " + std::to_string(kind));
+    for (size_t i = 0; i < V; ++i) row[i] = static_cast<float>((i * 7919) % 101) * 0.25f - 10.0f;
+    if (kind == 1) row[5] = row[17] = 40.0f;                        // a tie: the lower id
+    if (kind == 2) row[23] = kInf;                                  // a numeric fault
+    if (kind == 3) std::fill(row.begin(), row.end(), -kInf);        // every token masked
+    if (kind == 4) std::fill(row.begin(), row.end(), std::nanf(""));  // NaN counts as -inf
+    int32_t id = -1;
+    float best = 0;
+    ASSERT_TRUE(runner.backend().top_k_rows(row.data(), 1, static_cast<int64_t>(V), 1, &id, &best, nullptr).ok());
+    const NodeLogits node(runner.backend(), row.data(), static_cast<int64_t>(V), id, best);
+    const Result<int32_t> got = node.greedy();
+    const Result<int32_t> plain = runner.greedy_token(device_row(row));
+    ASSERT_EQ(got.ok(), plain.ok());
+    ASSERT_EQ(got.ok(), kind < 2);
+    if (got.ok()) {
+      EXPECT_EQ(*got, *plain);
+      EXPECT_EQ(*got, test::argmax(row));
+      if (kind == 1) EXPECT_EQ(*got, 5);
+      continue;
+    }
+    EXPECT_EQ(got.status().message(), plain.status().message());
+    if (kind == 2 || kind == 3) {
+      const Result<int32_t> sampled = sampler.sample(row, no_history);
+      ASSERT_FALSE(sampled.ok());
+      EXPECT_EQ(got.status().message(), sampled.status().message());
+    }
+  }
 }
 
 }  // namespace
