@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <limits>
 #include <numeric>
 
 #include "decode/sampler.h"
@@ -86,7 +85,7 @@ Result<StepOutput> Runner::forward(SequenceState& state, const Step& step) {
   // A verify step (rolled back or committed node by node) computes every token as a one-token step would.
   const bool tree = step.mask == cpu::MaskKind::kTree;
   const bool verify = step.capture_recurrent || tree;
-  const bool token_exact = verify || (exact_decode_ && n == 1);
+  const bool token_exact = token_exact_step(verify, n);
   if (graphs_on_ && records_steps()) {
     const bool causal = step.mask == cpu::MaskKind::kCausal && step.positions.empty();
     const bool plain_decode = n == 1 && causal && !step.capture_recurrent;
@@ -328,7 +327,7 @@ Result<StepOutput> Runner::forward_recorded(SequenceState& state, const Step& st
       }
     }
     DF_ASSIGN_OR_RETURN(const bool recorded,
-                        record(rec, state, step, positions, values, verify || (exact_decode_ && n == 1)));
+                        record(rec, state, step, positions, values, token_exact_step(verify, n)));
     if (!recorded) return StepOutput{};
   }
   if (step.capture_recurrent && step.mask == cpu::MaskKind::kCausal) state.begin_captured_step(n);

@@ -104,10 +104,8 @@ class Runner {
   // run: on while a draft decodes with this target (cli/draft_loader.cpp), so that its verify steps and its plain
   // steps (and a plain request's) compute a token the same way, bit for bit. Off by default: for bf16 weights the
   // one-token kernel of the other path is faster (ops/cuda/matmul_host.h, kTokenExact); other types take the same
-  // kernels either way.
-  // Changing it drops the recorded steps (they ran the other products).
+  // kernels either way. Changing it drops the recorded steps (they ran the other products).
   void set_exact_decode(bool on);
-  bool exact_decode() const { return exact_decode_; }
   // Steps that ran as a replay of a recording, and recordings made (for tests and benchmarks).
   int64_t replayed_steps() const { return replayed_; }
   int64_t recordings() const { return recordings_; }
@@ -173,6 +171,8 @@ class Runner {
                       const StepValues& values, bool token_exact);
   // Turns token-exact products on or off on every shard's backend (verify steps).
   void set_token_exact(bool on);
+  // Whether a step of n tokens runs token-exact: a verify step, or a one-token step under set_exact_decode.
+  bool token_exact_step(bool verify, int64_t n) const { return verify || (exact_decode_ && n == 1); }
 
   explicit Runner(std::vector<RunnerShard> shards);
   // Copies x [n, H] from `from`'s memory into a new buffer of `to`'s (a shard boundary).
