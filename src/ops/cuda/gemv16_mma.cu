@@ -12,6 +12,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "base/checked_math.h"
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/mma_f16.cuh"
@@ -196,19 +197,17 @@ cudaError_t launch_nt(const Args& a, bool x_vec, cudaStream_t stream) {
   return launch_shape<NT8, kSplit, LaunchShape<NT8>::T, LaunchShape<NT8>::U>(a, x_vec, stream);
 }
 
-bool aligned(const void* p, uintptr_t b) { return reinterpret_cast<uintptr_t>(p) % b == 0; }
-
 }  // namespace
 
 bool gemv16_mma_applies(DType type, const void* w, int64_t cols) {
-  return static_cast<uint32_t>(type) == qblocks::kBF16 && w != nullptr && aligned(w, 16) && cols > 0 &&
+  return static_cast<uint32_t>(type) == qblocks::kBF16 && w != nullptr && is_aligned(w, 16) && cols > 0 &&
          cols % 64 == 0;
 }
 
 cudaError_t gemv16_mma(const Gemv16Part* parts, int n_parts, int64_t cols, const float* x, int64_t n,
                        cudaStream_t stream) {
   if (n_parts < 1 || n_parts > kGemv16MmaMaxParts || n < 1 || n > kGemv16MmaMaxTokens || cols <= 0 ||
-      cols % 64 != 0 || x == nullptr || !aligned(x, 4) || cols > INT64_MAX / 2 / kGemv16MmaMaxTokens)
+      cols % 64 != 0 || x == nullptr || !is_aligned(x, 4) || cols > INT64_MAX / 2 / kGemv16MmaMaxTokens)
     return cudaErrorInvalidValue;
   Args a{};
   a.cols = cols;
@@ -216,12 +215,13 @@ cudaError_t gemv16_mma(const Gemv16Part* parts, int n_parts, int64_t cols, const
   a.n = static_cast<int>(n);
   for (int i = 0; i < n_parts; ++i) {
     const Gemv16Part& q = parts[i];
-    if (q.rows < 0 || (q.rows > 0 && (q.y == nullptr || !aligned(q.y, 4) || q.w == nullptr || !aligned(q.w, 16))))
+    if (q.rows < 0 ||
+        (q.rows > 0 && (q.y == nullptr || !is_aligned(q.y, 4) || q.w == nullptr || !is_aligned(q.w, 16))))
       return cudaErrorInvalidValue;
     if (q.rows > 0) a.parts[a.n_parts++] = q;
   }
   if (a.n_parts == 0) return cudaSuccess;
-  const bool x_vec = aligned(x, 16);
+  const bool x_vec = is_aligned(x, 16);
   switch ((n + 7) / 8) {
     case 1: return launch_nt<1>(a, x_vec, stream);
     case 2: return launch_nt<2>(a, x_vec, stream);
