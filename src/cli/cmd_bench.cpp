@@ -330,6 +330,11 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
   }
   if (s.max_context > 0 && static_cast<int64_t>(prompt.size()) + opt.gen_len + draft->block_size() > s.max_context)
     return invalid_argument("the prompt and --gen-len exceed the model's context of {}", s.max_context);
+  // The speculative runs' choice at a verified node: its greedy token, with the sampler's errors.
+  const ChooseFn choose = [](NodeLogits& l) -> Result<Choice> {
+    DF_ASSIGN_OR_RETURN(const int32_t t, l.greedy());
+    return Choice{t, false};
+  };
   const auto greedy = [](std::span<const float> l) {
     return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
   };
@@ -365,10 +370,6 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
                         forward_capturing(runner, st, ring, draft->capture_layers(), prompt, runner.prefill_chunk()));
     got = {greedy(o.logits)};
     stats = SpecStats();
-    const ChooseFn choose = [](NodeLogits& l) -> Result<Choice> {
-      DF_ASSIGN_OR_RETURN(const int32_t t, l.greedy());
-      return Choice{t, false};
-    };
     const double t0 = now_s();
     while (static_cast<int64_t>(got.size()) < opt.gen_len) {
       const int64_t left = opt.gen_len - static_cast<int64_t>(got.size());
@@ -396,10 +397,6 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
     DF_ASSIGN_OR_RETURN(StepOutput o,
                         forward_capturing(runner, st, ring, draft->capture_layers(), prompt, runner.prefill_chunk()));
     int32_t root = greedy(o.logits);
-    const ChooseFn choose = [](NodeLogits& l) -> Result<Choice> {
-      DF_ASSIGN_OR_RETURN(const int32_t t, l.greedy());
-      return Choice{t, false};
-    };
     double wall = 0;
     for (int64_t i = 0; i < opt.profile; ++i) {
       const double t0 = now_s();

@@ -676,11 +676,12 @@ TEST_F(CudaMatmul, token_exact_path_equals_one_token_products_bit_for_bit) {
       alone.push_back(run(xk, 1, cuda::MatmulPath::kTokenExact));
       const auto automatic = run(xk, 1, cuda::MatmulPath::kAuto);
       ASSERT_FALSE(HasFailure());
-      for (size_t i = 0; i < l.types.size(); ++i)
-        if (l.types[i] != DType::kBF16)
-          for (int64_t r = 0; r < l.rows[i]; ++r)
-            ASSERT_EQ(std::bit_cast<uint32_t>(alone[k][i][r]), std::bit_cast<uint32_t>(automatic[i][r]))
-                << dtype_name(l.types[i]) << " target " << i << ": kAuto, token " << k << ", row " << r;
+      for (size_t i = 0; i < l.types.size(); ++i) {
+        if (l.types[i] == DType::kBF16) continue;  // kAuto keeps the f32 16-bit GEMV for bf16
+        for (int64_t r = 0; r < l.rows[i]; ++r)
+          ASSERT_EQ(std::bit_cast<uint32_t>(alone[k][i][r]), std::bit_cast<uint32_t>(automatic[i][r]))
+              << dtype_name(l.types[i]) << " target " << i << ": kAuto, token " << k << ", row " << r;
+      }
     }
     for (int64_t n : {1, 2, 8, 9, 16, 17, 23, 32}) {
       const auto all = run(std::vector<float>(x.begin(), x.begin() + n * cols), n, cuda::MatmulPath::kTokenExact);
