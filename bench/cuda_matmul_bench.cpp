@@ -3,7 +3,7 @@
 // per second); prefill sizes (n > 16, the GEMM path) beside the bf16 cuBLAS GEMM of the same shape.
 //
 //   bench_cuda_matmul [--quick | --qwen3-8b | --bf16-8b | --shapes RxC,...] [--tokens 1,2,4,8,16,64,256,...]
-//                     [--no-fused] [TYPE...]
+//                     [--no-fused] [--exact] [TYPE...]
 //
 // TYPE: f32, q4_K, ... (default every type).
 //
@@ -17,6 +17,8 @@
 // --shapes: these rows x cols shapes (e.g. 1024x384,384x1024: the bundled 19M model's) in every type asked for.
 // --tokens: the token counts n to time (default 1, 4, 16).
 // --no-fused: matmul without the fused kernel (set_gemm_fused_max_tokens(0)), and no fused columns.
+// --exact: the engine's column is the token-exact path (MatmulPath::kTokenExact, what a verify step runs), and
+// token counts up to kMmqMaxTokens (32) time as decode sizes.
 //
 // n <= 16. Figure: bytes moved (W in its stored type + x + y) / device time of the engine's path
 // (cuda::matmul, kAuto: for the common block types x's int8 quantization plus the integer-dot GEMV) and of
@@ -61,6 +63,7 @@
 #include "ops/cuda/gemm_q.h"
 #include "ops/cuda/matmul.h"
 #include "ops/cuda/matmul_host.h"
+#include "ops/cuda/mmq.h"
 #include "tensor/dtype.h"
 
 namespace {
@@ -331,7 +334,7 @@ void gemm_section(const std::vector<GemmShape>& shapes, const std::vector<int64_
 
 int main(int argc, char** argv) {
   using dflash::DType;
-  bool quick = false, qwen3_8b = false, bf16_8b = false, no_fused = false;
+  bool quick = false, qwen3_8b = false, bf16_8b = false, no_fused = false, exact = false;
   std::vector<int64_t> tokens = {1, 4, 16};
   std::vector<std::string> only;  // type names to run (default: all)
   std::vector<std::pair<int64_t, int64_t>> asked;  // --shapes
@@ -344,6 +347,8 @@ int main(int argc, char** argv) {
       bf16_8b = true;
     } else if (std::strcmp(argv[i], "--no-fused") == 0) {
       no_fused = true;
+    } else if (std::strcmp(argv[i], "--exact") == 0) {
+      exact = true;
     } else if (std::strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) {
       tokens.clear();
       for (const char* p = argv[++i]; *p != '\0';) {
@@ -405,7 +410,8 @@ int main(int argc, char** argv) {
     return only.empty() || std::find(only.begin(), only.end(), std::string(dflash::dtype_name(t))) != only.end();
   };
   std::vector<int64_t> gemv_tokens, gemm_tokens;
-  for (int64_t n : tokens) (n <= dflash::cuda::kGemvMaxTokens ? gemv_tokens : gemm_tokens).push_back(n);
+  const int64_t gemv_max = exact ? dflash::cuda::kMmqMaxTokens : dflash::cuda::kGemvMaxTokens;
+  for (int64_t n : tokens) (n <= gemv_max ? gemv_tokens : gemm_tokens).push_back(n);
   cudaStream_t stream = nullptr;
   CHECK(cudaStreamCreate(&stream));
 
@@ -428,10 +434,10 @@ int main(int argc, char** argv) {
     size_t pool_bytes = 0;
     uint8_t* w = bench::weight_pool(max_bytes, kReps, &pool_bytes);
     float *x = nullptr, *y = nullptr;
-    CHECK(cudaMalloc(&x, sizeof(float) * 16 * max_cols));
-    CHECK(cudaMalloc(&y, sizeof(float) * 16 * max_rows));
+    CHECK(cudaMalloc(&x, sizeof(float) * gemv_max * max_cols));
+    CHECK(cudaMalloc(&y, sizeof(float) * gemv_max * max_rows));
     {
-      std::vector<float> hx(static_cast<size_t>(16 * max_cols));
+      std::vector<float> hx(static_cast<size_t>(gemv_max * max_cols));
       std::mt19937 rng(1);
       std::uniform_real_distribution<float> u(-1.0f, 1.0f);
       for (auto& v : hx) v = u(rng);
@@ -454,9 +460,11 @@ int main(int argc, char** argv) {
             return w + (static_cast<size_t>(r) * stride) % (pool_bytes - stride + 1) / 256 * 256;
           };
           const float ms = graph_ms(stream, [&](cudaStream_t st, int r) {
-            ok_or_die(dflash::cuda::matmul(t, wr(r), s.rows, s.cols, x, n, y, st));
+            ok_or_die(dflash::cuda::matmul(t, wr(r), s.rows, s.cols, x, n, y, st,
+                                           exact ? dflash::cuda::MatmulPath::kTokenExact
+                                                 : dflash::cuda::MatmulPath::kAuto));
           });
-          const float ms_f32 = graph_ms(stream, [&](cudaStream_t st, int r) {
+          const float ms_f32 = n > dflash::cuda::kGemvMaxTokens ? ms : graph_ms(stream, [&](cudaStream_t st, int r) {
             CHECK(dflash::cuda::gemv(t, wr(r), s.rows, s.cols, x, n, y, st));
           });
           const double gbs = bytes / (ms * 1e-3) / 1e9, gbs_f32 = bytes / (ms_f32 * 1e-3) / 1e9;
