@@ -31,18 +31,30 @@ struct Args {
   int64_t first_block[kGemv16MmaMaxParts + 1];  // index of each part's first CTA
   int n_parts;
   int64_t cols;
-  const float* x;
+  const float* x;      // f32 x (rounded to bf16 as it is loaded), or
+  const uint16_t* xb;  // x already in bf16, 16-byte aligned (kXB kernels)
   int n;
 };
 
 using gemv_common::ldw_u4;
 
-// Token t's x at the lane's 16 columns of chunk k as the B fragments of the chunk's 4 mma (zeros past n).
-template <bool kXVec>
+// How x comes: f32 (rounded to bf16 as loaded; kXF32Vec 16-byte aligned), or already in bf16.
+enum XForm { kXF32, kXF32Vec, kXBf16 };
+
+// Token t's x at the lane's 16 columns of chunk k as the B fragments of the chunk's 4 mma (zeros past n). In bf16,
+// two 16-byte loads (columns 8c .. 8c + 7 and 32 + 8c .. 39 + 8c).
+template <XForm kX>
 __device__ __forceinline__ void load_b(const Args& a, int t, int64_t k, int c, uint32_t (&b)[4][2]) {
   if (t >= a.n) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) b[j][0] = b[j][1] = 0u;
+    return;
+  }
+  if constexpr (kX == kXBf16) {
+    const uint16_t* xt = a.xb + int64_t{t} * a.cols + k * 64 + 8 * c;
+    const uint4 lo = __ldg(reinterpret_cast<const uint4*>(xt)), hi = __ldg(reinterpret_cast<const uint4*>(xt + 32));
+    b[0][0] = lo.x, b[0][1] = lo.y, b[1][0] = lo.z, b[1][1] = lo.w;
+    b[2][0] = hi.x, b[2][1] = hi.y, b[3][0] = hi.z, b[3][1] = hi.w;
     return;
   }
   const float* xt = a.x + int64_t{t} * a.cols + k * 64 + 8 * c;
@@ -50,7 +62,7 @@ __device__ __forceinline__ void load_b(const Args& a, int t, int64_t k, int c, u
   for (int j = 0; j < 4; ++j) {
     const float* xp = xt + (j < 2 ? 4 * j : 32 + 4 * (j - 2));
     float4 v;
-    if constexpr (kXVec) {
+    if constexpr (kX == kXF32Vec) {
       v = __ldg(reinterpret_cast<const float4*>(xp));
     } else {
       v = make_float4(__ldg(xp), __ldg(xp + 1), __ldg(xp + 2), __ldg(xp + 3));
@@ -60,7 +72,7 @@ __device__ __forceinline__ void load_b(const Args& a, int t, int64_t k, int c, u
   }
 }
 
-template <int NT8, bool kXVec, int K, int T, int U>
+template <int NT8, XForm kX, int K, int T, int U>
 __global__ void __launch_bounds__(32 * K) gemv16_mma_kernel(const Args a) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, c = lane & 3;
@@ -112,7 +124,7 @@ __global__ void __launch_bounds__(32 * K) gemv16_mma_kernel(const Args a) {
   #pragma unroll
         for (int i = 0; i < NT8; ++i) {
           uint32_t b[4][2];
-          load_b<kXVec>(a, 8 * i + g, k, c, b);
+          load_b<kX>(a, 8 * i + g, k, c, b);
   #pragma unroll
           for (int tt = 0; tt < T; ++tt) {
             const uint4(&wa)[2] = w[u][tt][0];
@@ -157,8 +169,8 @@ __global__ void __launch_bounds__(32 * K) gemv16_mma_kernel(const Args a) {
   if (!waited) pdl_begin();
 }
 
-template <int NT8, int K, int T, int U>
-cudaError_t launch_shape(Args a, bool x_vec, cudaStream_t stream) {
+template <int NT8, XForm kX, int K, int T, int U>
+cudaError_t launch_shape(Args a, cudaStream_t stream) {
   a.first_block[0] = 0;
   for (int i = 0; i < a.n_parts; ++i)
     a.first_block[i + 1] = a.first_block[i] + (a.parts[i].rows + 16 * T - 1) / (16 * T);
@@ -167,34 +179,65 @@ cudaError_t launch_shape(Args a, bool x_vec, cudaStream_t stream) {
   // Persistent: as many CTAs as fit on the device at once, each taking every gridDim.x-th CTA's rows (CTAs that
   // end and start again cost the large weights, 24K-152K rows, a tenth of their rate).
   dim3 grid(static_cast<unsigned>(blocks));
-  static int per_sm[2] = {0, 0};  // resident CTAs an SM, by x_vec (per instantiation)
-  int& ps = per_sm[x_vec ? 1 : 0];
+  static int ps = 0;  // resident CTAs an SM (per instantiation)
   if (ps == 0) {
-    if (x_vec) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, gemv16_mma_kernel<NT8, true, K, T, U>, 32 * K, 0);
-    else cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, gemv16_mma_kernel<NT8, false, K, T, U>, 32 * K, 0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, gemv16_mma_kernel<NT8, kX, K, T, U>, 32 * K, 0);
     if (ps <= 0) ps = 1;
   }
   const int64_t most = int64_t{ps} * current_sm_count();
   if (blocks > most) grid.x = static_cast<unsigned>(most);
-  if (x_vec) return launch_pdl(gemv16_mma_kernel<NT8, true, K, T, U>, grid, dim3(32 * K), 0, stream, a);
-  return launch_pdl(gemv16_mma_kernel<NT8, false, K, T, U>, grid, dim3(32 * K), 0, stream, a);
+  return launch_pdl(gemv16_mma_kernel<NT8, kX, K, T, U>, grid, dim3(32 * K), 0, stream, a);
 }
 
-// The launch shape by n-tiles (8 tokens each): 8 warps a CTA (the k-split), T row tiles a CTA, U chunks in flight.
-// T and U leave the summation order as it is (a row lies in one tile, and a warp sums its chunks in order), so a
-// token's outputs are the same bits at every n. At 1-8 tokens 2 tiles, 2 in flight (measured on an H200 over the
-// Qwen3-8B bf16 shapes, docs/benchmarks.md, twenty-fourth session). Above, that shape holds 150-162 registers, one
-// CTA an SM: 9-24 tokens 1 tile, 1 in flight, and 25-32 2 tiles, 1 in flight (twenty-fifth session: a 23-token
-// Qwen3.5-27B bf16 verify step 32.1 -> 23.9 ms, 16 tokens 20.1 -> 19.7).
-template <int NT8>
+// The launch shape by n-tiles (8 tokens each) and x's form: 8 warps a CTA (the k-split), T row tiles a CTA, U
+// chunks in flight. T and U leave the summation order as it is (a row lies in one tile, and a warp sums its chunks
+// in order), so a token's outputs are the same bits at every n. At 1-8 tokens 2 tiles, 2 in flight (measured on an
+// H200 over the Qwen3-8B bf16 shapes, docs/benchmarks.md, twenty-fourth session). Above, that shape holds 150-162
+// registers, one CTA an SM. With f32 x: 9-24 tokens 1 tile, 1 in flight, 25-32 2 tiles, 1 in flight (twenty-fifth
+// session). With bf16 x (from 17 tokens: kGemv16MmaBf16XFrom), 2 tiles, 1 in flight: the x bytes a weight byte
+// halve twice over (twenty-sixth session, H100: a 23-token Qwen3.5-27B bf16 verify 26.6 -> 24.9 ms).
+template <int NT8, XForm kX>
 struct LaunchShape {
-  static constexpr int T = NT8 == 1 || NT8 == 4 ? 2 : 1;
+  static constexpr int T = NT8 == 1 || NT8 == 4 || kX == kXBf16 ? 2 : 1;
   static constexpr int U = NT8 == 1 ? 2 : 1;
 };
 
-template <int NT8>
-cudaError_t launch_nt(const Args& a, bool x_vec, cudaStream_t stream) {
-  return launch_shape<NT8, kSplit, LaunchShape<NT8>::T, LaunchShape<NT8>::U>(a, x_vec, stream);
+template <int NT8, XForm kX>
+cudaError_t launch_nt(const Args& a, cudaStream_t stream) {
+  return launch_shape<NT8, kX, kSplit, LaunchShape<NT8, kX>::T, LaunchShape<NT8, kX>::U>(a, stream);
+}
+
+template <XForm kX>
+cudaError_t launch_n(const Args& a, cudaStream_t stream) {
+  switch ((a.n + 7) / 8) {
+    case 1: return launch_nt<1, kX>(a, stream);
+    case 2: return launch_nt<2, kX>(a, stream);
+    case 3: return launch_nt<3, kX>(a, stream);
+    default: return launch_nt<4, kX>(a, stream);
+  }
+}
+
+// The checks and Args of both entry points (x or xb set).
+cudaError_t launch(const Gemv16Part* parts, int n_parts, int64_t cols, const float* x, const uint16_t* xb, int64_t n,
+                   cudaStream_t stream) {
+  if (n_parts < 1 || n_parts > kGemv16MmaMaxParts || n < 1 || n > kGemv16MmaMaxTokens || cols <= 0 ||
+      cols % 64 != 0 || cols > INT64_MAX / 2 / kGemv16MmaMaxTokens)
+    return cudaErrorInvalidValue;
+  Args a{};
+  a.cols = cols;
+  a.x = x;
+  a.xb = xb;
+  a.n = static_cast<int>(n);
+  for (int i = 0; i < n_parts; ++i) {
+    const Gemv16Part& q = parts[i];
+    if (q.rows < 0 ||
+        (q.rows > 0 && (q.y == nullptr || !is_aligned(q.y, 4) || q.w == nullptr || !is_aligned(q.w, 16))))
+      return cudaErrorInvalidValue;
+    if (q.rows > 0) a.parts[a.n_parts++] = q;
+  }
+  if (a.n_parts == 0) return cudaSuccess;
+  if (xb != nullptr) return launch_n<kXBf16>(a, stream);
+  return is_aligned(x, 16) ? launch_n<kXF32Vec>(a, stream) : launch_n<kXF32>(a, stream);
 }
 
 }  // namespace
@@ -206,28 +249,14 @@ bool gemv16_mma_applies(DType type, const void* w, int64_t cols) {
 
 cudaError_t gemv16_mma(const Gemv16Part* parts, int n_parts, int64_t cols, const float* x, int64_t n,
                        cudaStream_t stream) {
-  if (n_parts < 1 || n_parts > kGemv16MmaMaxParts || n < 1 || n > kGemv16MmaMaxTokens || cols <= 0 ||
-      cols % 64 != 0 || x == nullptr || !is_aligned(x, 4) || cols > INT64_MAX / 2 / kGemv16MmaMaxTokens)
-    return cudaErrorInvalidValue;
-  Args a{};
-  a.cols = cols;
-  a.x = x;
-  a.n = static_cast<int>(n);
-  for (int i = 0; i < n_parts; ++i) {
-    const Gemv16Part& q = parts[i];
-    if (q.rows < 0 ||
-        (q.rows > 0 && (q.y == nullptr || !is_aligned(q.y, 4) || q.w == nullptr || !is_aligned(q.w, 16))))
-      return cudaErrorInvalidValue;
-    if (q.rows > 0) a.parts[a.n_parts++] = q;
-  }
-  if (a.n_parts == 0) return cudaSuccess;
-  const bool x_vec = is_aligned(x, 16);
-  switch ((n + 7) / 8) {
-    case 1: return launch_nt<1>(a, x_vec, stream);
-    case 2: return launch_nt<2>(a, x_vec, stream);
-    case 3: return launch_nt<3>(a, x_vec, stream);
-    default: return launch_nt<4>(a, x_vec, stream);
-  }
+  if (x == nullptr || !is_aligned(x, 4)) return cudaErrorInvalidValue;
+  return launch(parts, n_parts, cols, x, nullptr, n, stream);
+}
+
+cudaError_t gemv16_mma_bf16x(const Gemv16Part* parts, int n_parts, int64_t cols, const uint16_t* xb, int64_t n,
+                             cudaStream_t stream) {
+  if (xb == nullptr || !is_aligned(xb, 16)) return cudaErrorInvalidValue;
+  return launch(parts, n_parts, cols, nullptr, xb, n, stream);
 }
 
 }  // namespace dflash::cuda

@@ -5,7 +5,8 @@
 //
 // y_p[n, rows] = bf16(x)[n, cols] W_p^T for up to kGemv16MmaMaxParts weights of one launch (the weights that share
 // an input: q/k/v, gate/up). x is rounded to bf16 (nearest even), as HF transformers runs bf16 checkpoints and
-// the prefill GEMM does; products by mma.sync m16n8k16 with f32 accumulators. A CTA of 8 warps takes one or two
+// the prefill GEMM does, by the kernel as it loads f32 x (gemv16_mma) or before it (gemv16_mma_bf16x: matmul's
+// form from kGemv16MmaBf16XFrom tokens); products by mma.sync m16n8k16 with f32 accumulators. A CTA of 8 warps takes one or two
 // 16-row tiles of one weight at a time (by token count), as many CTAs as fit the device each taking every
 // gridDim-th group of rows; warp s takes the 64-column chunks s, s + 8, s + 16, ... of them, a lane 16 bytes of
 // each of two 32-byte pieces of two rows a tile (L1::no_allocate loads, 1 or 2 chunks in flight), the columns a
@@ -50,5 +51,14 @@ bool gemv16_mma_applies(DType type, const void* w, int64_t cols);
 // 0 rows are skipped.
 cudaError_t gemv16_mma(const Gemv16Part* parts, int n_parts, int64_t cols, const float* x, int64_t n,
                        cudaStream_t stream = nullptr);
+
+// From this many tokens matmul hands gemv16_mma_bf16x x already in bf16 (one conversion a group of weights): the
+// kernel then reads half the x bytes and takes two row tiles a CTA. Below, x's conversion costs more than it saves.
+constexpr int64_t kGemv16MmaBf16XFrom = 17;
+
+// As gemv16_mma, with x [n, cols] already rounded to bf16 (nearest even, as dequantize_rows from f32 does: the
+// same values gemv16_mma rounds to, so the same bits out), 16-byte aligned.
+cudaError_t gemv16_mma_bf16x(const Gemv16Part* parts, int n_parts, int64_t cols, const uint16_t* xb, int64_t n,
+                             cudaStream_t stream = nullptr);
 
 }  // namespace dflash::cuda

@@ -332,15 +332,28 @@ bool mma16_applies(const MatmulTarget& t, int64_t cols, MatmulPath path) {
 // gemv16_mma launches of up to kGemv16MmaMaxParts of the targets each.
 Status run_mma16(std::span<const MatmulTarget> targets, int64_t cols, const float* x, int64_t n,
                  cudaStream_t stream) {
-  for (size_t i = 0; i < targets.size();) {
+  const std::string_view name = dtype_name(targets[0].type);
+  __nv_bfloat16* xb = nullptr;  // from kGemv16MmaBf16XFrom tokens: x in bf16, once for all the launches
+  Status st;
+  if (n >= kGemv16MmaBf16XFrom) {
+    keep_pool_memory();
+    DF_RETURN_IF_ERROR(cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&xb), 2 * n * cols, stream),
+                                   "scratch for bf16 x", name, targets[0].rows, cols, n));
+    st = cuda_status(dequantize_rows(DType::kF32, x, xb, n, cols, stream), "x to bf16", name, targets[0].rows, cols,
+                     n);
+  }
+  for (size_t i = 0; st.ok() && i < targets.size();) {
     Gemv16Part parts[kGemv16MmaMaxParts];
     int np = 0;
     for (; i < targets.size() && np < kGemv16MmaMaxParts; ++i)
       parts[np++] = Gemv16Part{targets[i].w, targets[i].rows, targets[i].y};
-    DF_RETURN_IF_ERROR(cuda_status(gemv16_mma(parts, np, cols, x, n, stream), "bf16 tensor-core gemv launch",
-                                   dtype_name(targets[0].type), parts[0].rows, cols, n));
+    const cudaError_t e = xb != nullptr
+                              ? gemv16_mma_bf16x(parts, np, cols, reinterpret_cast<const uint16_t*>(xb), n, stream)
+                              : gemv16_mma(parts, np, cols, x, n, stream);
+    st = cuda_status(e, "bf16 tensor-core gemv launch", name, parts[0].rows, cols, n);
   }
-  return Status();
+  if (xb != nullptr) cudaFreeAsync(xb, stream);
+  return st;
 }
 
 Status run_one(DType wtype, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,

@@ -887,9 +887,9 @@ TEST_F(CudaMatmul, gemv_16bit_weights_token_alone_equals_token_in_a_batch_bit_fo
 }
 
 // The bf16 tensor-core GEMV (gemv16_mma.h) on its own: groups of weights whose row counts are not multiples of
-// its 16-row tile, rows of 64 to 5120 columns, 1-32 tokens, x 16-byte aligned or not. Against the CPU on
-// bf16-rounded x (as the prefill GEMM); every token's outputs the same bits alone, in any batch, and at either
-// alignment of x.
+// its 16-row tile, rows of 64 to 5120 columns, 1-32 tokens, x 16-byte aligned or not, or already in bf16
+// (gemv16_mma_bf16x). Against the CPU on bf16-rounded x (as the prefill GEMM); every token's outputs the same bits
+// alone, in any batch, at either alignment of x, and from either form of x.
 TEST_F(CudaMatmul, bf16_tensor_core_gemv_matches_cpu_and_every_batch_bit_for_bit) {
   SCOPED_TRACE(seed_note());
   for (int64_t cols : {64L, 1024L, 5120L}) {
@@ -905,12 +905,21 @@ TEST_F(CudaMatmul, bf16_tensor_core_gemv_matches_cpu_and_every_batch_bit_for_bit
     }
     const int64_t most = cuda::kGemv16MmaMaxTokens;
     const auto x = random_x(most, cols, rng_);
-    // Every part's y for tokens [0, n) of x, x placed `shift` floats into its buffer.
+    // x rounded to bf16 on the host (fp32_to_bf16: nearest even, as dequantize_rows does on the device).
+    std::vector<uint16_t> xb16(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xb16[i] = fp32_to_bf16(x[i]);
+    // Every part's y for tokens [0, n) of x, x placed `shift` floats into its buffer (shift < 0: x in bf16).
     auto run = [&](int64_t k0, int64_t n, int shift) {
       test::DeviceBuffer dx((x.size() + 4) * 4);
-      float* xp = reinterpret_cast<float*>(dx.get()) + shift;
-      EXPECT_EQ(cudaMemcpy(xp, x.data() + k0 * cols, static_cast<size_t>(n * cols) * 4, cudaMemcpyHostToDevice),
-                cudaSuccess);
+      float* xp = reinterpret_cast<float*>(dx.get()) + (shift < 0 ? 0 : shift);
+      const auto* xbp = reinterpret_cast<const uint16_t*>(dx.get());
+      if (shift < 0)
+        EXPECT_EQ(cudaMemcpy(dx.get(), xb16.data() + k0 * cols, static_cast<size_t>(n * cols) * 2,
+                             cudaMemcpyHostToDevice),
+                  cudaSuccess);
+      else
+        EXPECT_EQ(cudaMemcpy(xp, x.data() + k0 * cols, static_cast<size_t>(n * cols) * 4, cudaMemcpyHostToDevice),
+                  cudaSuccess);
       std::vector<std::unique_ptr<test::DeviceBuffer>> dy;
       cuda::Gemv16Part parts[3];
       for (size_t i = 0; i < rows.size(); ++i) {
@@ -919,7 +928,8 @@ TEST_F(CudaMatmul, bf16_tensor_core_gemv_matches_cpu_and_every_batch_bit_for_bit
         EXPECT_EQ(cuda::fill_u32(reinterpret_cast<uint32_t*>(dy[i]->get()), words, kPoison), cudaSuccess);
         parts[i] = {dw[i]->get(), rows[i], reinterpret_cast<float*>(dy[i]->get())};
       }
-      EXPECT_EQ(cuda::gemv16_mma(parts, 3, cols, xp, n), cudaSuccess);
+      EXPECT_EQ(shift < 0 ? cuda::gemv16_mma_bf16x(parts, 3, cols, xbp, n) : cuda::gemv16_mma(parts, 3, cols, xp, n),
+                cudaSuccess);
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       std::vector<std::vector<float>> ys;
       for (size_t i = 0; i < rows.size(); ++i) {
@@ -951,9 +961,9 @@ TEST_F(CudaMatmul, bf16_tensor_core_gemv_matches_cpu_and_every_batch_bit_for_bit
               << "part " << i << " token " << t << " row " << r << ": gpu " << all[i][e] << ", cpu " << ref[e];
         }
     }
-    // Each token alone, and batches of every n-tile count, at both alignments of x.
+    // Each token alone, and batches of every n-tile count, at both alignments of x and with x in bf16.
     for (int64_t n : {1L, 7L, 8L, 9L, 17L, 23L, 32L})
-      for (int shift : {0, 1}) {
+      for (int shift : {0, 1, -1}) {
         for (int64_t k0 : {0L, most - n}) {
           const auto got = run(k0, n, shift);
           ASSERT_FALSE(HasFailure());
@@ -974,6 +984,10 @@ TEST_F(CudaMatmul, bf16_tensor_core_gemv_matches_cpu_and_every_batch_bit_for_bit
   const cuda::Gemv16Part part{w.get(), 64, reinterpret_cast<float*>(y.get())};
   EXPECT_EQ(cuda::gemv16_mma(&part, 1, 64, reinterpret_cast<const float*>(x.get()), 33), cudaErrorInvalidValue);
   EXPECT_EQ(cuda::gemv16_mma(&part, 1, 96, reinterpret_cast<const float*>(x.get()), 1), cudaErrorInvalidValue);
+  const auto* xb = reinterpret_cast<const uint16_t*>(x.get());
+  EXPECT_EQ(cuda::gemv16_mma_bf16x(&part, 1, 64, xb, 33), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::gemv16_mma_bf16x(&part, 1, 64, xb + 4, 1), cudaErrorInvalidValue);  // 8-byte aligned
+  EXPECT_EQ(cuda::gemv16_mma_bf16x(&part, 1, 64, nullptr, 1), cudaErrorInvalidValue);
 }
 
 }  // namespace
