@@ -48,6 +48,7 @@ struct BenchOptions {
   int reps = 3;         // prefill runs: the first is cold (TTFT), the prefill rate is the median of the others
   bool profile_prefill = false;  // also profile one prefill of the prompt per op
   std::vector<int64_t> verify_cost;  // verify-shaped steps of these token counts, timed beside a plain step
+  bool verify_tree = false;          // those steps tree-shaped (DDTree's mask and per-node states), not chains
   bool json = false;
   DraftOptions draft;   // speculative decoding beside plain decoding (when a draft is given or bundled)
   std::string prompt;   // a real prompt for the speculative run (drafts accept on real text, not random ids)
@@ -228,17 +229,44 @@ Result<nlohmann::json> profile_prefill(const Weights& weights, Backend& be, cons
 // verifying n tokens in units of one decode step. Draft features are not captured (a few KB a step).
 // One verify-shaped step of `tokens` through `runner`, then the rollback to one kept token (timed apart into
 // *rollback_ms when given: the DeltaNet layers re-run the kept token).
-Status verify_shaped_step(Runner& runner, SequenceState& state, std::span<const int32_t> tokens, double* ms,
-                          double* rollback_ms = nullptr) {
+// The shape of a verify step of n nodes: a chain (parents i - 1), or, for a tree, a DDTree-like one: a spine
+// with one leaf beside each spine node past the root (node 2d - 1 the spine at depth d, node 2d a leaf at depth d,
+// the children of node 2d - 3; so n = 23 is 11 deep). A tree's mask, per-node DeltaNet states and commit are what a
+// DDTree verify runs; its cost barely depends on the exact shape.
+struct VerifyShape {
+  std::vector<int32_t> parents, depths;
+};
+VerifyShape verify_shape(int64_t n, bool tree) {
+  VerifyShape v;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t level = (i - 1) / 2;  // the depth of node i's parent (i >= 1)
+    const int64_t parent = i == 0 ? -1 : !tree ? i - 1 : level == 0 ? 0 : 2 * level - 1;
+    v.parents.push_back(static_cast<int32_t>(parent));
+    v.depths.push_back(static_cast<int32_t>(i == 0 ? 0 : v.depths[static_cast<size_t>(parent)] + 1));
+  }
+  return v;
+}
+
+Status verify_shaped_step(Runner& runner, SequenceState& state, std::span<const int32_t> tokens, bool tree,
+                          double* ms, double* rollback_ms = nullptr) {
   Backend& be = runner.backend();
   const auto n = static_cast<int64_t>(tokens.size());
   std::vector<int32_t> top(tokens.size());
   std::vector<float> top_value(tokens.size());
+  const VerifyShape shape = verify_shape(n, tree);
+  std::vector<int32_t> positions(tokens.size());
+  for (size_t i = 0; i < positions.size(); ++i)
+    positions[i] = static_cast<int32_t>(state.n_past() + shape.depths[i]);
   Step step;
   step.tokens = tokens;
   step.all_logits = true;
   step.logits_on_device = true;
   step.capture_recurrent = true;
+  if (tree && n > 1) {
+    step.mask = cpu::MaskKind::kTree;
+    step.parents = shape.parents;
+    step.positions = positions;
+  }
   const double t0 = now_s();
   DF_ASSIGN_OR_RETURN(StepOutput o, runner.forward(state, step));
   DF_RETURN_IF_ERROR(be.top_k_rows(o.device_logits.data(), n, runner.spec().vocab, 1, top.data(), top_value.data(),
@@ -246,7 +274,9 @@ Status verify_shaped_step(Runner& runner, SequenceState& state, std::span<const 
   DF_RETURN_IF_ERROR(be.synchronize());
   if (ms != nullptr) *ms = (now_s() - t0) * 1e3;
   const double t1 = now_s();
-  DF_RETURN_IF_ERROR(state.rollback_captured(1));
+  const int32_t root = 0;
+  if (tree && n > 1) DF_RETURN_IF_ERROR(state.commit_tree(shape.parents, std::span<const int32_t>(&root, 1)));
+  else DF_RETURN_IF_ERROR(state.rollback_captured(1));
   if (rollback_ms == nullptr) return Status();
   DF_RETURN_IF_ERROR(be.synchronize());
   *rollback_ms = (now_s() - t1) * 1e3;
@@ -256,8 +286,8 @@ Status verify_shaped_step(Runner& runner, SequenceState& state, std::span<const 
 // With profile_steps > 0, also profiles that many verify steps of the last count op by op ("profile" of the
 // last row).
 Result<nlohmann::json> bench_verify_cost(const Weights& weights, Runner& runner, SequenceState& state,
-                                         std::span<const int64_t> counts, int32_t token, int64_t profile_steps,
-                                         double bandwidth) {
+                                         std::span<const int64_t> counts, bool tree, int32_t token,
+                                         int64_t profile_steps, double bandwidth) {
   constexpr int kReps = 8;
   const auto plain_ms = [&]() -> Result<double> {
     std::vector<double> ms;
@@ -281,12 +311,14 @@ Result<nlohmann::json> bench_verify_cost(const Weights& weights, Runner& runner,
     std::vector<double> ms, back_ms;
     for (int r = 0; r < kReps + 1; ++r) {
       double t = 0, b = 0;
-      DF_RETURN_IF_ERROR(verify_shaped_step(runner, state, tokens, &t, &b));
+      DF_RETURN_IF_ERROR(verify_shaped_step(runner, state, tokens, tree, &t, &b));
       if (r > 0) ms.push_back(t), back_ms.push_back(b);
     }
     const double v = median(ms);
-    rows.push_back({{"tokens", n}, {"verify_ms", v}, {"plain_ms", ar_ms}, {"ratio", v / ar_ms},
-                    {"rollback_ms", median(back_ms)}});
+    const std::vector<int32_t> depths = verify_shape(n, tree).depths;
+    rows.push_back({{"tokens", n}, {"shape", tree ? "tree" : "chain"},
+                    {"depth", *std::max_element(depths.begin(), depths.end())}, {"verify_ms", v},
+                    {"plain_ms", ar_ms}, {"ratio", v / ar_ms}, {"rollback_ms", median(back_ms)}});
   }
   if (profile_steps > 0 && !counts.empty()) {
     ProfilingBackend prof(runner.backend());
@@ -295,7 +327,7 @@ Result<nlohmann::json> bench_verify_cost(const Weights& weights, Runner& runner,
     double wall = 0;
     for (int64_t i = 0; i < profile_steps; ++i) {
       const double t0 = now_s();
-      DF_RETURN_IF_ERROR(verify_shaped_step(prof_runner, state, tokens, nullptr));
+      DF_RETURN_IF_ERROR(verify_shaped_step(prof_runner, state, tokens, tree, nullptr));
       DF_RETURN_IF_ERROR(prof.collect());
       wall += now_s() - t0;
     }
@@ -440,6 +472,7 @@ Status run_bench(const BenchOptions& opt) {
   if (opt.prompt_len < 1 || opt.gen_len < 1) return invalid_argument("--prompt-len and --gen-len must be >= 1");
   if (opt.profile < 0) return invalid_argument("--profile takes a number of decode steps >= 0");
   if (opt.reps < 1) return invalid_argument("--reps takes a number of prefill runs >= 1");
+  if (opt.verify_tree && opt.verify_cost.empty()) return invalid_argument("--verify-tree needs --verify-cost");
   DF_ASSIGN_OR_RETURN(LoadedModel model, load_model(opt.model, opt.where, opt.threads));
   if (model.split() && (opt.profile > 0 || opt.profile_prefill))
     return invalid_argument("--profile and --profile-prefill need a target on one device");
@@ -555,8 +588,8 @@ Status run_bench(const BenchOptions& opt) {
                         {"device_used", mem.device_used / kMiB},
                         {"device_total", mem.device_total / kMiB}}}};
   if (!opt.verify_cost.empty()) {
-    DF_ASSIGN_OR_RETURN(j["verify_cost"], bench_verify_cost(weights, runner, state, opt.verify_cost, tokens.back(),
-                                                            opt.profile, bandwidth));
+    DF_ASSIGN_OR_RETURN(j["verify_cost"], bench_verify_cost(weights, runner, state, opt.verify_cost, opt.verify_tree,
+                                                            tokens.back(), opt.profile, bandwidth));
   }
   if (opt.profile_prefill) {
     DF_ASSIGN_OR_RETURN(j["prefill_profile"], profile_prefill(weights, runner.backend(), runner, prompt, bandwidth));
@@ -601,11 +634,14 @@ Status run_bench(const BenchOptions& opt) {
   if (mem.device_total > 0)
     std::printf("; device %.0f of %.0f MiB in use", mem.device_used / kMiB, mem.device_total / kMiB);
   std::printf("\n");
-  for (const auto& v : j.value("verify_cost", nlohmann::json::array()))
-    std::printf("  verify step of %lld tokens: %.2f ms = %.2fx a plain step (%.2f ms); rollback to one kept "
-                "token %.2f ms\n",
-                static_cast<long long>(v["tokens"].get<int64_t>()), v["verify_ms"].get<double>(),
-                v["ratio"].get<double>(), v["plain_ms"].get<double>(), v.value("rollback_ms", 0.0));
+  for (const auto& v : j.value("verify_cost", nlohmann::json::array())) {
+    const bool tree = v.value("shape", "chain") == "tree";
+    std::printf("  verify step of %lld tokens%s: %.2f ms = %.2fx a plain step (%.2f ms); %s %.2f ms\n",
+                static_cast<long long>(v["tokens"].get<int64_t>()),
+                tree ? (" (tree, " + std::to_string(v["depth"].get<int64_t>()) + " deep)").c_str() : "",
+                v["verify_ms"].get<double>(), v["ratio"].get<double>(), v["plain_ms"].get<double>(),
+                tree ? "commit of the root alone" : "rollback to one kept token", v.value("rollback_ms", 0.0));
+  }
   for (const auto& v : j.value("verify_cost", nlohmann::json::array()))
     if (v.contains("profile"))
       print_profile(v["profile"], "verify step of " + std::to_string(v["tokens"].get<int64_t>()) + " tokens");
@@ -663,6 +699,9 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                   "Time verify-shaped steps of these token counts (e.g. 16,23) beside a plain step, and the "
                   "rollback to one kept token after each")
       ->delimiter(',');
+  cmd->add_flag("--verify-tree", opt->verify_tree,
+                "With --verify-cost: tree-shaped steps, as DDTree verifies (tree mask, every node's DeltaNet state "
+                "kept; a spine with a leaf beside each node: 23 nodes are 11 deep), committing the root alone");
   cmd->add_flag("--json", opt->json, "Machine-readable output");
   cmd->add_option("--prompt", opt->prompt, "With a draft: the prompt of the speculative run (default: --prompt-len random ids)");
   cmd->add_flag("--chat", opt->chat, "With --prompt: wrap it in the model's chat template");

@@ -51,6 +51,8 @@ TEST(Bench, WarmPrefillRunsVerifyCostAndPrefillProfile) {
   EXPECT_GT(j["verify_cost"][1]["verify_ms"].get<double>(), 0.0);
   EXPECT_NEAR(j["verify_cost"][1]["ratio"].get<double>(),
               j["verify_cost"][1]["verify_ms"].get<double>() / j["verify_cost"][1]["plain_ms"].get<double>(), 1e-9);
+  EXPECT_EQ(j["verify_cost"][1]["shape"].get<std::string>(), "chain");
+  EXPECT_EQ(j["verify_cost"][1]["depth"].get<int>(), 4);
   // Every op of the prefill is listed once; the products and the DeltaNet of a qwen35 among them.
   std::set<std::string> ops;
   for (const auto& row : j["prefill_profile"]["ops"]) ops.insert(row["op"].get<std::string>());
@@ -60,6 +62,27 @@ TEST(Bench, WarmPrefillRunsVerifyCostAndPrefillProfile) {
                         " --reps 0");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--reps"), std::string::npos) << r.err;
+}
+
+// --verify-tree: DDTree-shaped verify steps (tree mask, per-node DeltaNet states, the root committed), on a model
+// with both attention and DeltaNet layers; the spine-and-leaf shape is 2 deep at 5 nodes, 11 at 23.
+TEST(Bench, TreeShapedVerifyCost) {
+  auto r = test::run_command(shell_quote(DFLASH_BIN) + " bench -m " +
+                             shell_quote(test::fixture_path("models/tiny-qwen35")) +
+                             " --prompt-len 40 --gen-len 3 -t 2 --reps 1 --verify-cost 5,23 --verify-tree --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["verify_cost"].size(), 2u);
+  for (const auto& row : j["verify_cost"]) {
+    EXPECT_EQ(row["shape"].get<std::string>(), "tree");
+    EXPECT_GT(row["verify_ms"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(j["verify_cost"][0]["depth"].get<int>(), 2);
+  EXPECT_EQ(j["verify_cost"][1]["depth"].get<int>(), 11);
+  r = test::run_command(shell_quote(DFLASH_BIN) + " bench -m " + shell_quote(test::fixture_path("models/tiny-qwen35")) +
+                        " --verify-tree");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--verify-tree needs --verify-cost"), std::string::npos) << r.err;
 }
 
 TEST(Bench, UnknownShapesAndMissingArgumentsAreClearErrors) {
