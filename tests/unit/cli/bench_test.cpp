@@ -23,10 +23,14 @@ namespace {
 
 using test::shell_quote;
 
+// `dflash bench` on the tiny qwen35 fixture with these arguments.
+test::CommandResult bench_tiny(const std::string& args) {
+  return test::run_command(shell_quote(DFLASH_BIN) + " bench -m " +
+                           shell_quote(test::fixture_path("models/tiny-qwen35")) + " " + args);
+}
+
 TEST(Bench, ReportsSpeedBesideTheBandwidthCeiling) {
-  auto r = test::run_command(shell_quote(DFLASH_BIN) + " bench -m " +
-                             shell_quote(test::fixture_path("models/tiny-qwen35")) +
-                             " --prompt-len 70 --gen-len 4 -t 2 --json");
+  auto r = bench_tiny("--prompt-len 70 --gen-len 4 -t 2 --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   for (const char* k : {"prefill_tok_s", "decode_tok_s", "decode_first_step_ms", "ttft_ms", "decode_ceiling_tok_s",
@@ -37,9 +41,7 @@ TEST(Bench, ReportsSpeedBesideTheBandwidthCeiling) {
 }
 
 TEST(Bench, WarmPrefillRunsVerifyCostAndPrefillProfile) {
-  auto r = test::run_command(shell_quote(DFLASH_BIN) + " bench -m " +
-                             shell_quote(test::fixture_path("models/tiny-qwen35")) +
-                             " --prompt-len 40 --gen-len 3 -t 2 --reps 2 --verify-cost 3,5 --profile-prefill --json");
+  auto r = bench_tiny("--prompt-len 40 --gen-len 3 -t 2 --reps 2 --verify-cost 3,5 --profile-prefill --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["prefill_reps"].get<int>(), 2);
@@ -58,8 +60,7 @@ TEST(Bench, WarmPrefillRunsVerifyCostAndPrefillProfile) {
   for (const auto& row : j["prefill_profile"]["ops"]) ops.insert(row["op"].get<std::string>());
   EXPECT_TRUE(ops.count("gated_delta_net")) << j["prefill_profile"].dump();
   EXPECT_TRUE(ops.count("attention")) << j["prefill_profile"].dump();
-  r = test::run_command(shell_quote(DFLASH_BIN) + " bench -m " + shell_quote(test::fixture_path("models/tiny-qwen35")) +
-                        " --reps 0");
+  r = bench_tiny("--reps 0");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--reps"), std::string::npos) << r.err;
 }
@@ -67,9 +68,7 @@ TEST(Bench, WarmPrefillRunsVerifyCostAndPrefillProfile) {
 // --verify-tree: DDTree-shaped verify steps (tree mask, per-node DeltaNet states, the root committed), on a model
 // with both attention and DeltaNet layers; the spine-and-leaf shape is 2 deep at 5 nodes, 11 at 23.
 TEST(Bench, TreeShapedVerifyCost) {
-  auto r = test::run_command(shell_quote(DFLASH_BIN) + " bench -m " +
-                             shell_quote(test::fixture_path("models/tiny-qwen35")) +
-                             " --prompt-len 40 --gen-len 3 -t 2 --reps 1 --verify-cost 5,23 --verify-tree --json");
+  auto r = bench_tiny("--prompt-len 40 --gen-len 3 -t 2 --reps 1 --verify-cost 5,23 --verify-tree --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["verify_cost"].size(), 2u);
@@ -79,8 +78,7 @@ TEST(Bench, TreeShapedVerifyCost) {
   }
   EXPECT_EQ(j["verify_cost"][0]["depth"].get<int>(), 2);
   EXPECT_EQ(j["verify_cost"][1]["depth"].get<int>(), 11);
-  r = test::run_command(shell_quote(DFLASH_BIN) + " bench -m " + shell_quote(test::fixture_path("models/tiny-qwen35")) +
-                        " --verify-tree");
+  r = bench_tiny("--verify-tree");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--verify-tree needs --verify-cost"), std::string::npos) << r.err;
 }
