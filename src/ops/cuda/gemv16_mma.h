@@ -6,18 +6,18 @@
 // y_p[n, rows] = bf16(x)[n, cols] W_p^T for up to kGemv16MmaMaxParts weights of one launch (the weights that share
 // an input: q/k/v, gate/up). x is rounded to bf16 (nearest even), as HF transformers runs bf16 checkpoints and
 // the prefill GEMM does, by the kernel as it loads f32 x (gemv16_mma) or before it (gemv16_mma_bf16x: matmul's
-// form from kGemv16MmaBf16XFrom tokens); products by mma.sync m16n8k16 with f32 accumulators. A CTA of 8 warps takes one or two
-// 16-row tiles of one weight at a time (by token count), as many CTAs as fit the device each taking every
-// gridDim-th group of rows; warp s takes the 64-column chunks s, s + 8, s + 16, ... of them, a lane 16 bytes of
-// each of two 32-byte pieces of two rows a tile (L1::no_allocate loads, 1 or 2 chunks in flight), the columns a
-// lane loads being the k-slots of its A and B fragments (any k order serves a dot product, so no shuffle or
-// shared-memory staging); tokens are the 8 columns of B (tokens 8 i .. 8 i + 7: n-tile i), x loaded once a chunk
-// for the CTA's tiles. The 8 warps' sums of a (row, token) are added in warp order.
+// form from kGemv16MmaBf16XFrom tokens); products by mma.sync m16n8k16 with f32 accumulators. A CTA of 8 warps
+// takes one or two 16-row tiles of one weight at a time (by token count and x's form), as many CTAs as fit the
+// device each taking every gridDim-th group of rows; warp s takes the 64-column chunks s, s + 8, s + 16, ... of
+// them, a lane 16 bytes of each of two 32-byte pieces of two rows a tile (L1::no_allocate loads, 1 or 2 chunks in
+// flight), the columns a lane loads being the k-slots of its A and B fragments (any k order serves a dot product,
+// so no shuffle or shared-memory staging); tokens are the 8 columns of B (tokens 8 i .. 8 i + 7: n-tile i), x
+// loaded once a chunk for the CTA's tiles. The 8 warps' sums of a (row, token) are added in warp order.
 //
 // Every output is summed in an order fixed by cols alone (each warp's chunks ascending, the mma's own order
 // inside a chunk, the warps in order), and the mma computes each column of its output from that column of B
-// alone: a token's outputs are the same bits whatever n, the weights grouped with it, or x's alignment. So a
-// verify step of n tokens equals n one-token token-exact steps bit for bit (DFlash stays lossless on the GPU).
+// alone: a token's outputs are the same bits whatever n, the weights grouped with it, x's alignment or its form.
+// So a verify step of n tokens equals n one-token token-exact steps bit for bit (DFlash stays lossless on the GPU).
 //
 // Included by nvcc-compiled code: no base/status.h.
 #pragma once
