@@ -223,21 +223,18 @@ Result<nlohmann::json> profile_prefill(const Weights& weights, Backend& be, cons
   return profile_table(prof, 1, now_s() - t0, bandwidth);
 }
 
-// Verify-shaped target steps (a chain of n tokens: every row's logits left on the device and their argmax
-// taken there, per-token DeltaNet states captured, then rolled back to one kept token, as a DFlash step with
-// no acceptance does) beside a plain one-token step, both at the sequence's current length: the cost of
-// verifying n tokens in units of one decode step. Draft features are not captured (a few KB a step).
-// One verify-shaped step of `tokens` through `runner`, then the rollback to one kept token (timed apart into
-// *rollback_ms when given: the DeltaNet layers re-run the kept token).
 // The shape of a verify step of n nodes: a chain (parents i - 1), or, for a tree, a DDTree-like one: a spine
 // with one leaf beside each spine node past the root (node 2d - 1 the spine at depth d, node 2d a leaf at depth d,
 // the children of node 2d - 3; so n = 23 is 11 deep). A tree's mask, per-node DeltaNet states and commit are what a
 // DDTree verify runs; its cost barely depends on the exact shape.
 struct VerifyShape {
+  bool tree = false;  // a tree step (n > 1): kTree mask, per-node states, commit_tree; else a chain
   std::vector<int32_t> parents, depths;
+  int32_t depth() const { return depths.empty() ? 0 : *std::max_element(depths.begin(), depths.end()); }
 };
 VerifyShape verify_shape(int64_t n, bool tree) {
   VerifyShape v;
+  v.tree = tree && n > 1;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t level = (i - 1) / 2;  // the depth of node i's parent (i >= 1)
     const int64_t parent = i == 0 ? -1 : !tree ? i - 1 : level == 0 ? 0 : 2 * level - 1;
@@ -247,22 +244,23 @@ VerifyShape verify_shape(int64_t n, bool tree) {
   return v;
 }
 
-Status verify_shaped_step(Runner& runner, SequenceState& state, std::span<const int32_t> tokens, bool tree,
-                          double* ms, double* rollback_ms = nullptr) {
+// One verify-shaped step of `tokens` through `runner` in `shape` (verify_shape of tokens.size()), then the
+// rollback to one kept token, or a tree's commit of its root (timed apart into *rollback_ms when given: the
+// DeltaNet layers re-run the kept token).
+Status verify_shaped_step(Runner& runner, SequenceState& state, std::span<const int32_t> tokens,
+                          const VerifyShape& shape, double* ms, double* rollback_ms = nullptr) {
   Backend& be = runner.backend();
   const auto n = static_cast<int64_t>(tokens.size());
   std::vector<int32_t> top(tokens.size());
   std::vector<float> top_value(tokens.size());
-  const VerifyShape shape = verify_shape(n, tree);
-  std::vector<int32_t> positions(tokens.size());
-  for (size_t i = 0; i < positions.size(); ++i)
-    positions[i] = static_cast<int32_t>(state.n_past() + shape.depths[i]);
   Step step;
   step.tokens = tokens;
   step.all_logits = true;
   step.logits_on_device = true;
   step.capture_recurrent = true;
-  if (tree && n > 1) {
+  std::vector<int32_t> positions;
+  if (shape.tree) {
+    for (const int32_t d : shape.depths) positions.push_back(static_cast<int32_t>(state.n_past() + d));
     step.mask = cpu::MaskKind::kTree;
     step.parents = shape.parents;
     step.positions = positions;
@@ -275,7 +273,7 @@ Status verify_shaped_step(Runner& runner, SequenceState& state, std::span<const 
   if (ms != nullptr) *ms = (now_s() - t0) * 1e3;
   const double t1 = now_s();
   const int32_t root = 0;
-  if (tree && n > 1) DF_RETURN_IF_ERROR(state.commit_tree(shape.parents, std::span<const int32_t>(&root, 1)));
+  if (shape.tree) DF_RETURN_IF_ERROR(state.commit_tree(shape.parents, std::span<const int32_t>(&root, 1)));
   else DF_RETURN_IF_ERROR(state.rollback_captured(1));
   if (rollback_ms == nullptr) return Status();
   DF_RETURN_IF_ERROR(be.synchronize());
@@ -283,6 +281,10 @@ Status verify_shaped_step(Runner& runner, SequenceState& state, std::span<const 
   return Status();
 }
 
+// Verify-shaped target steps (a chain of n tokens, or with `tree` a tree of n nodes: every row's logits left on
+// the device and their argmax taken there, DeltaNet states captured, then rolled back to one kept token, as a
+// DFlash step with no acceptance does) beside a plain one-token step, both at the sequence's current length: the
+// cost of verifying n tokens in units of one decode step. Draft features are not captured (a few KB a step).
 // With profile_steps > 0, also profiles that many verify steps of the last count op by op ("profile" of the
 // last row).
 Result<nlohmann::json> bench_verify_cost(const Weights& weights, Runner& runner, SequenceState& state,
@@ -308,26 +310,26 @@ Result<nlohmann::json> bench_verify_cost(const Weights& weights, Runner& runner,
     if (max_ctx > 0 && state.n_past() + n + kReps + 1 > max_ctx)
       return invalid_argument("--verify-cost {}: past the model's context of {}", n, max_ctx);
     const std::vector<int32_t> tokens(static_cast<size_t>(n), token);
+    const VerifyShape shape = verify_shape(n, tree);
     std::vector<double> ms, back_ms;
     for (int r = 0; r < kReps + 1; ++r) {
       double t = 0, b = 0;
-      DF_RETURN_IF_ERROR(verify_shaped_step(runner, state, tokens, tree, &t, &b));
+      DF_RETURN_IF_ERROR(verify_shaped_step(runner, state, tokens, shape, &t, &b));
       if (r > 0) ms.push_back(t), back_ms.push_back(b);
     }
     const double v = median(ms);
-    const std::vector<int32_t> depths = verify_shape(n, tree).depths;
-    rows.push_back({{"tokens", n}, {"shape", tree ? "tree" : "chain"},
-                    {"depth", *std::max_element(depths.begin(), depths.end())}, {"verify_ms", v},
+    rows.push_back({{"tokens", n}, {"shape", tree ? "tree" : "chain"}, {"depth", shape.depth()}, {"verify_ms", v},
                     {"plain_ms", ar_ms}, {"ratio", v / ar_ms}, {"rollback_ms", median(back_ms)}});
   }
   if (profile_steps > 0 && !counts.empty()) {
     ProfilingBackend prof(runner.backend());
     Runner prof_runner(weights, prof);
     const std::vector<int32_t> tokens(static_cast<size_t>(counts.back()), token);
+    const VerifyShape shape = verify_shape(counts.back(), tree);
     double wall = 0;
     for (int64_t i = 0; i < profile_steps; ++i) {
       const double t0 = now_s();
-      DF_RETURN_IF_ERROR(verify_shaped_step(prof_runner, state, tokens, tree, nullptr));
+      DF_RETURN_IF_ERROR(verify_shaped_step(prof_runner, state, tokens, shape, nullptr));
       DF_RETURN_IF_ERROR(prof.collect());
       wall += now_s() - t0;
     }
