@@ -68,7 +68,6 @@ __device__ __forceinline__ float code_f(uint32_t v, float bias) {
 }
 constexpr float kMagic = 8388608.0f;  // 2^23
 
-
 // 8 bytes at an 8-byte aligned shared-memory address.
 __device__ __forceinline__ uint2 load8(const uint8_t* p) { return *reinterpret_cast<const uint2*>(p); }
 

@@ -179,11 +179,11 @@ cudaError_t launch_shape(Args a, cudaStream_t stream) {
   // Persistent: as many CTAs as fit on the device at once, each taking every gridDim.x-th CTA's rows (CTAs that
   // end and start again cost the large weights, 24K-152K rows, a tenth of their rate).
   dim3 grid(static_cast<unsigned>(blocks));
-  static int ps = 0;  // resident CTAs an SM (per instantiation)
-  if (ps == 0) {
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, gemv16_mma_kernel<NT8, kX, K, T, U>, 32 * K, 0);
-    if (ps <= 0) ps = 1;
-  }
+  static const int ps = [] {  // resident CTAs an SM (per instantiation; initialised once, thread-safe)
+    int v = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gemv16_mma_kernel<NT8, kX, K, T, U>, 32 * K, 0);
+    return v > 0 ? v : 1;
+  }();
   const int64_t most = int64_t{ps} * current_sm_count();
   if (blocks > most) grid.x = static_cast<unsigned>(most);
   return launch_pdl(gemv16_mma_kernel<NT8, kX, K, T, U>, grid, dim3(32 * K), 0, stream, a);
@@ -220,8 +220,8 @@ cudaError_t launch_n(const Args& a, cudaStream_t stream) {
 // The checks and Args of both entry points (x or xb set).
 cudaError_t launch(const Gemv16Part* parts, int n_parts, int64_t cols, const float* x, const uint16_t* xb, int64_t n,
                    cudaStream_t stream) {
-  if (n_parts < 1 || n_parts > kGemv16MmaMaxParts || n < 1 || n > kGemv16MmaMaxTokens || cols <= 0 ||
-      cols % 64 != 0 || cols > INT64_MAX / 2 / kGemv16MmaMaxTokens)
+  if (parts == nullptr || n_parts < 1 || n_parts > kGemv16MmaMaxParts || n < 1 || n > kGemv16MmaMaxTokens ||
+      cols <= 0 || cols % 64 != 0 || cols > INT64_MAX / 2 / kGemv16MmaMaxTokens)
     return cudaErrorInvalidValue;
   Args a{};
   a.cols = cols;

@@ -988,6 +988,7 @@ TEST_F(CudaMatmul, bf16_tensor_core_gemv_matches_cpu_and_every_batch_bit_for_bit
   EXPECT_EQ(cuda::gemv16_mma_bf16x(&part, 1, 64, xb, 33), cudaErrorInvalidValue);
   EXPECT_EQ(cuda::gemv16_mma_bf16x(&part, 1, 64, xb + 4, 1), cudaErrorInvalidValue);  // 8-byte aligned
   EXPECT_EQ(cuda::gemv16_mma_bf16x(&part, 1, 64, nullptr, 1), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::gemv16_mma(nullptr, 1, 64, reinterpret_cast<const float*>(x.get()), 1), cudaErrorInvalidValue);
 }
 
 }  // namespace
