@@ -69,6 +69,12 @@ Status ProfilingBackend::copy(float* dst, const float* src, int64_t n) {
   return timed("copy", 2 * kF * n, [&] { return inner_.copy(dst, src, n); });
 }
 
+Status ProfilingBackend::copy_batch(std::span<const CopyItem> items) {
+  double bytes = 0;
+  for (const CopyItem& c : items) bytes += 2 * kF * static_cast<double>(c.n);
+  return timed("copy", bytes, [&] { return inner_.copy_batch(items); });
+}
+
 Status ProfilingBackend::copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t cols,
                                    int64_t rows) {
   return timed("copy", 2 * kF * cols * rows,

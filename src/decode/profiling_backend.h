@@ -47,6 +47,7 @@ class ProfilingBackend final : public Backend {
   Status upload(float* dst, const float* src, int64_t n) override;
   Status download(float* dst, const float* src, int64_t n) override;
   Status copy(float* dst, const float* src, int64_t n) override;
+  Status copy_batch(std::span<const CopyItem> items) override;
   Status copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t cols,
                    int64_t rows) override;
   Status restore_deltanet(std::span<const DeltaNetRestore> layers, int64_t n, const cpu::DeltaNetShape& s) override;

@@ -74,6 +74,16 @@ class Backend {
   virtual Status upload(float* dst, const float* host_src, int64_t n) = 0;
   virtual Status download(float* host_dst, const float* src, int64_t n) = 0;
   virtual Status copy(float* dst, const float* src, int64_t n) = 0;
+  // Several copies of n floats each in this backend's memory, where no item's destination overlaps another
+  // item's source or destination (they may run in any order, or at once; items that do are refused, nothing
+  // copied). A device backend does them all in one launch (a tree commit's states, conv windows and KV rows:
+  // SequenceState::commit_tree).
+  struct CopyItem {
+    float* dst;
+    const float* src;
+    int64_t n;
+  };
+  virtual Status copy_batch(std::span<const CopyItem> items);
   // rows x cols floats between strided layouts in this backend's memory: row r of src at src + r * src_stride
   // into dst + r * dst_stride (strides >= cols). A device backend does it as one 2D copy.
   virtual Status copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t cols,
@@ -96,6 +106,9 @@ class Backend {
     (void)dst, (void)from, (void)src, (void)n;
     return unsupported("no peer copy between these backends");
   }
+  // copy_batch's argument check: sizes, null pointers, and items that overlap (an item's destination within another
+  // item's source or destination).
+  static Status check_copy_batch(std::span<const CopyItem> items);
   // True when buffers live in device memory (not addressable by the host).
   virtual bool device_memory() const { return false; }
   // The backend whose memory this one's buffers are (itself; a decorator answers for what it wraps).

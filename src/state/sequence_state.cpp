@@ -360,18 +360,61 @@ Status SequenceState::commit_tree(std::span<const int32_t> parents, std::span<co
   DF_RETURN_IF_ERROR(check_tree_step(parents, path));
   const int64_t m = static_cast<int64_t>(path.size());
   bool spine = true;
-  for (int64_t d = 0; d < m; ++d) spine = spine && path[d] == d;
+  // A KV row moves from slot path[d] to slot d; where some source slot is also a destination (path[d] < m for a
+  // moved row, e.g. path 0, 2, 3: slot 2 is read for depth 1 and written for depth 2), the rows go through scratch
+  // first, so that every move reads the slot as the tree step left it.
+  bool kv_through_scratch = false;
+  int64_t moved = 0;
+  for (int64_t d = 0; d < m; ++d) {
+    spine = spine && path[d] == d;
+    if (path[d] != d) {
+      ++moved;
+      kv_through_scratch = kv_through_scratch || path[d] < m;
+    }
+  }
   const int64_t hist = spec_.gdn.conv_kernel - 1, C = spec_.gdn.conv_dim();
+  // The copies, batched per backend (a split placement's layers live on several): one launch each on a device,
+  // two where KV rows go through scratch.
+  struct Batch {
+    Backend* be;
+    std::vector<Backend::CopyItem> first, second;  // second: scratch -> KV rows, after every item of first
+    int64_t scratch_floats = 0, scratch_used = 0;
+    Buffer scratch;
+  };
+  std::vector<Batch> batches;
+  const auto batch_of = [&](size_t i) -> Batch& {
+    for (Batch& bt : batches)
+      if (bt.be == &be(i)) return bt;
+    return batches.emplace_back(Batch{&be(i), {}, {}, 0, 0, Buffer{}});
+  };
+  for (size_t i = 0; i < kv_.size(); ++i) {  // every batch made here: references to them stay valid below
+    Batch& bt = batch_of(i);
+    if (kv_through_scratch && kv_[i]) bt.scratch_floats += 2 * moved * kv_[i]->row_words();
+  }
+  for (Batch& bt : batches) {
+    if (bt.scratch_floats > 0) {
+      DF_ASSIGN_OR_RETURN(bt.scratch, bt.be->alloc(bt.scratch_floats));
+    }
+  }
   for (size_t i = 0; i < kv_.size(); ++i) {
+    Batch& bt = batch_of(i);
     if (kv_[i]) {
-      // Ascending d is safe in place: path[d] >= d and increases, so a row written (slot d) is never a
-      // later source (slot path[d'] > path[d] >= d).
       KvStore& kv = *kv_[i];
       const int64_t rf = kv.row_words();
       for (int64_t d = 1; d < m; ++d) {
         if (path[d] == d) continue;
-        DF_RETURN_IF_ERROR(be(i).copy(kv.k_row(n_past_ + d), kv.k_row(n_past_ + path[d]), rf));
-        DF_RETURN_IF_ERROR(be(i).copy(kv.v_row(n_past_ + d), kv.v_row(n_past_ + path[d]), rf));
+        for (int which = 0; which < 2; ++which) {
+          float* dst = which == 0 ? kv.k_row(n_past_ + d) : kv.v_row(n_past_ + d);
+          const float* src = which == 0 ? kv.k_row(n_past_ + path[d]) : kv.v_row(n_past_ + path[d]);
+          if (!kv_through_scratch) {
+            bt.first.push_back({dst, src, rf});
+          } else {
+            float* tmp = bt.scratch.data() + bt.scratch_used;
+            bt.scratch_used += rf;
+            bt.first.push_back({tmp, src, rf});
+            bt.second.push_back({dst, tmp, rf});
+          }
+        }
       }
       continue;
     }
@@ -379,18 +422,22 @@ Status SequenceState::commit_tree(std::span<const int32_t> parents, std::span<co
     // kernels leave it): ssm_capture [n, Hv, dv, dk]; conv_capture [(K-1) + n, C] = (window before the
     // step ; node inputs).
     const int64_t state_size = ssm_[i].size();
-    DF_RETURN_IF_ERROR(be(i).copy(ssm_[i].data(), ssm_capture_[i].data() + path[m - 1] * state_size, state_size));
+    bt.first.push_back({ssm_[i].data(), ssm_capture_[i].data() + path[m - 1] * state_size, state_size});
     const float* cap = conv_capture_[i].data();
     if (spine) {  // rows [m, m + K - 1) of the capture, as in a chain rollback
-      DF_RETURN_IF_ERROR(be(i).copy(conv_[i].data(), cap + m * C, hist * C));
+      bt.first.push_back({conv_[i].data(), cap + m * C, hist * C});
     } else {
       // Window row r is row m + r of (window before the step ; inputs of path[0], path[1], ...).
       for (int64_t r = 0; r < hist; ++r) {
         const int64_t u = m + r;
         const int64_t src_row = u < hist ? u : hist + path[u - hist];
-        DF_RETURN_IF_ERROR(be(i).copy(conv_[i].data() + r * C, cap + src_row * C, C));
+        bt.first.push_back({conv_[i].data() + r * C, cap + src_row * C, C});
       }
     }
+  }
+  for (Batch& bt : batches) {
+    DF_RETURN_IF_ERROR(bt.be->copy_batch(bt.first));
+    DF_RETURN_IF_ERROR(bt.be->copy_batch(bt.second));
   }
   std::fill(marks_.begin(), marks_.end(), StepMark{});  // consumed
   capture_base_ = -1;

@@ -1,7 +1,9 @@
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "base/checked_math.h"
 #include "ops/backend.h"
@@ -26,6 +28,43 @@ Result<uint64_t> Backend::weight_bytes(const cpu::WeightView& w) const {
   const auto bytes = checked_mul(rb, static_cast<uint64_t>(w.rows));
   if (!bytes || w.rows < 0) return invalid_argument("a {} x {} {} weight overflows", w.rows, w.cols, dtype_name(w.type));
   return *bytes;
+}
+
+Status Backend::check_copy_batch(std::span<const CopyItem> items) {
+  struct Range {
+    uintptr_t begin, end;
+    size_t item;
+    bool write;
+  };
+  std::vector<Range> ranges;
+  ranges.reserve(2 * items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const CopyItem& c = items[i];
+    if (c.n < 0) return invalid_argument("copy_batch: item {} of {} floats", i, c.n);
+    if (c.n == 0) continue;
+    if (c.dst == nullptr || c.src == nullptr) return invalid_argument("copy_batch: item {} has a null pointer", i);
+    const auto bytes = static_cast<uintptr_t>(c.n) * sizeof(float);
+    ranges.push_back({reinterpret_cast<uintptr_t>(c.dst), reinterpret_cast<uintptr_t>(c.dst) + bytes, i, true});
+    ranges.push_back({reinterpret_cast<uintptr_t>(c.src), reinterpret_cast<uintptr_t>(c.src) + bytes, i, false});
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  std::vector<const Range*> open;  // ranges that reach past the current one's start (few: items rarely overlap)
+  for (const Range& r : ranges) {
+    std::erase_if(open, [&](const Range* a) { return a->end <= r.begin; });
+    for (const Range* a : open)
+      if ((a->write || r.write) && a->item != r.item)
+        return invalid_argument("copy_batch: items {} and {} overlap", std::min(a->item, r.item),
+                                std::max(a->item, r.item));
+    open.push_back(&r);
+  }
+  return Status();
+}
+
+Status Backend::copy_batch(std::span<const CopyItem> items) {
+  DF_RETURN_IF_ERROR(check_copy_batch(items));
+  for (const CopyItem& c : items)
+    if (c.n > 0) DF_RETURN_IF_ERROR(copy(c.dst, c.src, c.n));
+  return Status();
 }
 
 Status Backend::pack_weight(const cpu::WeightView& w, void* dst) const {

@@ -94,7 +94,8 @@ CudaBackend::~CudaBackend() {
   for (const auto& [id, g] : graphs_) ids.push_back(id);
   for (int64_t id : ids) drop_step(id);
   trim();
-  for (Scratch* s : {&positions_, &parents_, &chunk_table_, &rows_, &workspace_, &embed_rows_, &top_k_})
+  for (Scratch* s : {&positions_, &parents_, &chunk_table_, &rows_, &workspace_, &embed_rows_, &top_k_,
+                     &restore_table_, &copy_table_})
     if (s->ptr) cudaFree(s->ptr);
   if (pinned_) cudaFreeHost(pinned_);
   if (host_staging_) cudaFreeHost(host_staging_);
@@ -252,7 +253,7 @@ MemoryStats CudaBackend::memory_stats() const {
   m.buffers_peak = peak_live_;
   m.buffers_cached = cached_bytes_;
   for (const Scratch* s : {&positions_, &parents_, &chunk_table_, &rows_, &workspace_, &embed_rows_, &top_k_,
-                           &restore_table_})
+                           &restore_table_, &copy_table_})
     m.scratch += s->bytes;
   for (const auto& [key, table] : rope_tables_) m.scratch += static_cast<uint64_t>(key.rot_dims / 2) * sizeof(double);
   m.scratch += static_cast<uint64_t>(kQ8SideElems) * 11 / 8;
@@ -511,6 +512,25 @@ Status CudaBackend::copy(float* dst, const float* src, int64_t n) {
   forget_q8();
   return check(cudaMemcpyAsync(dst, src, sizeof(float) * static_cast<size_t>(n), cudaMemcpyDeviceToDevice, stream_),
                "device copy");
+}
+
+Status CudaBackend::copy_batch(std::span<const CopyItem> items) {
+  activate();
+  forget_q8();
+  DF_RETURN_IF_ERROR(check_copy_batch(items));
+  std::vector<cuda::DeviceCopy> table;
+  int64_t max_n = 0;
+  for (const CopyItem& c : items) {
+    if (c.n == 0) continue;
+    table.push_back({c.dst, c.src, c.n});
+    max_n = std::max(max_n, c.n);
+  }
+  if (table.empty()) return Status();
+  if (table.size() > 65535) return Backend::copy_batch(items);
+  DF_ASSIGN_OR_RETURN(const void* dev, stage(copy_table_, table.data(), table.size() * sizeof(table[0]), false));
+  return check(cuda::copy_batch(static_cast<const cuda::DeviceCopy*>(dev), static_cast<int>(table.size()), max_n,
+                                stream_),
+               "batched device copy");
 }
 
 Status CudaBackend::copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t cols,

@@ -63,6 +63,7 @@ class CudaBackend final : public Backend {
   Status upload(float* dst, const float* src, int64_t n) override;
   Status download(float* dst, const float* src, int64_t n) override;
   Status copy(float* dst, const float* src, int64_t n) override;
+  Status copy_batch(std::span<const CopyItem> items) override;
   Status copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t cols,
                    int64_t rows) override;
   // Weights in the kernels' device form (ops/cuda/weight_form.h: q6_K, q8_0 and q4_0 rows with aligned blocks).
@@ -221,6 +222,7 @@ class CudaBackend final : public Backend {
   Scratch positions_, parents_, chunk_table_, rows_, workspace_, embed_rows_;
   Scratch top_k_;  // top_k_rows: its results, then the kernels' workspace (never used by a recording)
   Scratch restore_table_;  // restore_deltanet's layer table (never used by a recording)
+  Scratch copy_table_;     // copy_batch's item table (never used by a recording)
   // Pinned memory that downloads (up to kStagedDownloadBytes) and top_k_rows' results pass through on their way
   // to the caller's arrays; grown on demand (host_staging).
   static constexpr size_t kStagedDownloadBytes = size_t{8} << 20;

@@ -2,6 +2,7 @@
 
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "ops/cuda/conv.cuh"
@@ -144,6 +145,22 @@ __global__ void gather_row_bytes_kernel(const uint8_t* table, int64_t rb, int64_
   for (int64_t b = threadIdx.x; b < rb; b += blockDim.x) dst[b] = ok ? src[b] : 0;
 }
 
+// Blocks (x, item): x-th slice of item's floats, grid-stride over gridDim.x blocks.
+__global__ void copy_batch_kernel(const DeviceCopy* __restrict__ items) {
+  pdl_begin();
+  const DeviceCopy c = items[blockIdx.y];
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x, first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  const bool vec = c.n % 4 == 0 && reinterpret_cast<uintptr_t>(c.dst) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(c.src) % 16 == 0;
+  if (vec) {
+    float4* __restrict__ d = reinterpret_cast<float4*>(c.dst);
+    const float4* __restrict__ s = reinterpret_cast<const float4*>(c.src);
+    for (int64_t i = first; i < c.n / 4; i += stride) d[i] = s[i];
+  } else {
+    for (int64_t i = first; i < c.n; i += stride) c.dst[i] = c.src[i];
+  }
+}
+
 __global__ void kv_write_kernel(float* const* k_chunks, float* const* v_chunks, int64_t chunk_tokens,
                                 int64_t row_floats, const float* k, const float* v, int64_t n, int64_t first_pos,
                                 const int32_t* first_dev, bool f16) {
@@ -173,6 +190,18 @@ __global__ void kv_write_kernel(float* const* k_chunks, float* const* v_chunks, 
 }
 
 }  // namespace
+
+cudaError_t copy_batch(const DeviceCopy* items, int n_items, int64_t max_n, cudaStream_t stream) {
+  if (n_items < 0 || n_items > 65535 || max_n < 0) return cudaErrorInvalidValue;
+  if (n_items == 0 || max_n == 0) return cudaSuccess;
+  if (items == nullptr) return cudaErrorInvalidValue;
+  // Enough blocks that the largest item (a DeltaNet state: ~0.8M floats) moves at the copy rate; small items'
+  // extra blocks exit at once.
+  const int64_t x = std::min<int64_t>(128, (max_n / 4 + kThreads - 1) / kThreads);
+  launch_pdl(copy_batch_kernel, dim3(static_cast<unsigned>(std::max<int64_t>(1, x)), static_cast<unsigned>(n_items)),
+             dim3(kThreads), 0, stream, items);
+  return cudaGetLastError();
+}
 
 cudaError_t gather_row_bytes(const void* table, int64_t row_bytes, int64_t n_rows, const int32_t* ids, int64_t n,
                              void* out, cudaStream_t stream) {

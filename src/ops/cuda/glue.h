@@ -42,6 +42,15 @@ cudaError_t deltanet_prep(const DeltaNetPrepArgs& a, int64_t n, cudaStream_t str
 // out[r, :] = x[rows[r], :]; `rows` is a device array of m indices.
 cudaError_t gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t m, float* out,
                         cudaStream_t stream = nullptr);
+// items[i].n floats from items[i].src to items[i].dst for n_items items (a device table), in one launch; max_n: the
+// largest n (it sizes the grid). Items must not overlap one another (they run at once). Each item's floats move as
+// float4 where both of its pointers are 16-byte aligned and n a multiple of 4.
+struct DeviceCopy {
+  float* dst;
+  const float* src;
+  int64_t n;
+};
+cudaError_t copy_batch(const DeviceCopy* items, int n_items, int64_t max_n, cudaStream_t stream = nullptr);
 // out[i, :] = the `row_bytes` bytes of row ids[i] of `table` (n_rows rows), for n device ids; an id
 // outside [0, n_rows) gives zero bytes. (Embedding lookups: the rows are then dequantized in place.)
 cudaError_t gather_row_bytes(const void* table, int64_t row_bytes, int64_t n_rows, const int32_t* ids, int64_t n,

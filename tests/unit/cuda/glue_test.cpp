@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -310,6 +311,40 @@ TEST_F(CudaGlue, sigmoid_gate_mul_matches_cpu_and_quantizes_its_output) {
     if (q8) cap.expect_quantized(d_o.p, rows, dim);
   }
   EXPECT_EQ(cuda::sigmoid_gate_mul(nullptr, nullptr, 2, 32, 16), cudaErrorInvalidValue);  // stride < dim
+}
+
+// copy_batch: items of many sizes in one launch (the float4 path where both pointers are 16-byte aligned and the
+// count a multiple of 4, the scalar path otherwise, and an item far larger than the grid), each equal to its
+// source; floats between the items untouched; bad arguments refused.
+TEST_F(CudaGlue, copy_batch_copies_every_item) {
+  const int64_t total = (int64_t{1} << 21) + 8192;
+  const auto src = normal(static_cast<size_t>(total));
+  Dev<float> d_src(src.size()), d_dst(src.size());
+  d_src.put(src);
+  d_dst.poison();
+  // (dst offset, src offset, n), no two destinations overlapping: aligned and vectorised, odd counts, odd offsets,
+  // one float, the large one.
+  const std::vector<std::array<int64_t, 3>> spec = {{0, 64, 256},   {300, 1000, 77},  {401, 5, 64}, {600, 2001, 1},
+                                                    {700, 3, 4093}, {8192, 4096, int64_t{1} << 21}};
+  std::vector<cuda::DeviceCopy> items;
+  for (const auto& [d, s, n] : spec) items.push_back({d_dst.p + d, d_src.p + s, n});
+  Dev<cuda::DeviceCopy> table(items.size());
+  table.put(items);
+  ASSERT_EQ(cuda::copy_batch(table.p, static_cast<int>(items.size()), int64_t{1} << 21), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto got = d_dst.get();
+  std::vector<bool> written(got.size(), false);
+  for (const auto& [d, s, n] : spec)
+    for (int64_t i = 0; i < n; ++i) {
+      written[static_cast<size_t>(d + i)] = true;
+      ASSERT_EQ(got[static_cast<size_t>(d + i)], src[static_cast<size_t>(s + i)]) << "item at " << d << ", float " << i;
+    }
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!written[i]) ASSERT_TRUE(std::isnan(got[i])) << "float " << i << " is no item's";
+  EXPECT_EQ(cuda::copy_batch(table.p, 0, 0), cudaSuccess);
+  EXPECT_EQ(cuda::copy_batch(nullptr, 2, 16), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::copy_batch(table.p, -1, 16), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::copy_batch(table.p, 70000, 16), cudaErrorInvalidValue);
 }
 
 // KV rows land at their positions across chunk boundaries, from a host or a device position.

@@ -131,15 +131,17 @@ class TreeCommit : public ::testing::TestWithParam<const char*> {
   const Weights& w() const { return *weights_; }
   int64_t vocab() const { return weights_->spec().vocab; }
 
-  // Prefill, tree step over kParents with `tree_tokens`, commit `path`: the state, and the tree logits.
+  // Prefill, tree step over `parents` (kParents unless given) with `tree_tokens`, commit `path`: the state, and
+  // the tree logits.
   void tree_and_commit(SequenceState& s, std::span<const int32_t> prompt, std::span<const int32_t> tree_tokens,
-                       std::span<const int32_t> path, std::vector<float>* tree_logits) {
+                       std::span<const int32_t> path, std::vector<float>* tree_logits,
+                       std::span<const int32_t> parents = kParents) {
     ASSERT_TRUE(causal(w(), s, be_, prompt).ok());
-    const auto pos = tree_positions(s.n_past(), kParents);
-    auto lt = run_step(w(), s, be_, tree_tokens, pos, cpu::MaskKind::kTree, kParents, true);
+    const auto pos = tree_positions(s.n_past(), parents);
+    auto lt = run_step(w(), s, be_, tree_tokens, pos, cpu::MaskKind::kTree, parents, true);
     ASSERT_TRUE(lt.ok()) << lt.status().to_string();
     const int64_t before = s.n_past();
-    const Status st = s.commit_tree(kParents, path);
+    const Status st = s.commit_tree(parents, path);
     ASSERT_TRUE(st.ok()) << st.to_string();
     EXPECT_EQ(s.n_past(), before + static_cast<int64_t>(path.size()));
     if (tree_logits) *tree_logits = std::move(lt).value();
@@ -186,6 +188,31 @@ TEST_P(TreeCommit, committed_path_equals_a_causal_run_of_its_tokens) {
       ASSERT_TRUE(la.ok() && lb.ok());
       EXPECT_TRUE(bit_equal(*la, *lb)) << "logits after decoding " << t;
     }
+  }
+}
+
+// Paths whose KV rows move onto slots that other moves read (nodes in best-first order: the root's second child
+// is node 2): in the tree 0 - 1 - 3, 0 - 2 - 4 - 5, path 0, 2, 4 moves slot 2 to 1 and slot 4 to 2, so slot 2 is
+// read by one move and written by another; the commit must still equal a causal run of the path's tokens.
+TEST_P(TreeCommit, kv_moves_onto_slots_other_moves_read) {
+  const std::vector<int32_t> parents = {-1, 0, 0, 1, 2, 4};
+  std::mt19937 rng(13);
+  const auto prompt = random_tokens(rng, 70, vocab());
+  const auto tree_tokens = random_tokens(rng, parents.size(), vocab());
+  for (const std::vector<int32_t>& path : {std::vector<int32_t>{0, 2, 4}, std::vector<int32_t>{0, 2, 4, 5},
+                                           std::vector<int32_t>{0, 2}, std::vector<int32_t>{0, 1, 3}}) {
+    SCOPED_TRACE(path_name(path));
+    SequenceState a(w().spec(), be_), b(w().spec(), be_);
+    tree_and_commit(a, prompt, tree_tokens, path, nullptr, parents);
+    if (HasFatalFailure()) return;
+    ASSERT_TRUE(causal(w(), b, be_, prompt).ok());
+    ASSERT_TRUE(causal(w(), b, be_, path_tokens(tree_tokens, path)).ok());
+    expect_same_state(a, b, "after commit");
+    const int32_t t = 17;
+    auto la = causal(w(), a, be_, std::span<const int32_t>(&t, 1));
+    auto lb = causal(w(), b, be_, std::span<const int32_t>(&t, 1));
+    ASSERT_TRUE(la.ok() && lb.ok());
+    EXPECT_TRUE(bit_equal(*la, *lb)) << "logits after decoding " << t;
   }
 }
 
