@@ -10,6 +10,7 @@
 #include "ops/cuda/conv_host.h"
 #include "ops/cuda/dequantize_host.h"
 #include "ops/cuda/gemm_rate.h"
+#include "ops/cuda/gemv16_mma.h"
 #include "ops/cuda/gated_delta_net_host.h"
 #include "ops/cuda/glue.h"
 #include "ops/cuda/matmul.h"
@@ -81,9 +82,9 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device) {
     DF_RETURN_IF_ERROR(check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
   constexpr size_t kQ = static_cast<size_t>(kQ8SideElems);
   uint8_t* q8 = nullptr;
-  DF_RETURN_IF_ERROR(check(cudaMalloc(reinterpret_cast<void**>(&q8), kQ + kQ / 8 + kQ / 4), "cudaMalloc"));
+  DF_RETURN_IF_ERROR(check(cudaMalloc(reinterpret_cast<void**>(&q8), kQ + kQ / 8 + kQ / 4 + 2 * kQ), "cudaMalloc"));
   be->q8_buf_ = cuda::Q8Out{reinterpret_cast<int8_t*>(q8), reinterpret_cast<float*>(q8 + kQ),
-                            reinterpret_cast<int*>(q8 + kQ + kQ / 8)};
+                            reinterpret_cast<int*>(q8 + kQ + kQ / 8), reinterpret_cast<uint16_t*>(q8 + kQ * 11 / 8)};
   return be;
 }
 
@@ -256,7 +257,7 @@ MemoryStats CudaBackend::memory_stats() const {
                            &restore_table_, &copy_table_})
     m.scratch += s->bytes;
   for (const auto& [key, table] : rope_tables_) m.scratch += static_cast<uint64_t>(key.rot_dims / 2) * sizeof(double);
-  m.scratch += static_cast<uint64_t>(kQ8SideElems) * 11 / 8;
+  m.scratch += static_cast<uint64_t>(kQ8SideElems) * 27 / 8;
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
     m.device_total = total_b;
@@ -575,6 +576,13 @@ Status CudaBackend::matmul_group(std::span<const cpu::WeightView* const> ws, con
   const int64_t slice = token_exact_ ? cuda::kMmqMaxTokens : cuda::kGemvMaxTokens;
   const cuda::MatmulPath path = token_exact_ ? cuda::MatmulPath::kTokenExact : cuda::MatmulPath::kAuto;
   const bool side = q8_side_.src == x && q8_side_.elems == n * cols;  // x's producer quantized it already
+  const bool side_bf16 = side && q8_side_.bf16;                         // ... and wrote its bf16 form
+  // The first token-exact product of bf16 weights from kGemv16MmaBf16XFrom tokens whose x has no bf16 side asks
+  // the producers for one from then on (while token-exact): its own x is converted this once.
+  if (token_exact_ && n >= cuda::kGemv16MmaBf16XFrom && !side_bf16 && !bf16_side_wanted_)
+    bf16_side_wanted_ = std::any_of(ws.begin(), ws.end(), [&](const cpu::WeightView* w) {
+      return w->type == DType::kBF16 && cuda::gemv16_mma_applies(w->type, w->data, cols);
+    });
   // bf16/f16 weights (a DFlash draft's, a bf16 model's) take the tensor cores from two tokens on: their GEMV
   // reads the weights once but runs the f32 path, compute-bound at 16 rows.
   const bool float_weights = std::all_of(ws.begin(), ws.end(), [](const cpu::WeightView* w) {
@@ -589,10 +597,12 @@ Status CudaBackend::matmul_group(std::span<const cpu::WeightView* const> ws, con
     const int64_t m = std::min(slice, n - t0);
     for (size_t i = 0; i < ws.size(); ++i) targets[i].y = ys[i] + t0 * ws[i]->rows;
     const int64_t e = t0 * cols;
-    const cuda::Q8Out pre{q8_buf_.xq + e, q8_buf_.xd + e / 32, q8_buf_.xs + e / 16};
+    const cuda::Q8Out pre{q8_buf_.xq + e, q8_buf_.xd + e / 32, q8_buf_.xs + e / 16,
+                          side_bf16 ? q8_buf_.xb + e : nullptr};
     DF_RETURN_IF_ERROR(
         cuda::matmul_group(targets, cols, x + t0 * cols, m, stream_, path, side ? &pre : nullptr));
     q8_side_uses_ += side;
+    bf16_side_uses_ += side_bf16 && m >= cuda::kGemv16MmaBf16XFrom;
   }
   return Status();
 }
@@ -622,8 +632,11 @@ cuda::Q8Out CudaBackend::q8_for(const float* y, int64_t elems) {
     forget_q8();
     return cuda::Q8Out{};
   }
-  q8_side_ = Q8Side{y, elems};
-  return q8_buf_;
+  const bool bf16 = token_exact_ && bf16_side_wanted_;
+  q8_side_ = Q8Side{y, elems, bf16};
+  cuda::Q8Out out = q8_buf_;
+  if (!bf16) out.xb = nullptr;
+  return out;
 }
 
 cuda::Q8Out CudaBackend::q8_for_rows(const float* y, int64_t rows, int64_t dim) {

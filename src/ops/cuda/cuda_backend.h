@@ -155,7 +155,8 @@ class CudaBackend final : public Backend {
   void free_list_push(float* p);
   // The int8 form of the last output of a producer that writes one (gemv_q8.h: SwiGLU, the RMSNorms of up to
   // kMmqMaxTokens rows, the output gates), written by that kernel beside its f32 output so that the GEMV
-  // reading it needs no quantize launch. It describes `src` only until the
+  // reading it needs no quantize launch, and once bf16_side_wanted_, while token-exact, its bf16 form, which
+  // gemv16_mma reads from kGemv16MmaBf16XFrom tokens instead of converting x. It describes `src` only until the
   // next op that writes device memory (every such op but matmul/matmul_group calls forget_q8() first),
   // and the GEMV uses it only for the same pointer and size. Outputs up to kQ8SideElems elements (decode
   // and verify steps); the buffer is allocated once, so recorded steps keep pointing at it.
@@ -163,6 +164,7 @@ class CudaBackend final : public Backend {
   struct Q8Side {
     const float* src = nullptr;
     int64_t elems = 0;
+    bool bf16 = false;  // the producer wrote src's bf16 form too (Q8Out::xb)
   };
   // Where a producer of `elems` floats at y writes y's int8 form, recorded as the side; none (and no
   // side) when it does not qualify.
@@ -176,6 +178,8 @@ class CudaBackend final : public Backend {
  public:
   // GEMV calls that read a producer's int8 side output (for tests).
   int64_t q8_side_uses() const { return q8_side_uses_; }
+  // Token-exact bf16-weight products (from kGemv16MmaBf16XFrom tokens) that read a producer's bf16 side (for tests).
+  int64_t bf16_side_uses() const { return bf16_side_uses_; }
 
  private:
   // The device table of RoPE frequencies for this shape (made and uploaded on first use).
@@ -231,7 +235,12 @@ class CudaBackend final : public Backend {
   size_t host_staging_bytes_ = 0;
   Q8Side q8_side_;
   int64_t q8_side_uses_ = 0;
-  cuda::Q8Out q8_buf_;  // kQ8SideElems int8 codes, then their scales and half-block sums (one allocation)
+  int64_t bf16_side_uses_ = 0;
+  // Set by the first token-exact product of bf16 weights (gemv16_mma) from kGemv16MmaBf16XFrom tokens: from then
+  // on, while token-exact, the producers write their output's bf16 form beside the int8 one.
+  bool bf16_side_wanted_ = false;
+  // kQ8SideElems int8 codes, then their scales and half-block sums, then the bf16 form (one allocation)
+  cuda::Q8Out q8_buf_;
   // RoPE frequency tables on the device, by (theta, freq_scale, rot_dims): made once, kept.
   struct RopeKey {
     double theta, freq_scale;

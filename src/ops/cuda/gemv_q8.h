@@ -40,12 +40,16 @@ cudaError_t quantize_q8_rows(const float* x, int64_t n, int64_t cols, int8_t* xq
 
 // Where a producer writes the int8 form of its f32 output beside it (the layout quantize_q8_rows writes):
 // xq [elems] int8, xd [elems / 32] f32, xs [elems / 16] int32. SwiGLU (norm_rope.h) takes one,
-// so the GEMV that reads its output needs no quantize launch. Null xq: no int8 output.
+// so the GEMV that reads its output needs no quantize launch. Null xq: no int8 output. And xb [elems], where not
+// null: the output's bf16 bits (nearest even, what dequantize_rows makes of it), which gemv16_mma_bf16x reads
+// (a bf16 weight's token-exact product from kGemv16MmaBf16XFrom tokens) instead of converting.
 struct Q8Out {
   int8_t* xq = nullptr;
   float* xd = nullptr;
   int* xs = nullptr;
+  uint16_t* xb = nullptr;
   __host__ __device__ bool on() const { return xq != nullptr; }
+  __host__ __device__ bool bf16() const { return xb != nullptr; }
 };
 
 // One weight of a grouped product: y [n, rows] (y[t * rows + r]) = x' w^T, w rows x cols of `type`.

@@ -329,13 +329,14 @@ bool mma16_applies(const MatmulTarget& t, int64_t cols, MatmulPath path) {
   return path == MatmulPath::kTokenExact && gemv16_mma_applies(t.type, t.w, cols);
 }
 
-// gemv16_mma launches of up to kGemv16MmaMaxParts of the targets each.
+// gemv16_mma launches of up to kGemv16MmaMaxParts of the targets each. x_bf16: x's bf16 form written by its
+// producer (Q8Out::xb), or null.
 Status run_mma16(std::span<const MatmulTarget> targets, int64_t cols, const float* x, int64_t n,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, const uint16_t* x_bf16 = nullptr) {
   const std::string_view name = dtype_name(targets[0].type);
   __nv_bfloat16* xb = nullptr;  // from kGemv16MmaBf16XFrom tokens: x in bf16, once for all the launches
   Status st;
-  if (n >= kGemv16MmaBf16XFrom) {
+  if (n >= kGemv16MmaBf16XFrom && x_bf16 == nullptr) {
     keep_pool_memory();
     DF_RETURN_IF_ERROR(cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&xb), 2 * n * cols, stream),
                                    "scratch for bf16 x", name, targets[0].rows, cols, n));
@@ -347,9 +348,9 @@ Status run_mma16(std::span<const MatmulTarget> targets, int64_t cols, const floa
     int np = 0;
     for (; i < targets.size() && np < kGemv16MmaMaxParts; ++i)
       parts[np++] = Gemv16Part{targets[i].w, targets[i].rows, targets[i].y};
-    const cudaError_t e = xb != nullptr
-                              ? gemv16_mma_bf16x(parts, np, cols, reinterpret_cast<const uint16_t*>(xb), n, stream)
-                              : gemv16_mma(parts, np, cols, x, n, stream);
+    const uint16_t* xb16 = xb != nullptr ? reinterpret_cast<const uint16_t*>(xb) : x_bf16;
+    const cudaError_t e = n >= kGemv16MmaBf16XFrom ? gemv16_mma_bf16x(parts, np, cols, xb16, n, stream)
+                                                   : gemv16_mma(parts, np, cols, x, n, stream);
     st = cuda_status(e, "bf16 tensor-core gemv launch", name, parts[0].rows, cols, n);
   }
   if (xb != nullptr) cudaFreeAsync(xb, stream);
@@ -437,7 +438,7 @@ Status matmul_group(std::span<const MatmulTarget> targets, int64_t cols, const f
                      [](const MatmulTarget& a, const MatmulTarget& b) { return a.type < b.type; });
     DF_RETURN_IF_ERROR(run_q8(q8, cols, x, n, stream, xq8, path != MatmulPath::kGemvQ8));
   }
-  if (!mma16.empty()) DF_RETURN_IF_ERROR(run_mma16(mma16, cols, x, n, stream));
+  if (!mma16.empty()) DF_RETURN_IF_ERROR(run_mma16(mma16, cols, x, n, stream, xq8 != nullptr ? xq8->xb : nullptr));
   if (!gemm.empty()) DF_RETURN_IF_ERROR(run_gemm(gemm, cols, x, n, stream, path));
   for (const MatmulTarget& t : other) DF_RETURN_IF_ERROR(run_one(t.type, t.w, t.rows, cols, x, n, t.y, stream, path));
   return Status();

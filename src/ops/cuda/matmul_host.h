@@ -93,7 +93,8 @@ struct MatmulTarget {
 // a launch), so a layer's q/k/v or gate/up cost one launch.
 // `xq8` (optional): x's int8 form already written by x's producer (gemv_q8.h Q8Out, e.g. by rms_norm
 // with q8 on); the integer-dot path reads it instead of quantizing x (same numbers, no quantize launch,
-// no scratch). The other paths ignore it.
+// no scratch), and gemv16_mma from kGemv16MmaBf16XFrom tokens its bf16 form (xq8->xb, where set) instead of
+// converting x. The other paths ignore it.
 Status matmul_group(std::span<const MatmulTarget> targets, int64_t cols, const float* x, int64_t n,
                     cudaStream_t stream = nullptr, MatmulPath path = MatmulPath::kAuto, const Q8Out* xq8 = nullptr);
 

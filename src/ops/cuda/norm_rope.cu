@@ -8,6 +8,7 @@
 
 #include "base/checked_math.h"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/quant_blocks.cuh"
 #include "ops/cuda/quantize_q8.cuh"
 #include "ops/cuda/warp_reduce.cuh"
 
@@ -29,7 +30,7 @@ constexpr int kThreads = 256;
 constexpr int kWarpPer = 32;
 // With `delta` (the fused residual add): x += delta first, stored back to x, and the norm is of the sum.
 // kGate (rms_norm_silu_gate): y = the norm * silu(gate) (gate [n, dim]), and with q8 on (dim a multiple of
-// 32) its int8 form: a warp's 32 values of step k are one 32-element block.
+// 32) its int8 form: a warp's 32 values of step k are one 32-element block; with q8.bf16(), its bf16 form.
 __device__ __forceinline__ float silu_f(float v) { return __fdiv_rn(v, __fadd_rn(1.0f, expf(-v))); }
 template <int kPer, bool kGate>
 __global__ void rms_norm_warp_kernel(float* x, int64_t xs, const float* delta, const float* w, float eps, int64_t n,
@@ -69,14 +70,18 @@ __global__ void rms_norm_warp_kernel(float* x, int64_t xs, const float* delta, c
     if ((kGate || q8.on()) && 32 * k >= dim) break;
     float o = w != nullptr ? __fmul_rn(__fmul_rn(v[k], scale), wv[k]) : __fmul_rn(v[k], scale);
     if constexpr (kGate) o = i < dim ? __fmul_rn(o, silu_f(dv[k])) : 0.0f;
-    if (i < dim) yr[i] = o;
+    if (i < dim) {
+      yr[i] = o;
+      if (q8.bf16()) q8.xb[r * dim + i] = qblocks::f32_to_bf16_bits(o);
+    }
     if (q8.on()) quantize_q8_block(o, lane, (r * dim + 32 * k) / 32, q8);
   }
 }
 
 // One block per row (long rows: the hidden size), dim <= kThreads * kBlockPer, kPer values a thread (the least of
 // 8, 16, 20, 24, 32 that covers the row: 16 for 4096, 20 for 5120). kQ8: the output row is staged in shared memory
-// and quantized from there, 16 values a lane (quantize_q8_row), into q8 (dim a multiple of 32).
+// and quantized from there, 16 values a lane (quantize_q8_row), into q8 (dim a multiple of 32). With q8.bf16(),
+// the bf16 form as the row is stored.
 constexpr int kBlockPer = 32;
 template <int kPer, bool kQ8>
 __global__ void rms_norm_block_kernel(float* x, int64_t xs, const float* delta, const float* w, float eps, int64_t dim,
@@ -116,6 +121,7 @@ __global__ void rms_norm_block_kernel(float* x, int64_t xs, const float* delta, 
     if (i < dim) {
       yr[i] = o;
       if constexpr (kQ8) staged[i] = o;
+      if (q8.bf16()) q8.xb[r * dim + i] = qblocks::f32_to_bf16_bits(o);
     }
   }
   if constexpr (kQ8) {
@@ -189,17 +195,19 @@ __global__ void sigmoid_kernel(float* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x[i])));
 }
-// With q8 on (n a multiple of 32): each warp holds whole 32-element blocks, quantized as they are stored.
+// With q8 on (n a multiple of 32): each warp holds whole 32-element blocks, quantized as they are stored; with
+// q8.bf16(), each value's bf16 form too.
 __global__ void swiglu_kernel(const float* gate, const float* up, float* out, int64_t n, Q8Out q8) {
   pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float o = __fmul_rn(silu_f(gate[i]), up[i]);
     out[i] = o;
+    if (q8.bf16()) q8.xb[i] = qblocks::f32_to_bf16_bits(o);
     if (q8.on()) quantize_q8_block(o, threadIdx.x % 32, i / 32, q8);
   }
 }
 // o[r, d] *= sigmoid(gate[r gate_stride + d]) (the sigmoid and mul kernels' roundings). With q8 on (dim a
-// multiple of 32) each warp holds one 32-element block of a row, quantized as it is stored.
+// multiple of 32) each warp holds one 32-element block of a row, quantized as it is stored; q8.bf16(): as swiglu.
 __global__ void sigmoid_gate_mul_kernel(float* o, const float* gate, int64_t rows, int64_t dim, int64_t gate_stride,
                                         Q8Out q8) {
   pdl_begin();
@@ -209,6 +217,7 @@ __global__ void sigmoid_gate_mul_kernel(float* o, const float* gate, int64_t row
     const float g = gate[r * gate_stride + d];
     const float v = __fmul_rn(o[i], __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g))));
     o[i] = v;
+    if (q8.bf16()) q8.xb[i] = qblocks::f32_to_bf16_bits(v);
     if (q8.on()) quantize_q8_block(v, threadIdx.x % 32, i / 32, q8);
   }
 }
@@ -343,6 +352,7 @@ cudaError_t launch_rms_norm(float* x, int64_t x_stride, const float* delta, cons
   if (q8.on() && (!rms_norm_q8_supported(dim) || y_stride != dim || q8.xd == nullptr || q8.xs == nullptr ||
                   !is_aligned(q8.xq, 16)))
     return cudaErrorInvalidValue;
+  if (q8.bf16() && (!rms_norm_q8_supported(dim) || y_stride != dim)) return cudaErrorInvalidValue;
   if (n == 0 || dim == 0) return cudaSuccess;
   if (x == nullptr || y == nullptr) return cudaErrorInvalidValue;
   if (dim <= 32 * kWarpPer) {

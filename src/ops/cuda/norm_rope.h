@@ -32,7 +32,9 @@ namespace dflash::cuda {
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w for n rows of `dim` (w null: no scale).
 // Per-head use (the q/k norms, the DeltaNet output norm): n = tokens * heads rows of dim = head_dim.
 // With q8 on (rms_norm_q8_supported(dim); xq 16-byte aligned), y's int8 form too, bit for bit what
-// quantize_q8_rows makes of y, so the GEMV that reads y needs no quantize launch (as swiglu's).
+// quantize_q8_rows makes of y, so the GEMV that reads y needs no quantize launch (as swiglu's). With q8.bf16()
+// (the same widths), y's bf16 bits too (gemv_q8.h's Q8Out), on or off independently of the int8 form; every
+// producer below takes q8.bf16() alike.
 cudaError_t rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* y,
                      cudaStream_t stream = nullptr, const Q8Out& q8 = Q8Out{});
 // The rows rms_norm and add_rms_norm can write the int8 form of: dim a multiple of 32, at most 8192.

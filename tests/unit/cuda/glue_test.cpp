@@ -1,4 +1,5 @@
 // The CUDA glue kernels against CpuBackend's on random inputs.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -11,12 +12,14 @@
 #include <vector>
 
 #include "ops/backend.h"
+#include "ops/cuda/dequantize.h"
 #include "ops/cuda/fill.h"
 #include "ops/cuda/glue.h"
 #include "ops/cuda/gemv_q8.h"
 #include "ops/cuda/norm_rope.h"
 #include "support/cuda_test_util.h"
 #include "support/test_paths.h"
+#include "tensor/dtype.h"
 
 namespace dflash {
 namespace {
@@ -250,26 +253,30 @@ TEST_F(CudaDeltaNetPrep, refuses_bad_arguments) {
   EXPECT_EQ(cuda::deltanet_prep(a, 1, nullptr), cudaErrorInvalidValue);  // head dim past 256
 }
 
-// The int8 form a fused op writes beside its output (Q8Out), and the check that it equals quantize_q8_rows of
-// that output bit for bit.
+// The int8 and bf16 forms a fused op writes beside its output (Q8Out), and the check that they equal
+// quantize_q8_rows and dequantize_rows (F32 -> BF16) of that output bit for bit.
 struct Q8Capture {
   explicit Q8Capture(int64_t elems)
       : xq(elems), xq_ref(elems), xd(elems / 32 + 1), xd_ref(elems / 32 + 1), xs(elems / 16 + 1),
-        xs_ref(elems / 16 + 1) {}
-  cuda::Q8Out out(bool on) const { return on ? cuda::Q8Out{xq.p, xd.p, xs.p} : cuda::Q8Out{}; }
+        xs_ref(elems / 16 + 1), xb(elems), xb_ref(elems) {}
+  cuda::Q8Out out(bool on) const { return on ? cuda::Q8Out{xq.p, xd.p, xs.p, xb.p} : cuda::Q8Out{}; }
   void expect_quantized(const float* y, int64_t rows, int64_t dim) {
     ASSERT_EQ(cuda::quantize_q8_rows(y, rows, dim, xq_ref.p, xd_ref.p, xs_ref.p), cudaSuccess);
     EXPECT_EQ(xq.get(), xq_ref.get());
     EXPECT_EQ(xd.get(), xd_ref.get());
     EXPECT_EQ(xs.get(), xs_ref.get());
+    ASSERT_EQ(cuda::dequantize_rows(DType::kF32, y, reinterpret_cast<__nv_bfloat16*>(xb_ref.p), rows, dim),
+              cudaSuccess);
+    EXPECT_EQ(xb.get(), xb_ref.get());
   }
   Dev<int8_t> xq, xq_ref;
   Dev<float> xd, xd_ref;
   Dev<int> xs, xs_ref;
+  Dev<uint16_t> xb, xb_ref;
 };
 
-// rms_norm_silu_gate against the CPU's rms_norm, silu and mul; with q8 its int8 form equals
-// quantize_q8_rows of its output bit for bit.
+// rms_norm_silu_gate against the CPU's rms_norm, silu and mul; with q8 its int8 and bf16 forms equal
+// quantize_q8_rows and the bf16 conversion of its output bit for bit.
 TEST_F(CudaGlue, rms_norm_silu_gate_matches_cpu_and_quantizes_its_output) {
   for (int64_t dim : {128, 100, 1024}) {
     const int64_t rows = 37;
@@ -291,7 +298,7 @@ TEST_F(CudaGlue, rms_norm_silu_gate_matches_cpu_and_quantizes_its_output) {
 }
 
 // sigmoid_gate_mul (gates read in place from rows of twice the width) against the CPU's slice, sigmoid and
-// mul; with q8 its int8 form equals quantize_q8_rows of its output bit for bit.
+// mul; with q8 its int8 and bf16 forms equal quantize_q8_rows and the bf16 conversion of its output bit for bit.
 TEST_F(CudaGlue, sigmoid_gate_mul_matches_cpu_and_quantizes_its_output) {
   for (int64_t dim : {256, 100}) {
     const int64_t rows = 29;

@@ -5,6 +5,7 @@
 // silu/sigmoid/swiglu/softmax use the device expf (<= 2 ulp), checked to 2e-6 relative.
 #include "ops/cuda/norm_rope.h"
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -21,10 +22,12 @@
 #include <vector>
 
 #include "ops/cpu/ops.h"
+#include "ops/cuda/dequantize.h"
 #include "ops/cuda/fill.h"
 #include "ops/cuda/gemv_q8.h"
 #include "support/cuda_test_util.h"
 #include "support/test_paths.h"
+#include "tensor/dtype.h"
 
 namespace dflash {
 namespace {
@@ -248,6 +251,91 @@ TEST_F(NormRopeTest, SwigluQ8OutputEqualsQuantizingTheOutput) {
   Dev<float> qd(3);
   Dev<int> qs(6);
   EXPECT_EQ(cuda::swiglu(d.get(), d.get(), d.get(), 80, nullptr, cuda::Q8Out{q.get(), qd.get(), qs.get()}),
+            cudaErrorInvalidValue);
+}
+
+// The producers' bf16 side (Q8Out::xb): rms_norm and add_rms_norm (the warp kernel at 64 and 1024, the block
+// kernel at 5120), swiglu (also where the grid-stride loop wraps) and sigmoid_gate_mul write their output's bf16
+// bits beside it, with the int8 form or without it: the f32 output is unchanged, and the bits are what
+// dequantize_rows (F32 -> BF16: the conversion they save) makes of it. A width the norms cannot take is refused.
+TEST_F(NormRopeTest, ProducersWriteTheBf16FormOfTheirOutput) {
+  SCOPED_TRACE(seed_note());
+  const auto make_xb = [](size_t e) {
+    auto xb = std::make_unique<Dev<uint16_t>>(e);
+    EXPECT_EQ(cudaMemset(xb->get(), 0xff, 2 * e), cudaSuccess);  // 0xffff: a NaN no conversion writes
+    return xb;
+  };
+  const auto expect_bf16_of = [&](const float* y, const Dev<uint16_t>& xb, int64_t rows, int64_t dim,
+                                  const std::string& what) {
+    const auto want = make_xb(static_cast<size_t>(rows * dim));
+    ASSERT_EQ(cuda::dequantize_rows(DType::kF32, y, reinterpret_cast<__nv_bfloat16*>(want->get()), rows, dim),
+              cudaSuccess)
+        << what;
+    EXPECT_EQ(xb.download(), want->download()) << what;
+  };
+  for (int64_t dim : {64, 1024, 5120})
+    for (int64_t n : {1, 23})
+      for (bool add : {false, true})
+        for (bool with_q8 : {false, true}) {
+          const std::string what = std::string(add ? "add_rms_norm" : "rms_norm") + " n=" + std::to_string(n) +
+                                   " dim=" + std::to_string(dim) + (with_q8 ? " with int8" : "");
+          const size_t e = static_cast<size_t>(n * dim);
+          Dev<float> dx(e), dd(e), dw(static_cast<size_t>(dim)), dy(e), plain(e), x2(e), qd(e / 32);
+          Dev<int8_t> q(e);
+          Dev<int> qs(e / 16);
+          const auto xb = make_xb(e);
+          const auto x = random(e, -3.0f, 3.0f);
+          DF_ASSERT_CUDA(dx.upload(x));
+          DF_ASSERT_CUDA(x2.upload(x));
+          DF_ASSERT_CUDA(dd.upload(random(e, -1.0f, 1.0f)));
+          DF_ASSERT_CUDA(dw.upload(random(static_cast<size_t>(dim), -2.0f, 2.0f)));
+          DF_ASSERT_CUDA(dy.poison());
+          const cuda::Q8Out out{with_q8 ? q.get() : nullptr, with_q8 ? qd.get() : nullptr,
+                                with_q8 ? qs.get() : nullptr, xb->get()};
+          if (add) {
+            DF_ASSERT_CUDA(cuda::add_rms_norm(dx.get(), dd.get(), dw.get(), 1e-6f, n, dim, dy.get(), nullptr, out));
+            DF_ASSERT_CUDA(cuda::add_rms_norm(x2.get(), dd.get(), dw.get(), 1e-6f, n, dim, plain.get()));
+          } else {
+            DF_ASSERT_CUDA(cuda::rms_norm(dx.get(), dw.get(), 1e-6f, n, dim, dy.get(), nullptr, out));
+            DF_ASSERT_CUDA(cuda::rms_norm(dx.get(), dw.get(), 1e-6f, n, dim, plain.get()));
+          }
+          const auto y = dy.download(), want_y = plain.download();
+          EXPECT_EQ(0, std::memcmp(y.data(), want_y.data(), e * 4)) << what;
+          expect_bf16_of(dy.get(), *xb, n, dim, what);
+        }
+  for (int64_t e : {int64_t{32} * 23, int64_t{23} * 17408, int64_t{1} << 24}) {
+    const std::string what = "swiglu n=" + std::to_string(e);
+    const size_t ne = static_cast<size_t>(e);
+    Dev<float> dg(ne), du(ne), dy(ne), plain(ne);
+    const auto xb = make_xb(ne);
+    DF_ASSERT_CUDA(dg.upload(random(ne, -4.0f, 4.0f)));
+    DF_ASSERT_CUDA(du.upload(random(ne, -3.0f, 3.0f)));
+    DF_ASSERT_CUDA(dy.poison());
+    DF_ASSERT_CUDA(
+        cuda::swiglu(dg.get(), du.get(), dy.get(), e, nullptr, cuda::Q8Out{nullptr, nullptr, nullptr, xb->get()}));
+    DF_ASSERT_CUDA(cuda::swiglu(dg.get(), du.get(), plain.get(), e));
+    EXPECT_EQ(dy.download(), plain.download()) << what;
+    expect_bf16_of(dy.get(), *xb, 1, e, what);
+  }
+  {
+    const int64_t rows = 23, dim = 256;
+    const size_t e = static_cast<size_t>(rows * dim);
+    const auto o = random(e, -2.0f, 2.0f);
+    Dev<float> d_o(e), d_plain(e), gate(2 * e);
+    const auto xb = make_xb(e);
+    DF_ASSERT_CUDA(d_o.upload(o));
+    DF_ASSERT_CUDA(d_plain.upload(o));
+    DF_ASSERT_CUDA(gate.upload(random(2 * e, -3.0f, 3.0f)));
+    DF_ASSERT_CUDA(cuda::sigmoid_gate_mul(d_o.get(), gate.get() + dim, rows, dim, 2 * dim, nullptr,
+                                          cuda::Q8Out{nullptr, nullptr, nullptr, xb->get()}));
+    DF_ASSERT_CUDA(cuda::sigmoid_gate_mul(d_plain.get(), gate.get() + dim, rows, dim, 2 * dim));
+    EXPECT_EQ(d_o.download(), d_plain.download()) << "sigmoid_gate_mul";
+    expect_bf16_of(d_o.get(), *xb, rows, dim, "sigmoid_gate_mul");
+  }
+  Dev<float> d(8224);
+  const auto xb = make_xb(8224);
+  EXPECT_EQ(cuda::rms_norm(d.get(), nullptr, 1e-6f, 1, 8224, d.get(), nullptr,
+                           cuda::Q8Out{nullptr, nullptr, nullptr, xb->get()}),
             cudaErrorInvalidValue);
 }
 

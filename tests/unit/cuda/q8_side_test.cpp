@@ -13,10 +13,12 @@
 #include <vector>
 
 #include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/gemv16_mma.h"
 #include "support/cuda_test_util.h"
 #include "support/random_blocks.h"
 #include "support/test_paths.h"
 #include "tensor/dtype.h"
+#include "tensor/half.h"
 
 namespace dflash {
 namespace {
@@ -53,10 +55,21 @@ class CudaQ8Side : public ::testing::Test {
     for (auto& x : v) x = d(rng_);
     return v;
   }
+  // Random weights: valid blocks of a quantized type; bf16 values from [-1, 1] (random bits would hold NaNs).
   cpu::WeightView weight(DType t, int64_t rows, int64_t cols) {
     const auto info = dtype_info(t).value();
-    const auto bytes = test::device_form(
-        t, test::random_blocks(t, rows * cols / static_cast<int64_t>(info.block_elems), rng_), rows, cols);
+    std::vector<uint8_t> raw;
+    if (t == DType::kBF16) {
+      raw.resize(static_cast<size_t>(2 * rows * cols));
+      const auto v = random(rows * cols, -1, 1);
+      for (size_t i = 0; i < v.size(); ++i) {
+        const uint16_t b = fp32_to_bf16(v[i]);
+        std::memcpy(raw.data() + 2 * i, &b, 2);
+      }
+    } else {
+      raw = test::random_blocks(t, rows * cols / static_cast<int64_t>(info.block_elems), rng_);
+    }
+    const auto bytes = test::device_form(t, raw, rows, cols);
     void* d = nullptr;
     EXPECT_EQ(cudaMalloc(&d, bytes.size()), cudaSuccess);
     device_.push_back(d);
@@ -142,6 +155,59 @@ TEST_F(CudaQ8Side, gemv_after_its_producer_equals_gemv_on_a_copy_and_rewrites_in
       EXPECT_EQ(be_->q8_side_uses(), uses + 4) << "only the GEMVs right after their producer use a side";
     }
   }
+}
+
+// The bf16 side: in token-exact products of bf16 weights from kGemv16MmaBf16XFrom tokens (a verify's), the first
+// such product asks the producers for their output's bf16 form (and converts its own x), and from then on the
+// product right after SwiGLU or an RMSNorm reads that form instead of converting: the outputs equal the same
+// product of a copy of x (which converts) bit for bit. Fewer tokens, and steps that are not token-exact, convert
+// or read f32 x as before.
+TEST_F(CudaQ8Side, bf16_products_from_17_tokens_read_the_producers_bf16_form) {
+  SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
+  const int64_t cols = 512, rows = 96;
+  const cpu::WeightView w = weight(DType::kBF16, rows, cols);
+  be_->set_token_exact(true);
+  for (int64_t n : {23, 16, 32}) {
+    const std::string what = "n=" + std::to_string(n);
+    const bool reads = n >= cuda::kGemv16MmaBf16XFrom;
+    Buffer gate = upload(random(n * cols, -3, 3)), up = upload(random(n * cols, -2, 2)), y = alloc(n * cols);
+    Buffer h = upload(random(n * cols, -3, 3)), delta = upload(random(n * cols, -1, 1));
+    Buffer wn = upload(random(cols, -2, 2));
+    ASSERT_TRUE(be_->swiglu(gate.data(), up.data(), y.data(), n * cols).ok());
+    const auto first = product(w, y, n);  // at 17 tokens or more: asks for the side from now on
+    EXPECT_EQ(first, product_of_copy(w, y, n)) << what;
+    const int64_t uses = be_->bf16_side_uses();
+    ASSERT_TRUE(be_->swiglu(gate.data(), up.data(), y.data(), n * cols).ok());
+    auto fused = product(w, y, n);
+    EXPECT_EQ(be_->bf16_side_uses(), uses + (reads ? 1 : 0)) << "the product after swiglu, " << what;
+    EXPECT_EQ(fused, product_of_copy(w, y, n)) << "swiglu " << what;
+    ASSERT_TRUE(be_->rms_norm(gate.data(), wn.data(), 1e-6f, n, cols, y.data()).ok());
+    fused = product(w, y, n);
+    EXPECT_EQ(be_->bf16_side_uses(), uses + (reads ? 2 : 0)) << "the product after rms_norm, " << what;
+    EXPECT_EQ(fused, product_of_copy(w, y, n)) << "rms_norm " << what;
+    ASSERT_TRUE(be_->add_rms_norm(h.data(), delta.data(), wn.data(), 1e-6f, n, cols, y.data()).ok());
+    Buffer y1 = alloc(n * rows), y2 = alloc(n * rows);
+    const cpu::WeightView* ws[] = {&w, &w};
+    float* ys[] = {y1.data(), y2.data()};
+    ASSERT_TRUE(be_->matmul_group(ws, y.data(), n, ys).ok());
+    EXPECT_EQ(be_->bf16_side_uses(), uses + (reads ? 3 : 0)) << "the group after add_rms_norm, " << what;
+    const auto want = product_of_copy(w, y, n);
+    EXPECT_EQ(download(y1), want) << "add_rms_norm " << what;
+    EXPECT_EQ(download(y2), want) << "add_rms_norm " << what;
+    // The input rewritten after its producer: the product converts the new values.
+    ASSERT_TRUE(be_->swiglu(gate.data(), up.data(), y.data(), n * cols).ok());
+    ASSERT_TRUE(be_->add_inplace(y.data(), delta.data(), n * cols).ok());
+    fused = product(w, y, n);
+    EXPECT_EQ(be_->bf16_side_uses(), uses + (reads ? 3 : 0)) << what;
+    EXPECT_EQ(fused, product_of_copy(w, y, n)) << "added to after swiglu " << what;
+  }
+  be_->set_token_exact(false);
+  const int64_t n = 23, uses = be_->bf16_side_uses();
+  Buffer gate = upload(random(n * cols, -3, 3)), up = upload(random(n * cols, -2, 2)), y = alloc(n * cols);
+  ASSERT_TRUE(be_->swiglu(gate.data(), up.data(), y.data(), n * cols).ok());
+  const auto plain = product(w, y, n);
+  EXPECT_EQ(be_->bf16_side_uses(), uses) << "not token-exact: no bf16 side";
+  EXPECT_EQ(plain, product_of_copy(w, y, n));
 }
 
 }  // namespace
