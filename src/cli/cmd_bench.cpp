@@ -447,7 +447,7 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
   const double plain_tps = (opt.gen_len - 1) / std::max(plain_s, 1e-9);
   const double spec_tps = (opt.gen_len - 1) / std::max(spec_s, 1e-9);
   const double steps = static_cast<double>(std::max<int64_t>(stats.steps, 1));
-  const double step_ms = (stats.draft_ms + stats.verify_ms) / steps;
+  const double step_ms = (stats.draft_ms + stats.tree_ms + stats.verify_ms + stats.commit_ms) / steps;
   return nlohmann::json{{"draft", resident->path()},
                         {"mode", spec.ddtree ? "ddtree" : "chain"},
                         {"ddtree_budget", spec.ddtree_budget},
@@ -463,8 +463,11 @@ Result<nlohmann::json> bench_speculative(const BenchOptions& opt, LoadedModel& m
                         {"acceptance_length", static_cast<double>(stats.accepted + stats.steps) / steps},
                         {"accepted_at", stats.accepted_at},
                         {"draft_ms_per_step", stats.draft_ms / steps},
+                        {"tree_ms_per_step", stats.tree_ms / steps},
                         {"verify_ms_per_step", stats.verify_ms / steps},
-                        // The acceptance length at which a step (draft + verify) costs what as many plain tokens do.
+                        {"commit_ms_per_step", stats.commit_ms / steps},
+                        // The acceptance length at which a step (draft, tree, verify, commit) costs what as many plain
+                        // tokens do.
                         {"break_even_tau", step_ms / (1e3 / std::max(plain_tps, 1e-9))},
                         {"graphs", graphs},
                         {"profile", profile}};
@@ -652,14 +655,16 @@ Status run_bench(const BenchOptions& opt) {
     const auto& sj = spec_j;
     std::printf("  speculative (%s, %s; greedy, %lld-token prompt): plain %.1f tok/s, with the draft %.1f tok/s "
                 "(%.2fx), same tokens: %s\n    acceptance length %.2f over %lld steps (drafted %lld, accepted %lld); "
-                "draft %.2f ms + verify %.2f ms per step: it pays above an acceptance length of %.2f\n",
+                "draft %.3f + tree %.3f + verify %.3f + commit %.3f ms per step: it pays above an acceptance length of "
+                "%.2f\n",
                 sj["mode"].get<std::string>().c_str(), sj["draft"].get<std::string>().c_str(),
                 static_cast<long long>(sj["prompt_tokens"].get<size_t>()), sj["plain_tok_s"].get<double>(),
                 sj["spec_tok_s"].get<double>(), sj["speedup"].get<double>(), sj["same_text"].get<bool>() ? "yes" : "NO",
                 sj["acceptance_length"].get<double>(), static_cast<long long>(sj["steps"].get<int64_t>()),
                 static_cast<long long>(sj["drafted"].get<int64_t>()), static_cast<long long>(sj["accepted"].get<int64_t>()),
-                sj["draft_ms_per_step"].get<double>(),
-                sj["verify_ms_per_step"].get<double>(), sj["break_even_tau"].get<double>());
+                sj["draft_ms_per_step"].get<double>(), sj["tree_ms_per_step"].get<double>(),
+                sj["verify_ms_per_step"].get<double>(), sj["commit_ms_per_step"].get<double>(),
+                sj["break_even_tau"].get<double>());
     if (!sj["profile"].is_null())
       print_profile(sj["profile"], std::string("speculative step (draft + ") + sj["mode"].get<std::string>() + " verify)");
   }

@@ -26,7 +26,9 @@ void SpecStats::add(const SpecStats& o) {
   if (accepted_at.size() < o.accepted_at.size()) accepted_at.resize(o.accepted_at.size());
   for (size_t i = 0; i < o.accepted_at.size(); ++i) accepted_at[i] += o.accepted_at[i];
   draft_ms += o.draft_ms;
+  tree_ms += o.tree_ms;
   verify_ms += o.verify_ms;
+  commit_ms += o.commit_ms;
 }
 
 Result<std::unique_ptr<DFlashDraft>> DFlashDraft::create(const Weights& draft, const Weights& target, Backend& be) {
@@ -283,6 +285,8 @@ Result<SpecStepResult> speculative_step(Runner& target, SequenceState& state, Fe
   auto t0 = std::chrono::steady_clock::now();
   const int64_t k = opts.ddtree && opts.ddtree_budget > L ? std::clamp<int64_t>(opts.ddtree_top_k, 1, Backend::kMaxTopK) : 1;
   DF_ASSIGN_OR_RETURN(DraftTopK topk, draft.propose(ctx, ring, root, L, std::min<int64_t>(k, V)));
+  const double draft_ms = ms_since(t0);
+  t0 = std::chrono::steady_clock::now();
   DraftTree tree;
   if (opts.ddtree) {
     // Every node takes a KV slot after the root's: the budget also stops at the target's context.
@@ -296,10 +300,13 @@ Result<SpecStepResult> speculative_step(Runner& target, SequenceState& state, Fe
     for (int64_t d = 0; d < L; ++d) drafts[static_cast<size_t>(d)] = topk.tokens[static_cast<size_t>(d * topk.k)];
     tree = chain_tree(root, drafts);
   }
-  const double draft_ms = ms_since(t0);
+  const double tree_ms = ms_since(t0);
 
   DF_ASSIGN_OR_RETURN(SpecStepResult res, verify_tree(target, state, ring, draft.capture_layers(), tree, choose, stats));
-  if (stats != nullptr) stats->draft_ms += draft_ms;
+  if (stats != nullptr) {
+    stats->draft_ms += draft_ms;
+    stats->tree_ms += tree_ms;
+  }
   return res;
 }
 
@@ -338,6 +345,7 @@ Result<SpecStepResult> verify_tree(Runner& target, SequenceState& state, Feature
   Backend& be = target.backend();
   DF_RETURN_IF_ERROR(be.top_k_rows(out.device_logits.data(), n, V, 1, top.data(), top_value.data(), nullptr));
   const double verify_ms = ms_since(t0);
+  t0 = std::chrono::steady_clock::now();
 
   // Walk: the caller's choice at each node, down the child that holds it.
   bool stop = false;
@@ -376,6 +384,7 @@ Result<SpecStepResult> verify_tree(Runner& target, SequenceState& state, Feature
     if (stats->accepted_at.size() < depth) stats->accepted_at.resize(depth);
     for (int64_t d = 1; d < keep; ++d) ++stats->accepted_at[static_cast<size_t>(d - 1)];
     stats->verify_ms += verify_ms;
+    stats->commit_ms += ms_since(t0);
   }
   return res;
 }

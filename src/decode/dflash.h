@@ -38,7 +38,10 @@ struct SpecStats {
   int64_t drafted = 0;   // drafted tokens put to the target (chain positions or tree nodes)
   int64_t accepted = 0;  // drafted tokens kept
   std::vector<int64_t> accepted_at;  // [block - 1]: steps that kept the draft token at depth d + 1
-  double draft_ms = 0, verify_ms = 0;
+  // Host wall time a step spends: proposing (the draft's forward and its candidates' download), building the tree,
+  // verifying (the target's forward and its argmaxes' download), and walking the tree with committing the path
+  // (the state's commit or rollback, the features' append).
+  double draft_ms = 0, tree_ms = 0, verify_ms = 0, commit_ms = 0;
   void add(const SpecStats& o);
 };
 

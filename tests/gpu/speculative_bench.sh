@@ -48,11 +48,15 @@ row() {  # row LABEL MODE -- bench args: one table row from `dflash bench --json
     python3 -c '
 import json, sys
 j = json.load(sys.stdin)["speculative"]
-print("%-9s %-28s %9.1f %9.1f %7.2f %6.2f %8.2f %9.2f %8.2f%s" % (sys.argv[1], sys.argv[2], j["plain_tok_s"],
-      j["spec_tok_s"], j["speedup"], j["acceptance_length"], j["draft_ms_per_step"], j["verify_ms_per_step"],
-      j["break_even_tau"], "" if j["same_text"] else "  TOKENS DIFFER"))' "$label" "${mode:-chain}" || fail=1
+print("%-9s %-28s %9.1f %9.1f %7.2f %6.2f %8.3f %8.3f %9.3f %9.3f %8.2f%s" % (sys.argv[1], sys.argv[2],
+      j["plain_tok_s"], j["spec_tok_s"], j["speedup"], j["acceptance_length"], j["draft_ms_per_step"],
+      j["tree_ms_per_step"], j["verify_ms_per_step"], j["commit_ms_per_step"], j["break_even_tau"],
+      "" if j["same_text"] else "  TOKENS DIFFER"))' "$label" "${mode:-chain}" || fail=1
 }
-header() { printf '%-9s %-28s %9s %9s %7s %6s %8s %9s %8s\n' "$1" mode plain_t/s spec_t/s speedup tau draft_ms verify_ms break_even; }
+header() {
+  printf '%-9s %-28s %9s %9s %7s %6s %8s %8s %9s %9s %8s\n' "$1" mode plain_t/s spec_t/s speedup tau draft_ms tree_ms \
+    verify_ms commit_ms break_even
+}
 bench_modes=("" "--ddtree" "--ddtree --ddtree-budget 15" "--ddtree --ddtree-budget 40")
 header prompt
 for i in "${!prompts[@]}"; do

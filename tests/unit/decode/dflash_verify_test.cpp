@@ -203,6 +203,7 @@ class VerifyTree : public ::testing::TestWithParam<TargetCase> {
     ASSERT_EQ(st.accepted_at.size(), depth);
     for (size_t d = 0; d < depth; ++d) EXPECT_EQ(st.accepted_at[d], static_cast<int64_t>(d) < accepted ? 1 : 0) << d;
     EXPECT_GE(st.verify_ms, 0.0);
+    EXPECT_GE(st.commit_ms, 0.0);
   }
 
   const Weights* w_ = nullptr;
@@ -594,7 +595,9 @@ TEST_P(SpeculativeStep, greedy_output_equals_plain_greedy_decoding) {
   }
   EXPECT_EQ(sum, stats.accepted);
   EXPECT_GT(stats.draft_ms, 0.0);
+  EXPECT_GE(stats.tree_ms, 0.0);
   EXPECT_GT(stats.verify_ms, 0.0);
+  EXPECT_GT(stats.commit_ms, 0.0);
   std::printf("  %s: %lld tokens in %lld steps (%lld drafted tokens accepted)\n", c.name,
               static_cast<long long>(spec.size()), static_cast<long long>(steps), static_cast<long long>(accepted));
 
