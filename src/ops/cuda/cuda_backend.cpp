@@ -80,11 +80,13 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device) {
   DF_RETURN_IF_ERROR(check(cudaMemset(be->step_params_, 0, kParamBytes), "cudaMemset"));
   for (cudaEvent_t& e : be->params_copied_)
     DF_RETURN_IF_ERROR(check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
-  constexpr size_t kQ = static_cast<size_t>(kQ8SideElems);
   uint8_t* q8 = nullptr;
-  DF_RETURN_IF_ERROR(check(cudaMalloc(reinterpret_cast<void**>(&q8), kQ + kQ / 8 + kQ / 4 + 2 * kQ), "cudaMalloc"));
-  be->q8_buf_ = cuda::Q8Out{reinterpret_cast<int8_t*>(q8), reinterpret_cast<float*>(q8 + kQ),
-                            reinterpret_cast<int*>(q8 + kQ + kQ / 8), reinterpret_cast<uint16_t*>(q8 + kQ * 11 / 8)};
+  DF_RETURN_IF_ERROR(check(cudaMalloc(reinterpret_cast<void**>(&q8), kQ8SideBytes), "cudaMalloc"));
+  uint8_t* const scales = q8 + kQ8CodesBytes;
+  uint8_t* const sums = scales + kQ8ScalesBytes;
+  uint8_t* const bf16 = sums + kQ8SumsBytes;
+  be->q8_buf_ = cuda::Q8Out{reinterpret_cast<int8_t*>(q8), reinterpret_cast<float*>(scales),
+                            reinterpret_cast<int*>(sums), reinterpret_cast<uint16_t*>(bf16)};
   return be;
 }
 
@@ -257,7 +259,7 @@ MemoryStats CudaBackend::memory_stats() const {
                            &restore_table_, &copy_table_})
     m.scratch += s->bytes;
   for (const auto& [key, table] : rope_tables_) m.scratch += static_cast<uint64_t>(key.rot_dims / 2) * sizeof(double);
-  m.scratch += static_cast<uint64_t>(kQ8SideElems) * 27 / 8;
+  m.scratch += static_cast<uint64_t>(kQ8SideBytes);
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
     m.device_total = total_b;
@@ -527,11 +529,15 @@ Status CudaBackend::copy_batch(std::span<const CopyItem> items) {
     max_n = std::max(max_n, c.n);
   }
   if (table.empty()) return Status();
-  if (table.size() > 65535) return Backend::copy_batch(items);
   DF_ASSIGN_OR_RETURN(const void* dev, stage(copy_table_, table.data(), table.size() * sizeof(table[0]), false));
-  return check(cuda::copy_batch(static_cast<const cuda::DeviceCopy*>(dev), static_cast<int>(table.size()), max_n,
-                                stream_),
-               "batched device copy");
+  // A launch takes up to 65535 items (the grid's y); the items do not overlap, so slices may run one after another.
+  constexpr size_t kMaxItems = 65535;
+  const auto* dev_items = static_cast<const cuda::DeviceCopy*>(dev);
+  for (size_t i = 0; i < table.size(); i += kMaxItems)
+    DF_RETURN_IF_ERROR(check(cuda::copy_batch(dev_items + i, static_cast<int>(std::min(kMaxItems, table.size() - i)),
+                                              max_n, stream_),
+                             "batched device copy"));
+  return Status();
 }
 
 Status CudaBackend::copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t cols,

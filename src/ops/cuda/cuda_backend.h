@@ -161,6 +161,10 @@ class CudaBackend final : public Backend {
   // and the GEMV uses it only for the same pointer and size. Outputs up to kQ8SideElems elements (decode
   // and verify steps); the buffer is allocated once, so recorded steps keep pointing at it.
   static constexpr int64_t kQ8SideElems = int64_t{16} << 16;
+  // Its one allocation: int8 codes (1 byte an element), f32 scales (1 a 32), int32 half-block sums (1 a 16), bf16.
+  static constexpr int64_t kQ8CodesBytes = kQ8SideElems, kQ8ScalesBytes = kQ8SideElems / 8,
+                           kQ8SumsBytes = kQ8SideElems / 4, kQ8Bf16Bytes = 2 * kQ8SideElems;
+  static constexpr int64_t kQ8SideBytes = kQ8CodesBytes + kQ8ScalesBytes + kQ8SumsBytes + kQ8Bf16Bytes;
   struct Q8Side {
     const float* src = nullptr;
     int64_t elems = 0;

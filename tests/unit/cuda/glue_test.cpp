@@ -346,8 +346,11 @@ TEST_F(CudaGlue, copy_batch_copies_every_item) {
       written[static_cast<size_t>(d + i)] = true;
       ASSERT_EQ(got[static_cast<size_t>(d + i)], src[static_cast<size_t>(s + i)]) << "item at " << d << ", float " << i;
     }
-  for (size_t i = 0; i < got.size(); ++i)
-    if (!written[i]) ASSERT_TRUE(std::isnan(got[i])) << "float " << i << " is no item's";
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!written[i]) {
+      ASSERT_TRUE(std::isnan(got[i])) << "float " << i << " is no item's";
+    }
+  }
   EXPECT_EQ(cuda::copy_batch(table.p, 0, 0), cudaSuccess);
   EXPECT_EQ(cuda::copy_batch(nullptr, 2, 16), cudaErrorInvalidValue);
   EXPECT_EQ(cuda::copy_batch(table.p, -1, 16), cudaErrorInvalidValue);
