@@ -210,10 +210,12 @@ __global__ void __launch_bounds__(MmaShape<HD, MT>::kThreads, 1) decode_mma_kern
   for (int d = 0; d < HD / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
 
-  // Copy roles (the copy warps', or every thread's): a round is 2 tiles of BN K rows and BN V rows; two
-  // threads a row, taking alternate 16-byte pieces (a warp's copy requests whole 32-byte sectors of 16 rows),
-  // kRowsPerThread rows a thread.
-  constexpr int kCopyThreads = S::kCopyThreads, kRoundRows = 2 * 2 * BN, kPieces = HD / 8, kTpr = 2;
+  // Copy roles (the copy warps', or every thread's): a round is 2 tiles of BN K rows and BN V rows; four
+  // threads a row, each taking every fourth 16-byte piece (a warp's request covers whole 32-byte sectors of 8
+  // rows), kRowsPerThread rows a thread. Four beat two and eight at every shape measured (docs/benchmarks.md,
+  // twenty-ninth session: one query at 32768 keys, head_dim 128 64.5 -> 55.7 us, 256 68.8 -> 56.6 us).
+  constexpr int kCopyThreads = S::kCopyThreads, kRoundRows = 2 * 2 * BN, kPieces = HD / 8, kTpr = 4;
+  static_assert(kPieces % kTpr == 0);
   constexpr int kRowStep = kCopyThreads / kTpr, kRowsPerThread = (kRoundRows + kRowStep - 1) / kRowStep;
   const int ct = tid - (kThreads - kCopyThreads);  // copy thread index (< 0: none)
   const bool computes = warp < S::kComputeWarps;
@@ -249,8 +251,13 @@ __global__ void __launch_bounds__(MmaShape<HD, MT>::kThreads, 1) decode_mma_kern
       if (ct < 0) return;
       const int64_t ke = ke_max;
       const uint32_t slot = static_cast<uint32_t>(r % S::kRounds) * kTileGroups;
+      // Rows kU at a time (unrolled), so that a thread's many rows hold few addresses at once (no spills).
+      constexpr int kU = kRowsPerThread < 4 ? kRowsPerThread : 4;
+      static_assert(kRowsPerThread % kU == 0);
+#pragma unroll 1
+      for (int ri0 = 0; ri0 < kRowsPerThread; ri0 += kU)
 #pragma unroll
-      for (int ri = 0; ri < kRowsPerThread; ++ri) {
+      for (int ri = ri0; ri < ri0 + kU; ++ri) {
         const int row = ct / kTpr + ri * kRowStep;
         if (kRoundRows % kRowStep != 0 && row >= kRoundRows) break;
         const int g = row / (2 * BN), kv = row / BN % 2, t = row % BN;
