@@ -112,6 +112,15 @@ cmd_run() {
     fi
     echo "$name: rc=$rc, $p passed, $f failed, $s skipped (log: $log)"
   done
+  # The PDL contract in the kernels' SASS (launch.cuh): no loads scheduled above a kernel's wait but the weight
+  # prefetches (needs the toolkit's cuobjdump, which the GPU machine has).
+  if [[ -x /usr/local/cuda/bin/cuobjdump && -x "$bundle/bin/dflash" ]]; then
+    python3 "$root/tests/gpu/pdl_sass_check.py" --binary "$bundle/bin/dflash" >"$logs/pdl_sass_check.txt" 2>&1 ||
+      broken+=("pdl_sass_check: $(head -3 "$logs/pdl_sass_check.txt" | tr '\n' ' ')")
+    head -1 "$logs/pdl_sass_check.txt"
+  else
+    broken+=("pdl_sass_check: no /usr/local/cuda/bin/cuobjdump")
+  fi
   local verdict=PASS
   if [[ $failed -ne 0 || $skipped -ne 0 || ${#broken[@]} -ne 0 ]]; then verdict=FAIL; fi
   [[ ${#broken[@]} -eq 0 ]] || printf 'broken: %s\n' "${broken[@]}"

@@ -42,7 +42,8 @@ using gemv_common::ldw_u4;
 enum XForm { kXF32, kXF32Vec, kXBf16 };
 
 // Token t's x at the lane's 16 columns of chunk k as the B fragments of the chunk's 4 mma (zeros past n). In bf16,
-// two 16-byte loads (columns 8c .. 8c + 7 and 32 + 8c .. 39 + 8c).
+// two 16-byte loads (columns 8c .. 8c + 7 and 32 + 8c .. 39 + 8c). Coherent loads (__ldca), not __ldg: the kernel
+// loads weights before its PDL wait, and ptxas scheduled non-coherent x loads among them (launch.cuh).
 template <XForm kX>
 __device__ __forceinline__ void load_b(const Args& a, int t, int64_t k, int c, uint32_t (&b)[4][2]) {
   if (t >= a.n) {
@@ -52,7 +53,7 @@ __device__ __forceinline__ void load_b(const Args& a, int t, int64_t k, int c, u
   }
   if constexpr (kX == kXBf16) {
     const uint16_t* xt = a.xb + int64_t{t} * a.cols + k * 64 + 8 * c;
-    const uint4 lo = __ldg(reinterpret_cast<const uint4*>(xt)), hi = __ldg(reinterpret_cast<const uint4*>(xt + 32));
+    const uint4 lo = __ldca(reinterpret_cast<const uint4*>(xt)), hi = __ldca(reinterpret_cast<const uint4*>(xt + 32));
     b[0][0] = lo.x, b[0][1] = lo.y, b[1][0] = lo.z, b[1][1] = lo.w;
     b[2][0] = hi.x, b[2][1] = hi.y, b[3][0] = hi.z, b[3][1] = hi.w;
     return;
@@ -63,9 +64,9 @@ __device__ __forceinline__ void load_b(const Args& a, int t, int64_t k, int c, u
     const float* xp = xt + (j < 2 ? 4 * j : 32 + 4 * (j - 2));
     float4 v;
     if constexpr (kX == kXF32Vec) {
-      v = __ldg(reinterpret_cast<const float4*>(xp));
+      v = __ldca(reinterpret_cast<const float4*>(xp));
     } else {
-      v = make_float4(__ldg(xp), __ldg(xp + 1), __ldg(xp + 2), __ldg(xp + 3));
+      v = make_float4(__ldca(xp), __ldca(xp + 1), __ldca(xp + 2), __ldca(xp + 3));
     }
     b[j][0] = pack_bf16(v.x, v.y);
     b[j][1] = pack_bf16(v.z, v.w);

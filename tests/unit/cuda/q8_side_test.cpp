@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -62,9 +63,11 @@ class CudaQ8Side : public ::testing::Test {
     if (t == DType::kBF16) {
       raw.resize(static_cast<size_t>(2 * rows * cols));
       const auto v = random(rows * cols, -1, 1);
+      bf16_host_.resize(v.size());
       for (size_t i = 0; i < v.size(); ++i) {
         const uint16_t b = fp32_to_bf16(v[i]);
         std::memcpy(raw.data() + 2 * i, &b, 2);
+        bf16_host_[i] = bf16_to_fp32(b);
       }
     } else {
       raw = test::random_blocks(t, rows * cols / static_cast<int64_t>(info.block_elems), rng_);
@@ -89,6 +92,29 @@ class CudaQ8Side : public ::testing::Test {
     return download(y);
   }
 
+  // The last bf16 weight's values (rows x cols) and the check of a device product of it against the host's: x
+  // rounded to bf16, sums in double; each output within 1e-4 of the sum of |w x| (f32 accumulation, any order).
+  void expect_host_product(const std::vector<float>& got, const Buffer& x, int64_t n, int64_t rows,
+                           const std::string& what) {
+    const std::vector<float> xv = download(x);
+    const int64_t cols = static_cast<int64_t>(xv.size()) / n;
+    ASSERT_EQ(got.size(), static_cast<size_t>(n * rows)) << what;
+    int bad = 0;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t r = 0; r < rows; ++r) {
+        double s = 0.0, mag = 0.0;
+        for (int64_t c = 0; c < cols; ++c) {
+          const double p = double{bf16_host_[r * cols + c]} * bf16_to_fp32(fp32_to_bf16(xv[t * cols + c]));
+          s += p;
+          mag += std::abs(p);
+        }
+        const float g = got[t * rows + r];
+        if (!(std::abs(g - s) <= 1e-4 * mag + 1e-6) && ++bad <= 3)
+          ADD_FAILURE() << what << ": token " << t << " row " << r << ": " << g << ", host " << s;
+      }
+  }
+
+  std::vector<float> bf16_host_;
   std::unique_ptr<CudaBackend> be_;
   std::vector<void*> device_;
   uint32_t seed_ = 0;
@@ -180,11 +206,15 @@ TEST_F(CudaQ8Side, bf16_products_from_17_tokens_read_the_producers_bf16_form) {
     ASSERT_TRUE(be_->swiglu(gate.data(), up.data(), y.data(), n * cols).ok());
     auto fused = product(w, y, n);
     EXPECT_EQ(be_->bf16_side_uses(), uses + (reads ? 1 : 0)) << "the product after swiglu, " << what;
+    expect_host_product(fused, y, n, rows, "the product after swiglu, " + what);
     EXPECT_EQ(fused, product_of_copy(w, y, n)) << "swiglu " << what;
     ASSERT_TRUE(be_->rms_norm(gate.data(), wn.data(), 1e-6f, n, cols, y.data()).ok());
     fused = product(w, y, n);
     EXPECT_EQ(be_->bf16_side_uses(), uses + (reads ? 2 : 0)) << "the product after rms_norm, " << what;
-    EXPECT_EQ(fused, product_of_copy(w, y, n)) << "rms_norm " << what;
+    expect_host_product(fused, y, n, rows, "the product after rms_norm, " + what);
+    const auto copied = product_of_copy(w, y, n);
+    expect_host_product(copied, y, n, rows, "the product of rms_norm's output's copy, " + what);
+    EXPECT_EQ(fused, copied) << "rms_norm " << what;
     ASSERT_TRUE(be_->add_rms_norm(h.data(), delta.data(), wn.data(), 1e-6f, n, cols, y.data()).ok());
     Buffer y1 = alloc(n * rows), y2 = alloc(n * rows);
     const cpu::WeightView* ws[] = {&w, &w};
