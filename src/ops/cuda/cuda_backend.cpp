@@ -97,8 +97,7 @@ CudaBackend::~CudaBackend() {
   for (const auto& [id, g] : graphs_) ids.push_back(id);
   for (int64_t id : ids) drop_step(id);
   trim();
-  for (Scratch* s : {&positions_, &parents_, &chunk_table_, &rows_, &workspace_, &embed_rows_, &top_k_,
-                     &restore_table_, &copy_table_})
+  for (Scratch* s : scratches(*this))
     if (s->ptr) cudaFree(s->ptr);
   if (pinned_) cudaFreeHost(pinned_);
   if (host_staging_) cudaFreeHost(host_staging_);
@@ -255,8 +254,7 @@ MemoryStats CudaBackend::memory_stats() const {
   m.buffers_live = allocated_bytes_ - cached_bytes_;
   m.buffers_peak = peak_live_;
   m.buffers_cached = cached_bytes_;
-  for (const Scratch* s : {&positions_, &parents_, &chunk_table_, &rows_, &workspace_, &embed_rows_, &top_k_,
-                           &restore_table_, &copy_table_})
+  for (const Scratch* s : scratches(*this))
     m.scratch += s->bytes;
   for (const auto& [key, table] : rope_tables_) m.scratch += static_cast<uint64_t>(key.rot_dims / 2) * sizeof(double);
   m.scratch += static_cast<uint64_t>(kQ8SideBytes);

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -231,6 +232,13 @@ class CudaBackend final : public Backend {
   Scratch top_k_;  // top_k_rows: its results, then the kernels' workspace (never used by a recording)
   Scratch restore_table_;  // restore_deltanet's layer table (never used by a recording)
   Scratch copy_table_;     // copy_batch's item table (never used by a recording)
+  // Every scratch above (const as `b` is), for the destructor and memory_stats: one list, where a scratch added
+  // above must also go.
+  template <typename Self>
+  static auto scratches(Self& b) {
+    return std::array{&b.positions_,  &b.parents_, &b.chunk_table_,   &b.rows_,      &b.workspace_,
+                      &b.embed_rows_, &b.top_k_,   &b.restore_table_, &b.copy_table_};
+  }
   // Pinned memory that downloads (up to kStagedDownloadBytes) and top_k_rows' results pass through on their way
   // to the caller's arrays; grown on demand (host_staging).
   static constexpr size_t kStagedDownloadBytes = size_t{8} << 20;
