@@ -528,8 +528,8 @@ Status CudaBackend::copy_batch(std::span<const CopyItem> items) {
   }
   if (table.empty()) return Status();
   DF_ASSIGN_OR_RETURN(const void* dev, stage(copy_table_, table.data(), table.size() * sizeof(table[0]), false));
-  // A launch takes up to 65535 items (the grid's y); the items do not overlap, so slices may run one after another.
-  constexpr size_t kMaxItems = 65535;
+  // A launch takes up to kCopyBatchMaxItems; the items do not overlap, so slices may run one after another.
+  constexpr auto kMaxItems = static_cast<size_t>(cuda::kCopyBatchMaxItems);
   const auto* dev_items = static_cast<const cuda::DeviceCopy*>(dev);
   for (size_t i = 0; i < table.size(); i += kMaxItems)
     DF_RETURN_IF_ERROR(check(cuda::copy_batch(dev_items + i, static_cast<int>(std::min(kMaxItems, table.size() - i)),

@@ -192,7 +192,7 @@ __global__ void kv_write_kernel(float* const* k_chunks, float* const* v_chunks, 
 }  // namespace
 
 cudaError_t copy_batch(const DeviceCopy* items, int n_items, int64_t max_n, cudaStream_t stream) {
-  if (n_items < 0 || n_items > 65535 || max_n < 0) return cudaErrorInvalidValue;
+  if (n_items < 0 || n_items > kCopyBatchMaxItems || max_n < 0) return cudaErrorInvalidValue;
   if (n_items == 0 || max_n == 0) return cudaSuccess;
   if (items == nullptr) return cudaErrorInvalidValue;
   // Enough blocks that the largest item (a DeltaNet state: ~0.8M floats) moves at the copy rate; small items'

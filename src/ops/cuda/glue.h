@@ -50,6 +50,7 @@ struct DeviceCopy {
   const float* src;
   int64_t n;
 };
+constexpr int kCopyBatchMaxItems = 65535;  // items one launch takes (the grid's y)
 cudaError_t copy_batch(const DeviceCopy* items, int n_items, int64_t max_n, cudaStream_t stream = nullptr);
 // out[i, :] = the `row_bytes` bytes of row ids[i] of `table` (n_rows rows), for n device ids; an id
 // outside [0, n_rows) gives zero bytes. (Embedding lookups: the rows are then dequantized in place.)
