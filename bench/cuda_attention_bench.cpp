@@ -151,7 +151,7 @@ void decode_table(const std::vector<int64_t>& sizes, bool tuning) {
               const char* kernel = n_q > 32 ? "prefill" : tc ? "mma" : "f32";
               std::printf("%-12s %6lld %4s %6s %5lld %5d %6zu %10.2f %9.0f %8.2f\n", s.name,
                           static_cast<long long>(n), f16 ? "f16" : "f32", kernel, static_cast<long long>(n_q),
-                          split_factor, splits, ms * 1e3, gbs, gbs * 1e9 / copy_rate);
+                          cu::attn_decode::split_factor(s.hd), splits, ms * 1e3, gbs, gbs * 1e9 / copy_rate);
               std::fflush(stdout);
               if (ws) CHECK(cudaFree(ws));
             }

@@ -451,7 +451,8 @@ Plan make_plan(int64_t n_q, int64_t n_heads, const DeviceKvView& kv, const Devic
   // Path mode splits as the one-token decode does (the grid of one query), so its queries' outputs are
   // those decodes'.
   const int64_t base = (pl.path ? pl.blocks_per_query : pl.row_blocks) * kv.n_kv_heads;
-  const int64_t target = (pl.path ? attn_decode::tuning().split_factor : 2) * static_cast<int64_t>(current_sm_count());
+  const int64_t target =
+      (pl.path ? attn_decode::split_factor(kv.head_dim) : 2) * static_cast<int64_t>(current_sm_count());
   const size_t per_split = sizeof(float) * static_cast<size_t>(n_q * n_heads) * static_cast<size_t>(kv.head_dim + 2);
   if (decode) {  // a fixed number of ranges, whatever the key count (see attention.h)
     int64_t splits = base < target ? std::min<int64_t>((target + base - 1) / base, kMaxSplits) : 1;

@@ -403,6 +403,11 @@ Tuning& tuning() {
   return t;
 }
 
+int split_factor(int64_t head_dim) {
+  if (tuning().split_factor > 0) return tuning().split_factor;
+  return head_dim >= 256 ? 1 : 2;
+}
+
 cudaError_t launch(const Params& p, int head_dim, cudaStream_t stream) {
   return p.kv_f16 ? launch_f<true>(p, head_dim, stream) : launch_f<false>(p, head_dim, stream);
 }

@@ -76,11 +76,14 @@ constexpr int kMaxRows = 16;
 
 // The launch shape: splits = ceil(split_factor * SMs / (blocks of one query)). It sets the order of the sums,
 // so it must not change while a decode and its verify are compared: the setter is for benchmarks only
-// (process-wide, not thread-safe).
+// (process-wide, not thread-safe). 0: by head_dim (split_factor()).
 struct Tuning {
-  int split_factor = 2;
+  int split_factor = 0;
 };
 Tuning& tuning();
+// The split factor in use: tuning()'s, or 1 at head_dim 256 (fewer, longer splits: one query of the 27B shape at
+// 512 / 4096 keys 13.6 / 21.5 -> 11.1 / 16.2 us, tied at 32768; docs/benchmarks.md, twenty-ninth session), else 2.
+int split_factor(int64_t head_dim);
 
 // Enqueues the kernel (head_dim 64, 128 or 256); the caller merges split partials.
 cudaError_t launch(const Params& p, int head_dim, cudaStream_t stream);
