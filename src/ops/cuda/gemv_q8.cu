@@ -28,8 +28,10 @@
 // (store_rows_parts): mmq with gemv_q8_parts(type, rows) parts reproduces each row bit for bit.
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "base/checked_math.h"
 #include "ops/cuda/gemv_q8.h"
@@ -848,8 +850,13 @@ cudaError_t launch_rows(const Args& a, cudaStream_t stream) {
 // of the tokens each (Args::tsplit; the kernel's NT covers ceil(n / split)), which sums every (row, token) as the
 // split launch does (its idle warps' partials were zeros, added last).
 template <typename B>
+bool splits_tokens(int64_t cols, int split) {
+  return split > 1 && cols / B::kElems <= 32 / B::kLanes;
+}
+
+template <typename B>
 cudaError_t launch(Args a, cudaStream_t stream) {
-  a.tsplit = a.split > 1 && a.cols / B::kElems <= 32 / B::kLanes ? 1 : 0;
+  a.tsplit = splits_tokens<B>(a.cols, a.split) ? 1 : 0;
   const int per_warp = a.tsplit ? (a.n + a.split - 1) / a.split : a.n;
   cudaError_t err = cudaSuccess;
   const cudaError_t last = gemv_common::for_token_count(per_warp, [&](auto nt) {
@@ -857,6 +864,21 @@ cudaError_t launch(Args a, cudaStream_t stream) {
     err = launch_rows<B, B::rows_a_warp(NT), NT>(a, stream);
   });
   return err != cudaSuccess ? err : last;
+}
+
+// f(std::type_identity<B>{}) for the kernel kind of a type and row length; `none` for a type without one.
+template <typename R, typename F>
+R with_kind(uint32_t id, int64_t cols, R none, F&& f) {
+  switch (id) {
+    case qblocks::kQ4_0: return cols % 256 == 0 ? f(std::type_identity<Q40S>{}) : f(std::type_identity<Q40>{});
+    case qblocks::kQ8_0: return cols % 256 == 0 ? f(std::type_identity<Q80S>{}) : f(std::type_identity<Q80>{});
+    case qblocks::kQ2_K: return f(std::type_identity<Q2K>{});
+    case qblocks::kQ3_K: return f(std::type_identity<Q3K>{});
+    case qblocks::kQ4_K: return f(std::type_identity<K4<false>>{});
+    case qblocks::kQ5_K: return f(std::type_identity<K4<true>>{});
+    case qblocks::kQ6_K: return f(std::type_identity<Q6K>{});
+    default: return none;
+  }
 }
 
 // One warp per 32-element block.
@@ -890,6 +912,14 @@ int gemv_q8_split(DType type, int64_t total_rows) {
   // q4_K and q5_K take 4 lanes a block (8 blocks a warp step, twice the others): half the warps a row, so that
   // a row has at most 8 parts where it had (mmq's limit) and twice the blocks a warp.
   return (id == qblocks::kQ4_K || id == qblocks::kQ5_K) && split > 1 ? split / 2 : split;
+}
+
+int64_t gemv_q8_max_tokens(DType type, int64_t cols, int64_t total_rows, int split) {
+  const int s = split != 0 ? split : gemv_q8_split(type, total_rows);
+  return with_kind(static_cast<uint32_t>(type), cols, int64_t{0}, [&](auto kind) {
+    using B = typename decltype(kind)::type;
+    return splits_tokens<B>(cols, s) ? std::min<int64_t>(s * kQ8MaxTokens, kQ8MaxSharedTokens) : kQ8MaxTokens;
+  });
 }
 
 bool gemv_q8_supported(DType type) {
@@ -933,7 +963,7 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
     default: return cudaErrorInvalidValue;
   }
   if (n_parts < 0 || n_parts > kQ8MaxParts || (n_parts > 0 && parts == nullptr)) return cudaErrorInvalidValue;
-  if (cols <= 0 || cols % elems != 0 || n < 1 || n > kQ8MaxTokens) return cudaErrorInvalidValue;
+  if (cols <= 0 || cols % elems != 0 || n < 1 || n > kQ8MaxSharedTokens) return cudaErrorInvalidValue;
   if (split != 0 && split != 1 && split != 2 && split != 4) return cudaErrorInvalidValue;
   if (xq == nullptr || xd == nullptr || xs == nullptr || !is_aligned(xq, 16) || !is_aligned(xd, 4) ||
       !is_aligned(xs, 4))
@@ -963,17 +993,11 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
   }
   if (a.total_rows == 0) return cudaSuccess;
   a.split = split != 0 ? split : gemv_q8_split(type, a.total_rows);
+  if (n > gemv_q8_max_tokens(type, cols, a.total_rows, a.split)) return cudaErrorInvalidValue;
   a.prefetch = pdl_mode() == 2 && pdl_enabled() ? 1 : 0;
-  switch (id) {
-    case qblocks::kQ4_0: return cols % 256 == 0 ? launch<Q40S>(a, stream) : launch<Q40>(a, stream);
-    case qblocks::kQ8_0: return cols % 256 == 0 ? launch<Q80S>(a, stream) : launch<Q80>(a, stream);
-    case qblocks::kQ2_K: return launch<Q2K>(a, stream);
-    case qblocks::kQ3_K: return launch<Q3K>(a, stream);
-    case qblocks::kQ4_K: return launch<K4<false>>(a, stream);
-    case qblocks::kQ5_K: return launch<K4<true>>(a, stream);
-    case qblocks::kQ6_K: return launch<Q6K>(a, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_kind(id, cols, cudaErrorInvalidValue, [&](auto kind) {
+    return launch<typename decltype(kind)::type>(a, stream);
+  });
 }
 
 }  // namespace dflash::cuda

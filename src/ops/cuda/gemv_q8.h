@@ -26,7 +26,9 @@ namespace dflash::cuda {
 
 constexpr int64_t kQ8Block = 32;      // activation elements per scale
 constexpr int kQ8MaxParts = 4;        // weights one grouped launch takes
-constexpr int64_t kQ8MaxTokens = 16;  // tokens per launch
+constexpr int64_t kQ8MaxTokens = 16;  // tokens a warp takes: a launch's, or, where a split's warps share the tokens,
+                                      // each warp's share of up to kQ8MaxSharedTokens (gemv_q8_max_tokens)
+constexpr int64_t kQ8MaxSharedTokens = 32;
 
 // Types with an integer-dot kernel: q4_0, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K.
 bool gemv_q8_supported(DType type);
@@ -59,8 +61,14 @@ struct Q8Part {
   float* y;
 };
 
+// The most tokens one gemv_q8 launch takes for these weights (split as gemv_q8's, 0: by total_rows): where a
+// split's warps share the tokens (rows of one warp step of blocks, a small model's), split x kQ8MaxTokens up to
+// kQ8MaxSharedTokens, so that a verify step's products are one launch each; else kQ8MaxTokens. 0 for a type
+// without the kernel.
+int64_t gemv_q8_max_tokens(DType type, int64_t cols, int64_t total_rows, int split = 0);
+
 // Enqueues y_p = x' W_p^T for every part (all of `type`, all cols wide) in one launch. x' = (xq, xd, xs)
-// from quantize_q8_rows, n in [1, kQ8MaxTokens]. cudaErrorInvalidValue (nothing enqueued) for an
+// from quantize_q8_rows, n in [1, gemv_q8_max_tokens]. cudaErrorInvalidValue (nothing enqueued) for an
 // unsupported type, a bad shape, more than kQ8MaxParts parts, a null or misaligned pointer (w: 16 bytes
 // for every type (q6_K, q8_0, q4_0, q2_K and q3_K in their device form, weight_form.h); y, xd 4 bytes; xs 16
 // bytes for q4_K and q5_K, else 4; xq 16 bytes). Parts with 0 rows are skipped. split: the warps a row's

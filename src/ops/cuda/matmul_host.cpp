@@ -196,8 +196,11 @@ Status check_args(DType wtype, const void* w, int64_t rows, int64_t cols, const 
   if (cols % info->block_elems != 0)
     return invalid_argument("matmul {}: a row of {} elements is not a multiple of the block size {}", name, cols,
                             info->block_elems);
-  if ((path == MatmulPath::kGemv || path == MatmulPath::kGemvQ8) && n > kGemvMaxTokens)
+  if (path == MatmulPath::kGemv && n > kGemvMaxTokens)
     return invalid_argument("matmul {}: the GEMV path takes at most {} tokens, not {}", name, kGemvMaxTokens, n);
+  if (path == MatmulPath::kGemvQ8 && n > kQ8MaxSharedTokens)
+    return invalid_argument("matmul {}: the integer-dot GEMV path takes at most {} tokens, not {}", name,
+                            kQ8MaxSharedTokens, n);
   if (path == MatmulPath::kTokenExact && n > kMmqMaxTokens)
     return invalid_argument("matmul {}: the token-exact path takes at most {} tokens, not {}", name, kMmqMaxTokens,
                             n);
@@ -231,18 +234,22 @@ constexpr uintptr_t kQ8WeightAlign = 16;
 
 bool q8_applies(DType wtype, const void* w, int64_t cols, int64_t n, MatmulPath path) {
   if (path != MatmulPath::kAuto && path != MatmulPath::kGemvQ8 && path != MatmulPath::kTokenExact) return false;
-  if (n > (path == MatmulPath::kTokenExact ? kMmqMaxTokens : kGemvMaxTokens) || cols == 0 ||
-      !gemv_q8_supported(wtype))
-    return false;
+  const int64_t most = path == MatmulPath::kTokenExact ? kMmqMaxTokens
+                       : path == MatmulPath::kGemvQ8   ? kQ8MaxSharedTokens
+                                                       : kGemvMaxTokens;
+  if (n > most || cols == 0 || !gemv_q8_supported(wtype)) return false;
   return is_aligned(w, kQ8WeightAlign);
 }
 
-// One group's gemv_q8 launches, in slices of at most kQ8MaxTokens tokens (split 0: the launch's own).
+// One group's gemv_q8 launches, in slices of at most gemv_q8_max_tokens (split 0: the launch's own).
 Status gemv_q8_slices(DType type, const Q8Part* parts, int np, int64_t cols, const int8_t* xq, const float* xd,
                       const int* xs, int64_t n, cudaStream_t stream, int split) {
+  int64_t total = 0;
+  for (int p = 0; p < np; ++p) total += parts[p].rows;
+  const int64_t slice = std::max<int64_t>(gemv_q8_max_tokens(type, cols, total, split), 1);
   Status st;
-  for (int64_t t0 = 0; st.ok() && t0 < n; t0 += kQ8MaxTokens) {
-    const int64_t m = std::min<int64_t>(kQ8MaxTokens, n - t0);
+  for (int64_t t0 = 0; st.ok() && t0 < n; t0 += slice) {
+    const int64_t m = std::min<int64_t>(slice, n - t0);
     Q8Part sliced[kQ8MaxParts];
     for (int p = 0; p < np; ++p) sliced[p] = Q8Part{parts[p].w, parts[p].rows, parts[p].y + t0 * parts[p].rows};
     st = cuda_status(gemv_q8(type, sliced, np, cols, xq + t0 * cols, xd + t0 * cols / 32, xs + t0 * cols / 16, m,

@@ -40,7 +40,7 @@ enum class MatmulPath {
   kAuto,      // n <= 16: as kTokenExact (integer-dot GEMV, mmq for large q4_K/q6_K weights from 4 tokens, where
               // the type has them), else f32 GEMV (bf16 weights too); GEMM above
   kGemv,      // f32 GEMV; n must be <= 16
-  kGemvQ8,    // integer-dot GEMV; n <= 16 and a type gemv_q8_supported
+  kGemvQ8,    // integer-dot GEMV; n <= 32 (slices of gemv_q8_max_tokens) and a type gemv_q8_supported
   kGemmBf16,     // any n >= 1: the fused kernel where gemm_fused_preferred, else dequantize + cuBLAS
   kGemmDequant,  // any n >= 1: cuBLAS on W itself (bf16) or on slabs of W dequantized to bf16
   kGemmFused,    // any n >= 1: the fused kernel; unsupported for weights it does not take (gemm_q_applies)

@@ -332,8 +332,9 @@ class CudaMatmul : public testing::Test {
   }
 
   static bool uses_q8(const Case& c) {
-    if (c.split >= 0 || c.plan.bn > 0 || !cuda::gemv_q8_supported(c.type) || c.n > cuda::kGemvMaxTokens) return false;
-    if (c.path == cuda::MatmulPath::kGemvQ8) return true;
+    if (c.split >= 0 || c.plan.bn > 0 || !cuda::gemv_q8_supported(c.type)) return false;
+    if (c.path == cuda::MatmulPath::kGemvQ8) return c.n <= cuda::kQ8MaxSharedTokens;
+    if (c.n > cuda::kGemvMaxTokens) return false;
     const bool k4 = c.type == DType::kQ4_K || c.type == DType::kQ5_K || cuda::device_weight_align(c.type) == 16;
     return c.path == cuda::MatmulPath::kAuto && c.w_offset % (k4 ? 16 : 2) == 0;
   }
@@ -503,11 +504,12 @@ std::vector<int64_t> rows_for_every_split() {
 }
 
 // Whatever kernel a token count picks (rows a warp, tokens a launch), a token's row is summed in the same
-// order with the same float expression: each token of a batch of n = 1..16 equals its one-token product
+// order with the same float expression: each token of a batch of n = 1..32 equals its one-token product
 // bit for bit, at row counts that leave a partial row group and at every split. The batches of the
 // split row counts are also checked against the CPU. Long rows take several blocks a lane at split 1; short
 // rows (one warp step of blocks: 12 q8_0 blocks, 4 super-blocks, 3 K-quant blocks) have a split's warps take
-// shares of the tokens instead.
+// shares of the tokens instead, and there one launch takes up to 32 tokens (16 a warp); elsewhere the host
+// slices batches of more than 16.
 TEST_F(CudaMatmul, gemv_q8_every_token_count_equals_one_token_bit_for_bit) {
   SCOPED_TRACE(seed_note());
   std::vector<int64_t> row_counts = {1, 3, 6, 37};
@@ -523,14 +525,15 @@ TEST_F(CudaMatmul, gemv_q8_every_token_count_equals_one_token_bit_for_bit) {
     for (const auto& [cols, rows] : shapes) {
       SCOPED_TRACE(std::string(dtype_name(t)) + " rows " + std::to_string(rows) + " cols " + std::to_string(cols));
       const auto w = random_weights(t, rows, cols, rng_);
-      const auto x = random_x(cuda::kQ8MaxTokens, cols, rng_);
+      const int64_t most = cuda::kQ8MaxSharedTokens;
+      const auto x = random_x(most, cols, rng_);
       std::vector<std::vector<float>> alone;
-      for (int64_t k = 0; k < cuda::kQ8MaxTokens; ++k) {
+      for (int64_t k = 0; k < most; ++k) {
         alone.push_back(run_gpu({t, rows, cols, 1, cuda::MatmulPath::kGemvQ8}, w,
                                 std::vector<float>(x.begin() + k * cols, x.begin() + (k + 1) * cols)));
         ASSERT_EQ(alone.back().size(), static_cast<size_t>(rows));
       }
-      for (int64_t n = 2; n <= cuda::kQ8MaxTokens; ++n) {
+      for (int64_t n = 2; n <= most; ++n) {
         const auto all = run_gpu({t, rows, cols, n, cuda::MatmulPath::kGemvQ8}, w,
                                  std::vector<float>(x.begin(), x.begin() + n * cols));
         ASSERT_EQ(all.size(), static_cast<size_t>(n * rows));
@@ -539,9 +542,45 @@ TEST_F(CudaMatmul, gemv_q8_every_token_count_equals_one_token_bit_for_bit) {
             ASSERT_EQ(std::bit_cast<uint32_t>(alone[k][r]), std::bit_cast<uint32_t>(all[k * rows + r]))
                 << "n " << n << " token " << k << " row " << r;
       }
-      if (rows > 100) check({t, rows, cols, cuda::kQ8MaxTokens, cuda::MatmulPath::kGemvQ8});
+      if (rows > 100) check({t, rows, cols, most, cuda::MatmulPath::kGemvQ8});
       if (HasFailure()) return;
     }
+  }
+}
+
+// One gemv_q8 launch takes up to 32 tokens where a split's warps share them (rows of one warp step of blocks at
+// split 2 or 4), else 16, and refuses more (nothing enqueued); the host path slices by the same count.
+TEST_F(CudaMatmul, gemv_q8_takes_32_tokens_a_launch_only_where_warps_share_them) {
+  const std::vector<int64_t> split = rows_for_every_split();  // 4, 2, 1 warps a row
+  struct Case {
+    DType type;
+    int64_t cols, rows, most;
+  };
+  const std::vector<Case> cases = {
+      {DType::kQ8_0, 384, split[0], 32},   // 12 blocks: one warp step (16 blocks of 2 lanes), 4 warps a row
+      {DType::kQ8_0, 384, split[1], 32},   // 2 warps a row: 2 x 16
+      {DType::kQ8_0, 384, split[2], 16},   // 1 warp a row: no sharing
+      {DType::kQ8_0, 4096, split[0], 16},  // 16 super-blocks of 8 lanes: four warp steps
+      {DType::kQ6_K, 768, split[0], 32},   // 3 blocks of 8 lanes: one warp step
+      {DType::kQ4_K, 4096, split[0], 16}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(dtype_name(c.type)) + " cols " + std::to_string(c.cols) + " rows " +
+                 std::to_string(c.rows));
+    EXPECT_EQ(cuda::gemv_q8_max_tokens(c.type, c.cols, c.rows), c.most);
+    const int64_t n = c.most + 1;
+    const auto wd = test::device_form(c.type, random_weights(c.type, c.rows, c.cols, rng_), c.rows, c.cols);
+    test::DeviceBuffer w(wd.size()), xq(n * c.cols), xd(n * c.cols / 8), xs(n * c.cols / 4), y(4 * n * c.rows);
+    DF_ASSERT_CUDA(cudaMemcpy(w.get(), wd.data(), wd.size(), cudaMemcpyHostToDevice));
+    DF_ASSERT_CUDA(cudaMemset(xq.get(), 0, n * c.cols));
+    DF_ASSERT_CUDA(cudaMemset(xd.get(), 0, n * c.cols / 8));
+    DF_ASSERT_CUDA(cudaMemset(xs.get(), 0, n * c.cols / 4));
+    const cuda::Q8Part part{w.get(), c.rows, reinterpret_cast<float*>(y.get())};
+    const auto* q = reinterpret_cast<const int8_t*>(xq.get());
+    const auto* d = reinterpret_cast<const float*>(xd.get());
+    const auto* s = reinterpret_cast<const int*>(xs.get());
+    EXPECT_EQ(cuda::gemv_q8(c.type, &part, 1, c.cols, q, d, s, n, nullptr), cudaErrorInvalidValue);
+    EXPECT_EQ(cuda::gemv_q8(c.type, &part, 1, c.cols, q, d, s, c.most, nullptr), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
 }
 
