@@ -156,11 +156,12 @@ Status ProfilingBackend::kv_write(const cpu::KvView& kv, int64_t first_pos, cons
 Status ProfilingBackend::attention_prep(float* q, float* k, const float* v, int64_t n, int64_t nh, int64_t nkv,
                                         int64_t hd, const float* q_norm, const float* k_norm, float eps, int64_t rot,
                                         std::span<const int32_t> positions, double theta, double freq_scale,
-                                        const cpu::KvView& kv, int64_t first_slot) {
-  const double bytes = kF * (2.0 * n * nh * hd + 2.0 * n * nkv * hd + 2.0 * hd) + kv_bytes(kv) * 2.0 * n * nkv * hd;
+                                        const cpu::KvView& kv, int64_t first_slot, int64_t q_from) {
+  const double bytes =
+      kF * (2.0 * (n - q_from) * nh * hd + 2.0 * n * nkv * hd + 2.0 * hd) + kv_bytes(kv) * 2.0 * n * nkv * hd;
   return timed("attention_prep", bytes, [&] {
     return inner_.attention_prep(q, k, v, n, nh, nkv, hd, q_norm, k_norm, eps, rot, positions, theta, freq_scale, kv,
-                                 first_slot);
+                                 first_slot, q_from);
   });
 }
 

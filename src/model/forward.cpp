@@ -75,7 +75,7 @@ Status attention_mixer(const Weights& w, int64_t L, const StepShape& st, const f
   const cpu::KvView kv = state.kv_view(L, st.n_past + n);
   DF_RETURN_IF_ERROR(be.attention_prep(q, k.data(), v.data(), n, nh, nkv, hd, q_norm, k_norm,
                                        static_cast<float>(s.rms_eps), rot, st.positions, s.rope_theta,
-                                       rope_freq_scale(s), kv, st.n_past));
+                                       rope_freq_scale(s), kv, st.n_past, 0));
   DF_ASSIGN_OR_RETURN(Buffer o, be.alloc(n * nh * hd));
   cpu::AttentionMask mask{st.mask, st.n_past, st.parents};
   DF_RETURN_IF_ERROR(be.attention(q, n, nh, kv, mask, 1.0f / std::sqrt(static_cast<float>(hd)), o.data()));
@@ -265,15 +265,13 @@ Status draft_attention(const Weights& w, int64_t L, const float* z, int64_t n_ne
   }
   const int64_t rot = s.rope_dims > 0 ? s.rope_dims : hd;
   const double freq_scale = rope_freq_scale(s);
-  DF_RETURN_IF_ERROR(be.rms_norm(q.data(), q_norm, eps, B * nh, hd, q.data()));
-  DF_RETURN_IF_ERROR(be.rms_norm(k.data(), k_norm, eps, rows * nkv, hd, k.data()));
-  DF_RETURN_IF_ERROR(be.rope_neox(q.data(), B, nh, hd, rot, positions.subspan(static_cast<size_t>(n_new)), s.rope_theta,
-                                  freq_scale));
-  DF_RETURN_IF_ERROR(be.rope_neox(k.data(), rows, nkv, hd, rot, positions, s.rope_theta, freq_scale));
+  // q/k norms, RoPE and the new K/V rows (the block's queries are tokens n_new.. of the rows): one launch on a
+  // device backend.
   const int64_t n_total = first_slot + rows;
   DF_RETURN_IF_ERROR(state.reserve_kv(L, n_total));
   const cpu::KvView kv = state.kv_view(L, n_total);
-  DF_RETURN_IF_ERROR(be.kv_write(kv, first_slot, k.data(), v.data(), rows));
+  DF_RETURN_IF_ERROR(be.attention_prep(q.data(), k.data(), v.data(), rows, nh, nkv, hd, q_norm, k_norm, eps, rot,
+                                       positions, s.rope_theta, freq_scale, kv, first_slot, n_new));
   DF_ASSIGN_OR_RETURN(Buffer o, be.alloc(B * nh * hd));
   // Full layers: the block sees every context slot and itself both ways. Sliding-window layers (A.3): causal
   // inside the block and the last `window` positions up to each query's own.

@@ -216,15 +216,22 @@ class Backend {
   virtual Status causal_conv1d_silu(const float* x, int64_t n, int64_t channels, const float* w, int64_t kernel,
                                     float* conv_state, float* out, std::span<const int32_t> parents) = 0;
   // An attention layer's input prep, as rms_norm of every q and k head (weights q_norm, k_norm [hd]),
-  // rope_neox of both (rot dims, `positions`), then kv_write of k and v at slots first_slot...; q [n, nh,
-  // hd] and k [n, nkv, hd] are updated in place. A device backend fuses it into one launch.
+  // rope_neox of both (rot dims, `positions`), then kv_write of k and v at slots first_slot...; q [n - q_from,
+  // nh, hd] (the queries of tokens q_from.., at positions[q_from..]: a DFlash draft's block over its context
+  // and block keys; 0 for a layer of the model) and k [n, nkv, hd] are updated in place. A device backend fuses
+  // it into one launch.
   virtual Status attention_prep(float* q, float* k, const float* v, int64_t n, int64_t nh, int64_t nkv, int64_t hd,
                                 const float* q_norm, const float* k_norm, float eps, int64_t rot,
                                 std::span<const int32_t> positions, double theta, double freq_scale,
-                                const cpu::KvView& kv, int64_t first_slot) {
-    DF_RETURN_IF_ERROR(rms_norm(q, q_norm, eps, n * nh, hd, q));
+                                const cpu::KvView& kv, int64_t first_slot, int64_t q_from) {
+    if (q_from < 0 || q_from > n || static_cast<int64_t>(positions.size()) != n)
+      return invalid_argument("attention_prep: queries from token {} of {} ({} positions)", q_from, n,
+                              positions.size());
+    const int64_t nq = n - q_from;
+    DF_RETURN_IF_ERROR(rms_norm(q, q_norm, eps, nq * nh, hd, q));
     DF_RETURN_IF_ERROR(rms_norm(k, k_norm, eps, n * nkv, hd, k));
-    DF_RETURN_IF_ERROR(rope_neox(q, n, nh, hd, rot, positions, theta, freq_scale));
+    const auto q_positions = positions.subspan(static_cast<size_t>(q_from));
+    DF_RETURN_IF_ERROR(rope_neox(q, nq, nh, hd, rot, q_positions, theta, freq_scale));
     DF_RETURN_IF_ERROR(rope_neox(k, n, nkv, hd, rot, positions, theta, freq_scale));
     return kv_write(kv, first_slot, k, v, n);
   }

@@ -738,20 +738,22 @@ Result<const double*> CudaBackend::rope_table(double theta, double freq_scale, i
 Status CudaBackend::attention_prep(float* q, float* k, const float* v, int64_t n, int64_t nh, int64_t nkv, int64_t hd,
                                    const float* q_norm, const float* k_norm, float eps, int64_t rot,
                                    std::span<const int32_t> positions, double theta, double freq_scale,
-                                   const cpu::KvView& kv, int64_t first_slot) {
+                                   const cpu::KvView& kv, int64_t first_slot, int64_t q_from) {
   activate();
   forget_q8();
   if (!cuda::qk_prep_supported(hd, rot) || kv.device_k_table == nullptr || kv.device_v_table == nullptr)
     return Backend::attention_prep(q, k, v, n, nh, nkv, hd, q_norm, k_norm, eps, rot, positions, theta, freq_scale, kv,
-                                   first_slot);
+                                   first_slot, q_from);
   if (static_cast<int64_t>(positions.size()) != n) return invalid_argument("{} positions for {} tokens", positions.size(), n);
+  if (q_from < 0 || q_from > n) return invalid_argument("attention_prep: queries from token {} of {}", q_from, n);
   DF_RETURN_IF_ERROR(check_kv_slots(kv, first_slot, n, "attention_prep"));
   DF_ASSIGN_OR_RETURN(const double* table, rope_table(theta, freq_scale, rot));
   cuda::QkPrepArgs a{.q = q, .k = k, .v = v, .n = n, .nh = nh, .nkv = nkv, .hd = hd, .rot = rot,
                      .q_norm = q_norm, .k_norm = k_norm, .eps = eps, .inv_freq = table, .positions = nullptr,
                      .k_chunks = const_cast<float* const*>(kv.device_k_table),
                      .v_chunks = const_cast<float* const*>(kv.device_v_table), .chunk_tokens = kv.chunk_tokens,
-                     .first_slot = first_slot, .slot_dev = nullptr, .kv_f16 = kv.type == cpu::KvType::kF16};
+                     .first_slot = first_slot, .slot_dev = nullptr, .kv_f16 = kv.type == cpu::KvType::kF16,
+                     .q_from = q_from};
   DF_ASSIGN_OR_RETURN(a.positions, device_ints(positions_, positions, "attention_prep"));
   if (capturing_) {
     DF_ASSIGN_OR_RETURN(a.slot_dev, recorded_first_slot(first_slot, "attention_prep"));

@@ -90,7 +90,7 @@ class CudaBackend final : public Backend {
   Status attention_prep(float* q, float* k, const float* v, int64_t n, int64_t nh, int64_t nkv, int64_t hd,
                         const float* q_norm, const float* k_norm, float eps, int64_t rot,
                         std::span<const int32_t> positions, double theta, double freq_scale, const cpu::KvView& kv,
-                        int64_t first_slot) override;
+                        int64_t first_slot, int64_t q_from) override;
   Status add_inplace(float* y, const float* x, int64_t n) override;
   Status add_rms_norm(float* x, const float* delta, const float* w, float eps, int64_t n, int64_t dim,
                       float* y) override;

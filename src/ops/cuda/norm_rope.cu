@@ -277,7 +277,8 @@ __global__ void qk_prep_kernel(QkPrepArgs a) {
   if (warp_global >= a.n * heads) return;
   const int64_t t = warp_global / heads, h = warp_global % heads;
   const bool is_q = h < a.nh;
-  float* src = is_q ? a.q + (t * a.nh + h) * a.hd : a.k + (t * a.nkv + (h - a.nh)) * a.hd;
+  if (is_q && t < a.q_from) return;  // a token with keys only
+  float* src = is_q ? a.q + ((t - a.q_from) * a.nh + h) * a.hd : a.k + (t * a.nkv + (h - a.nh)) * a.hd;
   const float* w = is_q ? a.q_norm : a.k_norm;
   const int per = static_cast<int>(a.hd / 32);
   float v[kPer], wv[kPer];
@@ -438,7 +439,8 @@ bool qk_prep_supported(int64_t head_dim, int64_t rot_dims) {
 }
 
 cudaError_t qk_prep(const QkPrepArgs& a, cudaStream_t stream) {
-  if (a.n < 0 || a.nh < 0 || a.nkv < 0 || !qk_prep_supported(a.hd, a.rot) || a.chunk_tokens <= 0 || a.first_slot < 0)
+  if (a.n < 0 || a.nh < 0 || a.nkv < 0 || !qk_prep_supported(a.hd, a.rot) || a.chunk_tokens <= 0 || a.first_slot < 0 ||
+      a.q_from < 0 || a.q_from > a.n)
     return cudaErrorInvalidValue;
   const int64_t warps = a.n * (a.nh + a.nkv);
   if (warps == 0) return cudaSuccess;

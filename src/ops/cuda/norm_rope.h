@@ -76,6 +76,7 @@ struct QkPrepArgs {
   int64_t first_slot;
   const int32_t* slot_dev;
   bool kv_f16 = false;  // the chunks hold fp16 elements (written rounded to nearest even)
+  int64_t q_from = 0;   // q holds the heads of tokens q_from.. only (q [n - q_from, nh, hd])
 };
 // Shapes the fused kernel takes: hd a multiple of 32 up to 256, rot a multiple of 64 (pairs within a lane).
 bool qk_prep_supported(int64_t head_dim, int64_t rot_dims);

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -339,17 +340,20 @@ TEST_F(NormRopeTest, ProducersWriteTheBf16FormOfTheirOutput) {
             cudaErrorInvalidValue);
 }
 
-// The fused attention input prep against rms_norm + rope_neox + the KV rows placed by hand on the CPU.
+// The fused attention input prep against rms_norm + rope_neox + the KV rows placed by hand on the CPU. q_from > 0:
+// queries of the last n - q_from tokens only (a DFlash draft's block over its context and block keys).
 TEST_F(NormRopeTest, QkPrepMatchesNormRopeAndKvWrite) {
   SCOPED_TRACE(seed_note());
   struct Case {
-    int64_t n, nh, nkv, hd, rot, first_slot;
+    int64_t n, nh, nkv, hd, rot, first_slot, q_from;
   };
-  for (const Case& c : {Case{1, 32, 8, 128, 128, 130}, Case{5, 4, 2, 256, 64, 61}, Case{3, 2, 1, 64, 64, 0}}) {
+  for (const Case& c : {Case{1, 32, 8, 128, 128, 130, 0}, Case{5, 4, 2, 256, 64, 61, 0}, Case{3, 2, 1, 64, 64, 0, 0},
+                        Case{26, 6, 2, 64, 64, 40, 10}, Case{4, 2, 1, 64, 64, 3, 3}}) {
     const std::string what = "qk_prep n=" + std::to_string(c.n) + " hd=" + std::to_string(c.hd) +
-                             " rot=" + std::to_string(c.rot);
+                             " rot=" + std::to_string(c.rot) + " q_from=" + std::to_string(c.q_from);
     ASSERT_TRUE(cuda::qk_prep_supported(c.hd, c.rot)) << what;
-    auto q = random(static_cast<size_t>(c.n * c.nh * c.hd), -3.0f, 3.0f);
+    const int64_t nq = c.n - c.q_from;
+    auto q = random(static_cast<size_t>(nq * c.nh * c.hd), -3.0f, 3.0f);
     auto k = random(static_cast<size_t>(c.n * c.nkv * c.hd), -3.0f, 3.0f);
     auto v = random(k.size(), -3.0f, 3.0f);
     auto qn = random(static_cast<size_t>(c.hd), -2.0f, 2.0f), kn = random(static_cast<size_t>(c.hd), -2.0f, 2.0f);
@@ -357,9 +361,9 @@ TEST_F(NormRopeTest, QkPrepMatchesNormRopeAndKvWrite) {
     for (int64_t t = 0; t < c.n; ++t) pos[t] = static_cast<int32_t>(c.first_slot + 3 * t + 1);  // not the slots
     const double theta = 1e6;
     std::vector<float> want_q = q, want_k = k;
-    cpu::rms_norm(want_q.data(), qn.data(), 1e-6f, c.n * c.nh, c.hd, want_q.data());
+    cpu::rms_norm(want_q.data(), qn.data(), 1e-6f, nq * c.nh, c.hd, want_q.data());
     cpu::rms_norm(want_k.data(), kn.data(), 1e-6f, c.n * c.nkv, c.hd, want_k.data());
-    cpu::rope_neox(want_q.data(), c.n, c.nh, c.hd, c.rot, pos, theta, 1.0);
+    cpu::rope_neox(want_q.data(), nq, c.nh, c.hd, c.rot, std::span<const int32_t>(pos).subspan(c.q_from), theta, 1.0);
     cpu::rope_neox(want_k.data(), c.n, c.nkv, c.hd, c.rot, pos, theta, 1.0);
     std::vector<double> inv(static_cast<size_t>(c.rot / 2));
     for (size_t i = 0; i < inv.size(); ++i) inv[i] = std::pow(theta, -2.0 * static_cast<double>(i) / c.rot);
@@ -389,6 +393,9 @@ TEST_F(NormRopeTest, QkPrepMatchesNormRopeAndKvWrite) {
     DF_ASSERT_CUDA(dpos.upload(pos));
     cuda::QkPrepArgs a{dq.get(), dk.get(), dv.get(), c.n, c.nh, c.nkv, c.hd, c.rot, dqn.get(), dkn.get(), 1e-6f,
                        dinv.get(), dpos.get(), kt.get(), vt.get(), chunk, c.first_slot, nullptr};
+    a.q_from = c.n + 1;
+    EXPECT_EQ(cuda::qk_prep(a), cudaErrorInvalidValue) << what << ": queries past the tokens";
+    a.q_from = c.q_from;
     DF_ASSERT_CUDA(cuda::qk_prep(a));
     DF_ASSERT_CUDA(cudaDeviceSynchronize());
     expect_close(dq.download(), want_q, 2e-6, 1e-6, what + " q");
