@@ -196,26 +196,32 @@ Status forward_layers(const Weights& w, int64_t begin, int64_t end, const StepSh
   const float eps = static_cast<float>(s.rms_eps);
   DF_ASSIGN_OR_RETURN(Buffer xn, be.alloc(n * H));
   DF_ASSIGN_OR_RETURN(Buffer delta, be.alloc(n * H));
-  // Each residual add is fused with the norm that follows it (the next layer's attention norm too).
+  // Each residual add is fused with the norm that follows it (the next layer's attention norm too), also after
+  // a layer whose output is captured: the fused add stores x, and the capture copies it from there.
+  auto capture = [&](int64_t L) -> Status {
+    for (size_t c = 0; c < captures.size(); ++c)
+      if (captures[c] == L) DF_RETURN_IF_ERROR(be.copy(captured[c], x, n * H));
+    return Status();
+  };
   bool pending = false;  // delta holds the previous layer's MLP output, not yet added to x
   for (int64_t L = begin; L < end; ++L) {
     DF_ASSIGN_OR_RETURN(const float* attn_norm, need_f32(w, layer_name(L, "attn_norm")));
     DF_ASSIGN_OR_RETURN(const float* ffn_norm, need_f32(w, layer_name(L, "ffn_norm")));
-    if (pending) DF_RETURN_IF_ERROR(be.add_rms_norm(x, delta.data(), attn_norm, eps, n, H, xn.data()));
-    else DF_RETURN_IF_ERROR(be.rms_norm(x, attn_norm, eps, n, H, xn.data()));
+    if (pending) {
+      DF_RETURN_IF_ERROR(be.add_rms_norm(x, delta.data(), attn_norm, eps, n, H, xn.data()));
+      DF_RETURN_IF_ERROR(capture(L - 1));  // x is layer L - 1's output now
+    } else {
+      DF_RETURN_IF_ERROR(be.rms_norm(x, attn_norm, eps, n, H, xn.data()));
+    }
     if (s.is_recurrent(L)) DF_RETURN_IF_ERROR(deltanet_mixer(w, L, st, xn.data(), delta.data(), state, be));
     else DF_RETURN_IF_ERROR(attention_mixer(w, L, st, xn.data(), delta.data(), state, be));
     DF_RETURN_IF_ERROR(be.add_rms_norm(x, delta.data(), ffn_norm, eps, n, H, xn.data()));
     DF_RETURN_IF_ERROR(mlp(w, L, n, xn.data(), delta.data(), be));
     pending = true;
-    bool captured_here = false;
-    for (size_t c = 0; c < captures.size(); ++c) captured_here = captured_here || captures[c] == L;
-    if (captured_here || L + 1 == end) {  // x itself is needed now
-      DF_RETURN_IF_ERROR(be.add_inplace(x, delta.data(), n * H));
-      pending = false;
-    }
-    for (size_t c = 0; c < captures.size(); ++c)
-      if (captures[c] == L) DF_RETURN_IF_ERROR(be.copy(captured[c], x, n * H));
+  }
+  if (pending) {  // the range's output itself
+    DF_RETURN_IF_ERROR(be.add_inplace(x, delta.data(), n * H));
+    DF_RETURN_IF_ERROR(capture(end - 1));
   }
   return Status();
 }
@@ -316,12 +322,14 @@ Status draft_layers(const Weights& draft, const float* ctx, int64_t n_new, int64
   for (int64_t L = 0; L < s.n_layers; ++L) {
     DF_ASSIGN_OR_RETURN(const float* attn_norm, need_f32(draft, layer_name(L, "attn_norm")));
     DF_ASSIGN_OR_RETURN(const float* ffn_norm, need_f32(draft, layer_name(L, "ffn_norm")));
-    DF_RETURN_IF_ERROR(be.rms_norm(x, attn_norm, eps, B, H, xn));
+    // The previous layer's residual add fused with this layer's norm (as the target's layers do).
+    if (L > 0) DF_RETURN_IF_ERROR(be.add_rms_norm(x, delta.data(), attn_norm, eps, B, H, xn));
+    else DF_RETURN_IF_ERROR(be.rms_norm(x, attn_norm, eps, B, H, xn));
     DF_RETURN_IF_ERROR(draft_attention(draft, L, z.data(), n_new, B, first_slot, positions, delta.data(), state, be));
     DF_RETURN_IF_ERROR(be.add_rms_norm(x, delta.data(), ffn_norm, eps, B, H, hn.data()));
     DF_RETURN_IF_ERROR(mlp(draft, L, B, hn.data(), delta.data(), be));
-    DF_RETURN_IF_ERROR(be.add_inplace(x, delta.data(), B * H));
   }
+  if (s.n_layers > 0) DF_RETURN_IF_ERROR(be.add_inplace(x, delta.data(), B * H));
   return Status();
 }
 

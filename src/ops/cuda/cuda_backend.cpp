@@ -510,7 +510,10 @@ Status CudaBackend::ensure_handoff_event() {
 
 Status CudaBackend::copy(float* dst, const float* src, int64_t n) {
   activate();
-  forget_q8();
+  // The side stays when the copy writes elsewhere (its int8 and bf16 buffers are the backend's own).
+  const auto d = reinterpret_cast<uintptr_t>(dst), s0 = reinterpret_cast<uintptr_t>(q8_side_.src);
+  const uint64_t side_bytes = sizeof(float) * static_cast<uint64_t>(q8_side_.elems);
+  if (d < s0 + side_bytes && s0 < d + sizeof(float) * static_cast<uint64_t>(n)) forget_q8();
   return check(cudaMemcpyAsync(dst, src, sizeof(float) * static_cast<size_t>(n), cudaMemcpyDeviceToDevice, stream_),
                "device copy");
 }

@@ -158,8 +158,9 @@ class CudaBackend final : public Backend {
   // kMmqMaxTokens rows, the output gates), written by that kernel beside its f32 output so that the GEMV
   // reading it needs no quantize launch, and once bf16_side_wanted_, while token-exact, its bf16 form, which
   // gemv16_mma reads from kGemv16MmaBf16XFrom tokens instead of converting x. It describes `src` only until the
-  // next op that writes device memory (every such op but matmul/matmul_group calls forget_q8() first),
-  // and the GEMV uses it only for the same pointer and size. Outputs up to kQ8SideElems elements (decode
+  // next op that writes device memory (every such op but matmul/matmul_group calls forget_q8() first; copy only
+  // when it writes into src: a layer's captured output is copied between the norm and the product that reads the
+  // norm's side), and the GEMV uses it only for the same pointer and size. Outputs up to kQ8SideElems elements (decode
   // and verify steps); the buffer is allocated once, so recorded steps keep pointing at it.
   static constexpr int64_t kQ8SideElems = int64_t{16} << 16;
   // Its one allocation: int8 codes (1 byte an element), f32 scales (1 a 32), int32 half-block sums (1 a 16), bf16.

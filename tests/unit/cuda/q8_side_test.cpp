@@ -183,6 +183,28 @@ TEST_F(CudaQ8Side, gemv_after_its_producer_equals_gemv_on_a_copy_and_rewrites_in
   }
 }
 
+// A copy between a producer and its GEMV (a layer's captured output, copied after the norm that formed it) keeps
+// the side when it writes another buffer, and drops it when it writes into the producer's output: the product
+// then quantizes the copied values.
+TEST_F(CudaQ8Side, a_copy_elsewhere_keeps_the_side_and_a_copy_into_the_output_drops_it) {
+  SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
+  const int64_t cols = 512, rows = 96, n = 4;
+  const cpu::WeightView w = weight(DType::kQ8_0, rows, cols);
+  Buffer gate = upload(random(n * cols, -3, 3)), up = upload(random(n * cols, -2, 2)), y = alloc(n * cols);
+  Buffer h = upload(random(n * cols, -3, 3)), elsewhere = alloc(n * cols);
+  const int64_t uses = be_->q8_side_uses();
+  ASSERT_TRUE(be_->swiglu(gate.data(), up.data(), y.data(), n * cols).ok());
+  ASSERT_TRUE(be_->copy(elsewhere.data(), h.data(), n * cols).ok());
+  auto fused = product(w, y, n);
+  EXPECT_EQ(be_->q8_side_uses(), uses + 1) << "a copy into another buffer keeps the side";
+  EXPECT_EQ(fused, product_of_copy(w, y, n));
+  ASSERT_TRUE(be_->swiglu(gate.data(), up.data(), y.data(), n * cols).ok());
+  ASSERT_TRUE(be_->copy(y.data() + cols, h.data(), cols).ok());  // one row of the output rewritten
+  fused = product(w, y, n);
+  EXPECT_EQ(be_->q8_side_uses(), uses + 1) << "a copy into the output drops the side";
+  EXPECT_EQ(fused, product_of_copy(w, y, n));
+}
+
 // The bf16 side: in token-exact products of bf16 weights from kGemv16MmaBf16XFrom tokens (a verify's), the first
 // such product asks the producers for their output's bf16 form (and converts its own x), and from then on the
 // product right after SwiGLU or an RMSNorm reads that form instead of converting: the outputs equal the same
