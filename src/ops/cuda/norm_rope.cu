@@ -25,9 +25,14 @@ constexpr int kThreads = 256;
 // all its loads before its first store (stores may alias later loads, which would otherwise serialize
 // one memory round trip per element: these kernels are latency-bound at decode sizes). Sums of squares are in double, like the CPU's, so the order of the terms hardly matters.
 
-// One warp per row (dim <= 32 * kWarpPer): 8 rows per block; kPer values a lane (launched with the least of
-// 1, 2, 4, ..., 32 that covers the row: the unrolled loops issue every k, predicated off or not).
+// One warp per row: 8 rows per block; kPer values a lane (launched with the least of 1, 2, 4, ..., 32 that covers
+// the row: the unrolled loops issue every k, predicated off or not). RMSNorm takes it up to kNormWarpMaxDim, the
+// gated norm up to 32 * kWarpPer.
 constexpr int kWarpPer = 32;
+// Longer rows take the block kernel: a warp walks its kPer steps (and with q8 on, their 32-element blocks'
+// quantization) one after another, which the few rows of a small model's step leave on the critical path (the
+// bundled 384-wide model: 12 steps a warp, the slowest of its step's small kernels under ncu).
+constexpr int kNormWarpMaxDim = 256;
 // With `delta` (the fused residual add): x += delta first, stored back to x, and the norm is of the sum.
 // kGate (rms_norm_silu_gate): y = the norm * silu(gate) (gate [n, dim]), and with q8 on (dim a multiple of
 // 32) its int8 form: a warp's 32 values of step k are one 32-element block; with q8.bf16(), its bf16 form.
@@ -78,8 +83,8 @@ __global__ void rms_norm_warp_kernel(float* x, int64_t xs, const float* delta, c
   }
 }
 
-// One block per row (long rows: the hidden size), dim <= kThreads * kBlockPer, kPer values a thread (the least of
-// 8, 16, 20, 24, 32 that covers the row: 16 for 4096, 20 for 5120). kQ8: the output row is staged in shared memory
+// One block per row (rows longer than kNormWarpMaxDim: the hidden size), dim <= kThreads * kBlockPer, kPer values a
+// thread (the least of 2, 4, 8, 16, 20, 24, 32 that covers the row: 2 for 384, 16 for 4096, 20 for 5120). kQ8: the output row is staged in shared memory
 // and quantized from there, 16 values a lane (quantize_q8_row), into q8 (dim a multiple of 32). With q8.bf16(),
 // the bf16 form as the row is stored.
 constexpr int kBlockPer = 32;
@@ -356,16 +361,16 @@ cudaError_t launch_rms_norm(float* x, int64_t x_stride, const float* delta, cons
   if (q8.bf16() && (!rms_norm_q8_supported(dim) || y_stride != dim)) return cudaErrorInvalidValue;
   if (n == 0 || dim == 0) return cudaSuccess;
   if (x == nullptr || y == nullptr) return cudaErrorInvalidValue;
-  if (dim <= 32 * kWarpPer) {
+  if (dim <= kNormWarpMaxDim) {
     const int64_t blocks = (n + kThreads / 32 - 1) / (kThreads / 32);
     if (blocks > kMaxGridX) return cudaErrorInvalidValue;
-    with_per<1, 2, 4, 8, 16, kWarpPer>((dim + 31) / 32, [&](auto per) {
+    with_per<1, 2, 4, kNormWarpMaxDim / 32>((dim + 31) / 32, [&](auto per) {
       launch_pdl(rms_norm_warp_kernel<decltype(per)::value, false>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads),
                  0, stream, x, x_stride, delta, w, eps, n, dim, y, y_stride, nullptr, q8);
     });
   } else if (dim <= int64_t{kThreads} * kBlockPer) {
     if (n > kMaxGridX) return cudaErrorInvalidValue;
-    with_per<8, 16, 20, 24, kBlockPer>((dim + kThreads - 1) / kThreads, [&](auto per) {
+    with_per<2, 4, 8, 16, 20, 24, kBlockPer>((dim + kThreads - 1) / kThreads, [&](auto per) {
       constexpr int kPer = decltype(per)::value;
       launch_pdl(q8.on() ? rms_norm_block_kernel<kPer, true> : rms_norm_block_kernel<kPer, false>,
                  dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, x, x_stride, delta, w, eps, dim, y,

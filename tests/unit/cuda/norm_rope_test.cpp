@@ -106,7 +106,7 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 
 TEST_F(NormRopeTest, RmsNormMatchesCpu) {
   SCOPED_TRACE(seed_note());
-  for (int64_t dim : {64, 128, 256, 1000, 1024, 1025, 4096, 5120, 6000, 8192}) {
+  for (int64_t dim : {64, 128, 256, 257, 384, 1000, 1024, 1025, 4096, 5120, 6000, 8192}) {
     for (int64_t n : {1, 3, 17}) {
       for (bool weighted : {true, false}) {
         const std::string what = "rms_norm n=" + std::to_string(n) + " dim=" + std::to_string(dim) +
@@ -132,7 +132,7 @@ TEST_F(NormRopeTest, RmsNormMatchesCpu) {
 // The residual add fused with the next norm: x becomes x + delta bit for bit, y its norm.
 TEST_F(NormRopeTest, AddRmsNormMatchesAddThenNorm) {
   SCOPED_TRACE(seed_note());
-  for (int64_t dim : {128, 1000, 4096, 5120, 9000}) {
+  for (int64_t dim : {128, 384, 1000, 4096, 5120, 9000}) {
     for (int64_t n : {1, 3}) {
       const std::string what = "add_rms_norm n=" + std::to_string(n) + " dim=" + std::to_string(dim);
       auto x = random(static_cast<size_t>(n * dim), -3.0f, 3.0f);
@@ -156,13 +156,13 @@ TEST_F(NormRopeTest, AddRmsNormMatchesAddThenNorm) {
 }
 
 // RMSNorm (and the residual add fused with it) writing its output's int8 form beside it, for the warp kernel
-// (dim <= 1024) and the block kernel (a lane pair a block from the row staged in shared memory, including a
-// last warp only partly on: dim 4128): y is unchanged, and the int8 form is bit for bit what quantize_q8_rows
+// (dim <= 256) and the block kernel (a lane pair a block from the row staged in shared memory, including a
+// last warp only partly on: dims 384 and 4128): y is unchanged, and the int8 form is bit for bit what quantize_q8_rows
 // makes of y, also for a row of zeros (codes and scale 0) and a row holding inf (scale NaN, codes 0).
 // Widths the kernels cannot quantize are refused.
 TEST_F(NormRopeTest, RmsNormQ8OutputEqualsQuantizingTheOutput) {
   SCOPED_TRACE(seed_note());
-  for (int64_t dim : {64, 1024, 4096, 4128, 5120, 8192}) {
+  for (int64_t dim : {64, 256, 384, 1024, 4096, 4128, 5120, 8192}) {
     for (int64_t n : {1, 4}) {
       for (bool add : {false, true}) {
         const std::string what = std::string(add ? "add_rms_norm" : "rms_norm") + " n=" + std::to_string(n) +
@@ -255,8 +255,8 @@ TEST_F(NormRopeTest, SwigluQ8OutputEqualsQuantizingTheOutput) {
             cudaErrorInvalidValue);
 }
 
-// The producers' bf16 side (Q8Out::xb): rms_norm and add_rms_norm (the warp kernel at 64 and 1024, the block
-// kernel at 5120), swiglu (also where the grid-stride loop wraps) and sigmoid_gate_mul write their output's bf16
+// The producers' bf16 side (Q8Out::xb): rms_norm and add_rms_norm (the warp kernel at 64, the block kernel at 384,
+// 1024 and 5120), swiglu (also where the grid-stride loop wraps) and sigmoid_gate_mul write their output's bf16
 // bits beside it, with the int8 form or without it: the f32 output is unchanged, and the bits are what
 // dequantize_rows (F32 -> BF16: the conversion they save) makes of it. A width the norms cannot take is refused.
 TEST_F(NormRopeTest, ProducersWriteTheBf16FormOfTheirOutput) {
@@ -274,7 +274,7 @@ TEST_F(NormRopeTest, ProducersWriteTheBf16FormOfTheirOutput) {
         << what;
     EXPECT_EQ(xb.download(), want->download()) << what;
   };
-  for (int64_t dim : {64, 1024, 5120})
+  for (int64_t dim : {64, 384, 1024, 5120})
     for (int64_t n : {1, 23})
       for (bool add : {false, true})
         for (bool with_q8 : {false, true}) {
