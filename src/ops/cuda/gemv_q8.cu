@@ -923,16 +923,7 @@ int64_t gemv_q8_max_tokens(DType type, int64_t cols, int64_t total_rows, int spl
 }
 
 bool gemv_q8_supported(DType type) {
-  switch (static_cast<uint32_t>(type)) {
-    case qblocks::kQ4_0:
-    case qblocks::kQ8_0:
-    case qblocks::kQ2_K:
-    case qblocks::kQ3_K:
-    case qblocks::kQ4_K:
-    case qblocks::kQ5_K:
-    case qblocks::kQ6_K: return true;
-    default: return false;
-  }
+  return with_kind(static_cast<uint32_t>(type), 0, false, [](auto) { return true; });
 }
 
 cudaError_t quantize_q8_rows(const float* x, int64_t n, int64_t cols, int8_t* xq, float* xd, int* xs,

@@ -84,9 +84,9 @@ __global__ void rms_norm_warp_kernel(float* x, int64_t xs, const float* delta, c
 }
 
 // One block per row (rows longer than kNormWarpMaxDim: the hidden size), dim <= kThreads * kBlockPer, kPer values a
-// thread (the least of 2, 4, 8, 16, 20, 24, 32 that covers the row: 2 for 384, 16 for 4096, 20 for 5120). kQ8: the output row is staged in shared memory
-// and quantized from there, 16 values a lane (quantize_q8_row), into q8 (dim a multiple of 32). With q8.bf16(),
-// the bf16 form as the row is stored.
+// thread (the least of 2, 4, 8, 16, 20, 24, 32 that covers the row: 2 for 384, 16 for 4096, 20 for 5120). kQ8: the
+// output row is staged in shared memory and quantized from there, 16 values a lane (quantize_q8_row), into q8 (dim a
+// multiple of 32). With q8.bf16(), the bf16 form as the row is stored.
 constexpr int kBlockPer = 32;
 template <int kPer, bool kQ8>
 __global__ void rms_norm_block_kernel(float* x, int64_t xs, const float* delta, const float* w, float eps, int64_t dim,
