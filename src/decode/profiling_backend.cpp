@@ -129,12 +129,13 @@ Status ProfilingBackend::attention(const float* q, int64_t n_q, int64_t n_heads,
 Status ProfilingBackend::gated_delta_net(const float* q, const float* k, const float* v, const float* g,
                                          const float* beta, int64_t n, const cpu::DeltaNetShape& s, float* state,
                                          float* out, float* per_token_states, std::span<const int32_t> parents,
-                                         bool chunked) {
+                                         bool chunked, float* state_before) {
   const double st = kF * s.n_v_heads * s.d_k * s.d_v;
   const double io = kF * n * (2.0 * s.n_k_heads * s.d_k + 2.0 * s.n_v_heads * s.d_v + 2.0 * s.n_v_heads);
-  const double bytes = 2 * st + io + (per_token_states ? st * n : 0.0);
+  const double bytes = 2 * st + io + (per_token_states ? st * n : 0.0) + (state_before ? st : 0.0);
   return timed("gated_delta_net", bytes, [&] {
-    return inner_.gated_delta_net(q, k, v, g, beta, n, s, state, out, per_token_states, parents, chunked);
+    return inner_.gated_delta_net(q, k, v, g, beta, n, s, state, out, per_token_states, parents, chunked,
+                                  state_before);
   });
 }
 

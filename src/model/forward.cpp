@@ -147,7 +147,6 @@ Status deltanet_mixer(const Weights& w, int64_t L, const StepShape& st, const fl
                                       q, k, v, a, b, dt_bias, ssm_a, conv_cap));
 
   DF_ASSIGN_OR_RETURN(Buffer o, be.alloc(n * Hv * dv));
-  if (chain != nullptr) DF_RETURN_IF_ERROR(be.copy(chain + cc.state, state.ssm_state(L), g.state_floats()));
   // Captured steps run the recurrent form (what a rollback re-runs, and a tree's per-node states need).
   const bool chunked = !capture && n >= kChunkedDeltaNetMinTokens;
   float* node_states = nullptr;
@@ -155,8 +154,9 @@ Status deltanet_mixer(const Weights& w, int64_t L, const StepShape& st, const fl
     node_states = state.ssm_capture(L, n);
     if (node_states == nullptr) return no_capture_memory(L);
   }
+  // A chain capture keeps the state before the step (the kernel stores it as it loads it).
   DF_RETURN_IF_ERROR(be.gated_delta_net(q, k, v, a, b, n, shape, state.ssm_state(L), o.data(), node_states,
-                                        st.parents, chunked));
+                                        st.parents, chunked, chain != nullptr ? chain + cc.state : nullptr));
   // Gated output norm: RMSNorm over dv per (token, V-head), then * silu(z).
   DF_RETURN_IF_ERROR(be.rms_norm_silu_gate(o.data(), norm_w, static_cast<float>(s.rms_eps), n * Hv, dv, z.data()));
   return be.matmul(*wout, o.data(), n, out);

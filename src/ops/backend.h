@@ -184,9 +184,12 @@ class Backend {
                            std::span<const int32_t> positions, double theta, double freq_scale) = 0;
   virtual Status attention(const float* q, int64_t n_q, int64_t n_heads, const cpu::KvView& kv,
                            const cpu::AttentionMask& mask, float scale, float* out) = 0;
+  // state_before (optional; recurrent form only): receives `state` as it was before the step (a chain capture's
+  // copy; a device backend stores it as the kernel loads the state instead of a separate copy).
   virtual Status gated_delta_net(const float* q, const float* k, const float* v, const float* g, const float* beta,
                                  int64_t n, const cpu::DeltaNetShape& s, float* state, float* out,
-                                 float* per_token_states, std::span<const int32_t> parents, bool chunked) = 0;
+                                 float* per_token_states, std::span<const int32_t> parents, bool chunked,
+                                 float* state_before) = 0;
   // A rolled-back step's recurrent layers restored at once (SequenceState::rollback_captured): per layer, its
   // state from `from` (copied, or with q the n captured tokens re-run from it, as gated_delta_net's recurrent
   // form runs them) and its conv window. A device backend does all layers in one launch.
@@ -206,7 +209,7 @@ class Backend {
         if (l.q != nullptr) {
           DF_ASSIGN_OR_RETURN(Buffer out, alloc(n * s.n_v_heads * s.d_v));
           DF_RETURN_IF_ERROR(
-              gated_delta_net(l.q, l.k, l.v, l.g, l.beta, n, s, l.state, out.data(), nullptr, {}, false));
+              gated_delta_net(l.q, l.k, l.v, l.g, l.beta, n, s, l.state, out.data(), nullptr, {}, false, nullptr));
         }
       }
       if (l.conv_elems > 0) DF_RETURN_IF_ERROR(copy(l.conv, l.conv_from, l.conv_elems));
@@ -338,7 +341,7 @@ class CpuBackend final : public Backend {
                    float scale, float* out) override;
   Status gated_delta_net(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t n,
                          const cpu::DeltaNetShape& s, float* state, float* out, float* per_token_states,
-                         std::span<const int32_t> parents, bool chunked) override;
+                         std::span<const int32_t> parents, bool chunked, float* state_before) override;
   Status causal_conv1d_silu(const float* x, int64_t n, int64_t channels, const float* w, int64_t kernel,
                             float* conv_state, float* out, std::span<const int32_t> parents) override;
   Status add_inplace(float* y, const float* x, int64_t n) override;

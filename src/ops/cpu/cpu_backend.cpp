@@ -186,12 +186,14 @@ Status CpuBackend::attention(const float* q, int64_t n_q, int64_t n_heads, const
 }
 Status CpuBackend::gated_delta_net(const float* q, const float* k, const float* v, const float* g, const float* beta,
                                    int64_t n, const cpu::DeltaNetShape& s, float* state, float* out,
-                                   float* per_token_states, std::span<const int32_t> parents, bool chunked) {
+                                   float* per_token_states, std::span<const int32_t> parents, bool chunked,
+                                   float* state_before) {
   if (chunked) {
-    if (per_token_states != nullptr || !parents.empty())
-      return internal_error("the chunked DeltaNet form keeps no per-token states and has no tree form");
+    if (per_token_states != nullptr || !parents.empty() || state_before != nullptr)
+      return internal_error("the chunked DeltaNet form keeps no per-token or earlier states and has no tree form");
     cpu::gated_delta_net_chunked(q, k, v, g, beta, n, s, state, out, pool_);
   } else {
+    if (state_before != nullptr) std::copy_n(state, s.n_v_heads * s.d_v * s.d_k, state_before);
     cpu::gated_delta_net_recurrent(q, k, v, g, beta, n, s, state, out, per_token_states, parents, pool_);
   }
   return Status();

@@ -784,19 +784,21 @@ Status CudaBackend::kv_write(const cpu::KvView& kv, int64_t first_pos, const flo
 
 Status CudaBackend::gated_delta_net(const float* q, const float* k, const float* v, const float* g, const float* beta,
                                     int64_t n, const cpu::DeltaNetShape& s, float* state, float* out,
-                                    float* per_token_states, std::span<const int32_t> parents, bool chunked) {
+                                    float* per_token_states, std::span<const int32_t> parents, bool chunked,
+                                    float* state_before) {
   activate();
   forget_q8();
   const cuda::DeltaNetDims dims{s.n_k_heads, s.n_v_heads, s.d_k, s.d_v};
   if (chunked) {
-    if (per_token_states != nullptr || !parents.empty())
-      return internal_error("the chunked DeltaNet form keeps no per-token states and has no tree form");
+    if (per_token_states != nullptr || !parents.empty() || state_before != nullptr)
+      return internal_error("the chunked DeltaNet form keeps no per-token or earlier states and has no tree form");
     const size_t ws_bytes = cuda::gated_delta_net_chunked_workspace_bytes(n, dims);
     DF_ASSIGN_OR_RETURN(void* ws, reserve(workspace_, ws_bytes));
     return cuda::run_gated_delta_net_chunked(q, k, v, g, beta, n, dims, state, out, ws, ws_bytes, stream_);
   }
   DF_ASSIGN_OR_RETURN(const int32_t* par, device_ints(parents_, parents, "gated_delta_net"));
-  return cuda::run_gated_delta_net_recurrent(q, k, v, g, beta, n, dims, state, out, per_token_states, par, stream_);
+  return cuda::run_gated_delta_net_recurrent(q, k, v, g, beta, n, dims, state, out, per_token_states, par,
+                                             state_before, stream_);
 }
 
 Status CudaBackend::restore_deltanet(std::span<const DeltaNetRestore> layers, int64_t n,

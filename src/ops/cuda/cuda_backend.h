@@ -82,7 +82,7 @@ class CudaBackend final : public Backend {
                    float scale, float* out) override;
   Status gated_delta_net(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t n,
                          const cpu::DeltaNetShape& s, float* state, float* out, float* per_token_states,
-                         std::span<const int32_t> parents, bool chunked) override;
+                         std::span<const int32_t> parents, bool chunked, float* state_before) override;
   Status restore_deltanet(std::span<const DeltaNetRestore> layers, int64_t n, const cpu::DeltaNetShape& s) override;
   Status causal_conv1d_silu(const float* x, int64_t n, int64_t channels, const float* w, int64_t kernel,
                             float* conv_state, float* out, std::span<const int32_t> parents) override;

@@ -4,6 +4,7 @@
 #include "ops/cuda/gated_delta_net.h"
 
 #include <cstdint>
+#include <type_traits>
 
 #include "base/checked_math.h"
 #include "ops/cuda/async_copy.cuh"
@@ -69,15 +70,15 @@ __device__ __forceinline__ void warp_sum(float (&x)[R]) {
 }
 
 // The recurrence over n tokens for a warp's kRecRows rows of V-head h's state (row0 < dv): from `in` (the head's
-// incoming state), into `final` (the head's; not written with parents) and, per token, out and
-// per_token_states (each optional).
+// incoming state, also stored to `before` when given), into `final` (the head's; not written with parents) and, per
+// token, out and per_token_states (each optional).
 template <int M, bool VEC>
 __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, const float* __restrict__ k,
                                                const float* __restrict__ v, const float* __restrict__ g,
                                                const float* __restrict__ beta, int64_t n, int hk, int hv, int dk,
                                                int dv, int h, int row0, int lane, const float* in, float* final,
                                                float* __restrict__ out, float* per_token_states,
-                                               const int32_t* __restrict__ parents) {
+                                               const int32_t* __restrict__ parents, float* before) {
   const int kh = h % hk;
   const int64_t hs = int64_t(dv) * dk;
 
@@ -116,6 +117,7 @@ __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, cons
   Inputs cur, next;
   if (n > 0) load_inputs(0, cur);
   load_state(in);
+  if (before != nullptr) store_state(before);
   for (int64_t t = 0; t < n; ++t) {
     if (parents != nullptr) {
       int64_t p = parents[t];
@@ -172,14 +174,16 @@ __global__ void __launch_bounds__(kRecWarps * 32)
     gdn_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                          const float* __restrict__ g, const float* __restrict__ beta, int64_t n, int hk, int hv,
                          int dk, int dv, float* state, float* __restrict__ out, float* per_token_states,
-                         const int32_t* __restrict__ parents) {
+                         const int32_t* __restrict__ parents, float* state_before) {
   pdl_begin();
   const int h = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row0 = (blockIdx.y * kRecWarps + warp) * kRecRows;
   if (row0 >= dv) return;  // whole warp; the kernel has no block barrier
-  float* const st = state + h * int64_t(dv) * dk;
-  recurrent_rows<M, VEC>(q, k, v, g, beta, n, hk, hv, dk, dv, h, row0, lane, st, st, out, per_token_states, parents);
+  const int64_t hs = int64_t(dv) * dk;
+  float* const st = state + h * hs;
+  recurrent_rows<M, VEC>(q, k, v, g, beta, n, hk, hv, dk, dv, h, row0, lane, st, st, out, per_token_states, parents,
+                         state_before != nullptr ? state_before + h * hs : nullptr);
 }
 
 // gated_delta_net_restore: blocks (V-head, row tile, layer). A layer's blocks copy its conv window in slices; each
@@ -199,7 +203,7 @@ __global__ void __launch_bounds__(kRecWarps * 32)
   const int64_t hs = int64_t(dv) * dk;
   if (L.q != nullptr) {
     recurrent_rows<M, VEC>(L.q, L.k, L.v, L.g, L.beta, n, hk, hv, dk, dv, h, row0, lane, L.from + h * hs,
-                           L.state + h * hs, nullptr, nullptr, nullptr);
+                           L.state + h * hs, nullptr, nullptr, nullptr, nullptr);
     return;
   }
   for (int r = 0; r < kRecRows && row0 + r < dv; ++r) {
@@ -211,9 +215,9 @@ __global__ void __launch_bounds__(kRecWarps * 32)
 template <int M, bool VEC>
 void launch_recurrent(dim3 grid, cudaStream_t stream, const float* q, const float* k, const float* v,
                       const float* g, const float* beta, int64_t n, const DeltaNetDims& d, float* state, float* out,
-                      float* pts, const int32_t* parents) {
+                      float* pts, const int32_t* parents, float* before) {
   launch_pdl(gdn_recurrent_kernel<M, VEC>, grid, dim3(kRecWarps * 32), 0, stream, q, k, v, g, beta, n, int(d.n_k_heads),
-             int(d.n_v_heads), int(d.d_k), int(d.d_v), state, out, pts, parents);
+             int(d.n_v_heads), int(d.d_k), int(d.d_v), state, out, pts, parents, before);
 }
 
 bool dims_ok(const DeltaNetDims& d) {
@@ -757,27 +761,36 @@ size_t chunk_row_bytes(const DeltaNetDims& d) {
 cudaError_t gated_delta_net_recurrent(const float* q, const float* k, const float* v, const float* g,
                                       const float* beta, int64_t n, const DeltaNetDims& d, float* state,
                                       float* out, float* per_token_states, const int32_t* parents,
-                                      cudaStream_t stream) {
+                                      float* state_before, cudaStream_t stream) {
   if (!dims_ok(d) || n < 0 || (parents != nullptr && per_token_states == nullptr)) return cudaErrorInvalidValue;
   if (state == nullptr) return cudaErrorInvalidValue;
-  if (n == 0) return cudaSuccess;
+  if (n == 0)
+    return state_before == nullptr ? cudaSuccess
+                                   : cudaMemcpyAsync(state_before, state, sizeof(float) * size_t(d.n_v_heads) *
+                                                                              size_t(d.d_v) * size_t(d.d_k),
+                                                     cudaMemcpyDeviceToDevice, stream);
   if (!q || !k || !v || !g || !beta || !out) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(d.n_v_heads), unsigned((d.d_v + kRecTileRows - 1) / kRecTileRows));
   const bool vec = d.d_k % 128 == 0 && is_aligned(q, 16) && is_aligned(k, 16) && is_aligned(state, 16) &&
-                   (per_token_states == nullptr || is_aligned(per_token_states, 16));
+                   (per_token_states == nullptr || is_aligned(per_token_states, 16)) &&
+                   (state_before == nullptr || is_aligned(state_before, 16));
+  auto launch = [&](auto kernel_m, auto kernel_vec) {
+    launch_recurrent<decltype(kernel_m)::value, decltype(kernel_vec)::value>(
+        grid, stream, q, k, v, g, beta, n, d, state, out, per_token_states, parents, state_before);
+  };
+  using std::integral_constant;
+  using std::true_type, std::false_type;
   if (vec) {
-    if (d.d_k == 128)
-      launch_recurrent<4, true>(grid, stream, q, k, v, g, beta, n, d, state, out, per_token_states, parents);
-    else
-      launch_recurrent<8, true>(grid, stream, q, k, v, g, beta, n, d, state, out, per_token_states, parents);
+    if (d.d_k == 128) launch(integral_constant<int, 4>{}, true_type{});
+    else launch(integral_constant<int, 8>{}, true_type{});
   } else if (d.d_k <= 32) {
-    launch_recurrent<1, false>(grid, stream, q, k, v, g, beta, n, d, state, out, per_token_states, parents);
+    launch(integral_constant<int, 1>{}, false_type{});
   } else if (d.d_k <= 64) {
-    launch_recurrent<2, false>(grid, stream, q, k, v, g, beta, n, d, state, out, per_token_states, parents);
+    launch(integral_constant<int, 2>{}, false_type{});
   } else if (d.d_k <= 128) {
-    launch_recurrent<4, false>(grid, stream, q, k, v, g, beta, n, d, state, out, per_token_states, parents);
+    launch(integral_constant<int, 4>{}, false_type{});
   } else {
-    launch_recurrent<8, false>(grid, stream, q, k, v, g, beta, n, d, state, out, per_token_states, parents);
+    launch(integral_constant<int, 8>{}, false_type{});
   }
   return cudaGetLastError();
 }

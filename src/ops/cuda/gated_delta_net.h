@@ -36,11 +36,13 @@ inline constexpr int64_t kDeltaNetChunk = 64;
 // parents (optional, device, n entries): token i starts from the state after token parents[i] (-1: from
 // `state`); requires per_token_states and leaves `state` unchanged. parents[i] must be in [-1, i); an
 // entry outside is treated as -1 (memory stays safe, the result is meaningless).
+// state_before (optional, [Hv, dv, dk], not overlapping `state`): receives the incoming state as the kernel loads
+// it (a chain capture's copy of the state before the step, without a separate copy).
 // cudaErrorInvalidValue (nothing launched) on bad dims or null pointers.
 cudaError_t gated_delta_net_recurrent(const float* q, const float* k, const float* v, const float* g,
                                       const float* beta, int64_t n, const DeltaNetDims& dims, float* state,
                                       float* out, float* per_token_states, const int32_t* parents,
-                                      cudaStream_t stream = nullptr);
+                                      float* state_before = nullptr, cudaStream_t stream = nullptr);
 
 // One recurrent layer's restore after a rolled-back step (gated_delta_net_restore): its state [Hv, dv, dk] from
 // `from`, either copied (q null) or re-run over the n captured tokens q, k, v, g, beta from it (as

@@ -32,14 +32,15 @@ Status check_buffers(const char* op, int64_t n, const float* q, const float* k, 
 Status run_gated_delta_net_recurrent(const float* q, const float* k, const float* v, const float* g,
                                      const float* beta, int64_t n, const DeltaNetDims& dims, float* state,
                                      float* out, float* per_token_states, const int32_t* parents,
-                                     cudaStream_t stream) {
+                                     float* state_before, cudaStream_t stream) {
   constexpr const char* op = "gated DeltaNet (recurrent, CUDA)";
   DF_RETURN_IF_ERROR(check_dims(op, dims, n));
   DF_RETURN_IF_ERROR(check_buffers(op, n, q, k, v, g, beta, state, out));
   if (parents != nullptr && per_token_states == nullptr)
     return invalid_argument("{}: tree parents need a per-token state buffer", op);
-  const cudaError_t err =
-      gated_delta_net_recurrent(q, k, v, g, beta, n, dims, state, out, per_token_states, parents, stream);
+  if (state_before != nullptr && state_before == state) return invalid_argument("{}: state_before is the state", op);
+  const cudaError_t err = gated_delta_net_recurrent(q, k, v, g, beta, n, dims, state, out, per_token_states, parents,
+                                                    state_before, stream);
   if (err != cudaSuccess)
     return io_error("{} ({} tokens, Hv {}, dk {}, dv {}): {}", op, n, dims.n_v_heads, dims.d_k, dims.d_v,
                     cudaGetErrorString(err));

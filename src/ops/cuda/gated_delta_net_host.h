@@ -18,7 +18,7 @@ namespace dflash::cuda {
 Status run_gated_delta_net_recurrent(const float* q, const float* k, const float* v, const float* g,
                                      const float* beta, int64_t n, const DeltaNetDims& dims, float* state,
                                      float* out, float* per_token_states, const int32_t* parents,
-                                     cudaStream_t stream = nullptr);
+                                     float* state_before = nullptr, cudaStream_t stream = nullptr);
 
 // gated_delta_net_chunked (gated_delta_net.h). Errors as above, plus a workspace smaller than one chunk
 // needs (gated_delta_net_chunked_workspace_bytes(kDeltaNetChunk, dims)) or not 8-byte aligned.

@@ -206,6 +206,37 @@ TEST(CudaGatedDeltaNet, RecurrentStepByStepEqualsOneCall) {
   EXPECT_EQ(st_one.host(), st_step.host());
 }
 
+// state_before receives the incoming state bit for bit (stored as the kernel loads it; by a copy when n is 0) and
+// changes nothing else: the final state and outputs equal a call without it.
+TEST(CudaGatedDeltaNet, StateBeforeKeepsTheIncomingState) {
+  if (!cuda_device_present()) DF_SKIP_LOUDLY("no CUDA device");
+  SeededRng s;
+  for (const cpu::DeltaNetShape& sh : kShapes) {
+    for (const int64_t n : {int64_t{0}, int64_t{4}}) {
+      const std::string what = describe(sh, n, -2.0f);
+      const int64_t hs = sh.n_v_heads * sh.d_v * sh.d_k;
+      const Inputs in = make_inputs(s.rng, sh, std::max<int64_t>(n, 1), -2.0f);
+      const DeviceInputs d(in);
+      DF_ASSERT_CUDA(d.error());
+      DevArray<float> plain(in.state), with(in.state), before(std::vector<float>(hs, kNanPoison));
+      DevArray<float> out_plain(std::max<int64_t>(n, 1) * sh.n_v_heads * sh.d_v), out_with(out_plain.size());
+      ASSERT_TRUE(cuda::run_gated_delta_net_recurrent(d.q.get(), d.k.get(), d.v.get(), d.g.get(), d.beta.get(), n,
+                                                      dims_of(sh), plain.get(), out_plain.get(), nullptr, nullptr)
+                      .ok())
+          << what;
+      ASSERT_TRUE(cuda::run_gated_delta_net_recurrent(d.q.get(), d.k.get(), d.v.get(), d.g.get(), d.beta.get(), n,
+                                                      dims_of(sh), with.get(), out_with.get(), nullptr, nullptr,
+                                                      before.get())
+                      .ok())
+          << what;
+      DF_ASSERT_CUDA(cudaDeviceSynchronize());
+      EXPECT_EQ(before.host(), in.state) << what;
+      EXPECT_EQ(with.host(), plain.host()) << what;
+      if (n > 0) EXPECT_EQ(out_with.host(), out_plain.host()) << what;
+    }
+  }
+}
+
 // The batched restore after a rolled-back step (gated_delta_net_restore) in one launch over three layers of each
 // shape: a re-run of the first `keep` tokens from a kept state equals the recurrent form's call over them bit for
 // bit (the states a verify step computes on the way); a copied state equals its source; a layer without one keeps

@@ -477,7 +477,8 @@ class SmallDevice final : public Backend {
   DF_NO_OP(Status rope_neox(float*, int64_t, int64_t, int64_t, int64_t, std::span<const int32_t>, double, double))
   DF_NO_OP(Status attention(const float*, int64_t, int64_t, const cpu::KvView&, const cpu::AttentionMask&, float, float*))
   DF_NO_OP(Status gated_delta_net(const float*, const float*, const float*, const float*, const float*, int64_t,
-                                  const cpu::DeltaNetShape&, float*, float*, float*, std::span<const int32_t>, bool))
+                                  const cpu::DeltaNetShape&, float*, float*, float*, std::span<const int32_t>, bool,
+                                  float*))
   DF_NO_OP(Status causal_conv1d_silu(const float*, int64_t, int64_t, const float*, int64_t, float*, float*,
                                      std::span<const int32_t>))
   DF_NO_OP(Status add_inplace(float*, const float*, int64_t))
