@@ -145,10 +145,8 @@ __global__ void gather_row_bytes_kernel(const uint8_t* table, int64_t rb, int64_
   for (int64_t b = threadIdx.x; b < rb; b += blockDim.x) dst[b] = ok ? src[b] : 0;
 }
 
-// Blocks (x, item): x-th slice of item's floats, grid-stride over gridDim.x blocks.
-__global__ void copy_batch_kernel(const DeviceCopy* __restrict__ items) {
-  pdl_begin();
-  const DeviceCopy c = items[blockIdx.y];
+// This block's share of one copy: grid-stride over gridDim.x blocks of the x dimension.
+__device__ __forceinline__ void copy_slice(const DeviceCopy& c) {
   const int64_t stride = int64_t{gridDim.x} * blockDim.x, first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   const bool vec = c.n % 4 == 0 && reinterpret_cast<uintptr_t>(c.dst) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(c.src) % 16 == 0;
@@ -159,6 +157,23 @@ __global__ void copy_batch_kernel(const DeviceCopy* __restrict__ items) {
   } else {
     for (int64_t i = first; i < c.n; i += stride) c.dst[i] = c.src[i];
   }
+}
+
+// Blocks (x, item): x-th slice of item's floats.
+__global__ void copy_batch_kernel(const DeviceCopy* __restrict__ items) {
+  pdl_begin();
+  copy_slice(items[blockIdx.y]);
+}
+
+__global__ void copy_floats_kernel(DeviceCopy c) {
+  pdl_begin();
+  copy_slice(c);
+}
+
+// Blocks for a copy of the largest item's n floats: enough that a DeltaNet state (~0.8M floats) moves at the copy
+// rate; small items' extra blocks exit at once.
+unsigned copy_blocks(int64_t max_n) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(128, (max_n / 4 + kThreads - 1) / kThreads)));
 }
 
 __global__ void kv_write_kernel(float* const* k_chunks, float* const* v_chunks, int64_t chunk_tokens,
@@ -195,11 +210,16 @@ cudaError_t copy_batch(const DeviceCopy* items, int n_items, int64_t max_n, cuda
   if (n_items < 0 || n_items > kCopyBatchMaxItems || max_n < 0) return cudaErrorInvalidValue;
   if (n_items == 0 || max_n == 0) return cudaSuccess;
   if (items == nullptr) return cudaErrorInvalidValue;
-  // Enough blocks that the largest item (a DeltaNet state: ~0.8M floats) moves at the copy rate; small items'
-  // extra blocks exit at once.
-  const int64_t x = std::min<int64_t>(128, (max_n / 4 + kThreads - 1) / kThreads);
-  launch_pdl(copy_batch_kernel, dim3(static_cast<unsigned>(std::max<int64_t>(1, x)), static_cast<unsigned>(n_items)),
-             dim3(kThreads), 0, stream, items);
+  launch_pdl(copy_batch_kernel, dim3(copy_blocks(max_n), static_cast<unsigned>(n_items)), dim3(kThreads), 0, stream,
+             items);
+  return cudaGetLastError();
+}
+
+cudaError_t copy_floats(float* dst, const float* src, int64_t n, cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (dst == nullptr || src == nullptr) return cudaErrorInvalidValue;
+  launch_pdl(copy_floats_kernel, dim3(copy_blocks(n)), dim3(kThreads), 0, stream, DeviceCopy{dst, src, n});
   return cudaGetLastError();
 }
 

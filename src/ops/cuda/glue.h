@@ -52,6 +52,9 @@ struct DeviceCopy {
 };
 constexpr int kCopyBatchMaxItems = 65535;  // items one launch takes (the grid's y)
 cudaError_t copy_batch(const DeviceCopy* items, int n_items, int64_t max_n, cudaStream_t stream = nullptr);
+// dst[0, n) = src[0, n) as one kernel launch (float4 where both pointers are 16-byte aligned and n a multiple of 4):
+// unlike cudaMemcpyAsync, a recorded step's copy then keeps the graph's programmatic-launch chain.
+cudaError_t copy_floats(float* dst, const float* src, int64_t n, cudaStream_t stream = nullptr);
 // out[i, :] = the `row_bytes` bytes of row ids[i] of `table` (n_rows rows), for n device ids; an id
 // outside [0, n_rows) gives zero bytes. (Embedding lookups: the rows are then dequantized in place.)
 cudaError_t gather_row_bytes(const void* table, int64_t row_bytes, int64_t n_rows, const int32_t* ids, int64_t n,

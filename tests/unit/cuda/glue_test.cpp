@@ -357,6 +357,34 @@ TEST_F(CudaGlue, copy_batch_copies_every_item) {
   EXPECT_EQ(cuda::copy_batch(table.p, 70000, 16), cudaErrorInvalidValue);
 }
 
+// copy_floats: one copy a launch, aligned (float4) and not, one float, and one far larger than the grid; the floats
+// around it untouched; bad arguments refused.
+TEST_F(CudaGlue, copy_floats_copies_and_touches_nothing_else) {
+  const int64_t total = (int64_t{1} << 21) + 8192;
+  const auto src = normal(static_cast<size_t>(total));
+  Dev<float> d_src(src.size()), d_dst(src.size());
+  d_src.put(src);
+  for (const auto& [d, s, n] : std::vector<std::array<int64_t, 3>>{
+           {0, 64, 256}, {300, 1000, 77}, {401, 5, 64}, {600, 2001, 1}, {4096, 8192, int64_t{1} << 21}}) {
+    SCOPED_TRACE("dst " + std::to_string(d) + ", src " + std::to_string(s) + ", n " + std::to_string(n));
+    d_dst.poison();
+    ASSERT_EQ(cuda::copy_floats(d_dst.p + d, d_src.p + s, n), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got = d_dst.get();
+    for (int64_t i = 0; i < total; ++i) {
+      const auto at = static_cast<size_t>(i);
+      if (i >= d && i < d + n) {
+        ASSERT_EQ(got[at], src[static_cast<size_t>(s + i - d)]) << "float " << i - d;
+      } else {
+        ASSERT_TRUE(std::isnan(got[at])) << "float " << i << " is outside the copy";
+      }
+    }
+  }
+  EXPECT_EQ(cuda::copy_floats(d_dst.p, d_src.p, 0), cudaSuccess);
+  EXPECT_EQ(cuda::copy_floats(nullptr, d_src.p, 4), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::copy_floats(d_dst.p, d_src.p, -1), cudaErrorInvalidValue);
+}
+
 // KV rows land at their positions across chunk boundaries, from a host or a device position.
 TEST_F(CudaGlue, kv_write_places_rows_at_their_positions) {
   const int64_t chunk = 64, row = 96, chunks = 3, n = 7;
