@@ -244,8 +244,16 @@ Status normed_head(const Weights& norm_from, const Weights& head_from, const flo
   }
   const int64_t m = static_cast<int64_t>(rows.size());
   DF_ASSIGN_OR_RETURN(Buffer xn, be.alloc(m * s.hidden));
-  DF_RETURN_IF_ERROR(be.gather_rows(x, s.hidden, rows, xn.data()));
-  DF_RETURN_IF_ERROR(be.rms_norm(xn.data(), norm, static_cast<float>(s.rms_eps), m, s.hidden, xn.data()));
+  // Consecutive rows (every step's usual case: the last row, a block, a verify's tokens) are normed where they lie;
+  // others are gathered first.
+  bool consecutive = m > 0;
+  for (int64_t i = 1; i < m && consecutive; ++i) consecutive = rows[i] == rows[0] + i;
+  const float* from = x + (consecutive ? rows[0] * s.hidden : 0);
+  if (!consecutive) {
+    DF_RETURN_IF_ERROR(be.gather_rows(x, s.hidden, rows, xn.data()));
+    from = xn.data();
+  }
+  DF_RETURN_IF_ERROR(be.rms_norm(from, norm, static_cast<float>(s.rms_eps), m, s.hidden, xn.data()));
   return be.matmul(*head, xn.data(), m, logits);
 }
 
