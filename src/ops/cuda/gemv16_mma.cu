@@ -186,7 +186,18 @@ cudaError_t launch_shape(Args a, cudaStream_t stream) {
     return v > 0 ? v : 1;
   }();
   const int64_t most = int64_t{ps} * current_sm_count();
-  if (blocks > most) grid.x = static_cast<unsigned>(most);
+  if (blocks > most) {
+    grid.x = static_cast<unsigned>(most);
+    // From 9 tokens, as few CTAs as take the blocks in as many rounds, so that every CTA takes the same number:
+    // otherwise a few CTAs run a last round alone, at a fraction of the device's rate (a Qwen3.5-27B 17408x5120
+    // weight at 23 tokens: 544 blocks on 2 x 132 CTAs, 16 of which take a third; H200: 62.3 -> 57.7 us, and the
+    // 27B's 23-token verify step 19.48 -> 19.17 ms; docs/benchmarks.md, thirty-first session). At 1-8 tokens the
+    // full grid's first rounds win (10240x5120 at one token: 32.8 us, 35.7 balanced).
+    if (NT8 >= 2) {
+      const int64_t rounds = (blocks + most - 1) / most;
+      grid.x = static_cast<unsigned>((blocks + rounds - 1) / rounds);
+    }
+  }
   return launch_pdl(gemv16_mma_kernel<NT8, kX, K, T, U>, grid, dim3(32 * K), 0, stream, a);
 }
 
