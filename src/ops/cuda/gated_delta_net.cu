@@ -100,8 +100,8 @@ __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, cons
       if (row0 + r < dv) store_row<M, VEC>(base + int64_t(row0 + r) * dk, lane, dk, s[r]);
   };
 
-  // A token's inputs: k and q rows of its K-head, its log decay and beta, the warp's rows of v. Token t + 1's are
-  // loaded while token t is computed (the loop is a chain of tokens, each otherwise waiting on its loads).
+  // A token's inputs: k and q rows of its K-head, its log decay and beta, the warp's rows of v. They are loaded two
+  // tokens ahead (the loop is a chain of tokens, each otherwise waiting on its loads).
   struct Inputs {
     float k[M], q[M], v[kRecRows], g, b;
   };
@@ -114,57 +114,80 @@ __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, cons
 #pragma unroll
     for (int r = 0; r < kRecRows; ++r) x.v[r] = row0 + r < dv ? vt[r] : 0.0f;
   };
-  Inputs cur, next;
-  if (n > 0) load_inputs(0, cur);
-  load_state(in);
-  if (before != nullptr) store_state(before);
-  for (int64_t t = 0; t < n; ++t) {
+  // Token t's start: its parent's state (tree form; the registers hold the state after token t - 1, or the incoming
+  // state at t = 0; each thread reads back only elements it wrote itself, so no barrier or fence is needed), then
+  // the decay, and this lane's parts of the rows' dot products with k (e, summed over the warp by the caller).
+  auto start_token = [&](int64_t t, const Inputs& x, float* e) {
     if (parents != nullptr) {
       int64_t p = parents[t];
       if (p >= t || p < -1) p = -1;
-      // The registers hold the state after token t - 1 (or the incoming state at t = 0). Each thread
-      // reads back only elements it wrote itself, so no barrier or fence is needed.
       if (p != t - 1) load_state(p < 0 ? in : per_token_states + (p * hv + h) * hs);
     }
-    if (t + 1 < n) load_inputs(t + 1, next);
-    const float (&kr)[M] = cur.k;
-    const float (&qr)[M] = cur.q;
-    const float decay = expf(cur.g);
-    const float b = cur.b;
-
-    float e[kRecRows];
+    const float decay = expf(x.g);
 #pragma unroll
     for (int r = 0; r < kRecRows; ++r) {
       float acc = 0.0f;
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         s[r][m] *= decay;
-        acc += s[r][m] * kr[m];
+        acc += s[r][m] * x.k[m];
       }
       e[r] = acc;
     }
-    warp_sum(e);
-    float o[kRecRows];
+  };
+  load_state(in);
+  if (before != nullptr) store_state(before);
+  // Per token: e = S k over the decayed state, then S += beta (v - e) k and o = S q. The warp sums of token t's o and
+  // token t + 1's e run as one butterfly (t + 1's e needs only the state after t's update): one reduction's latency
+  // a token instead of two. Every value is summed exactly as alone, so the outputs and states are the same bits.
+  Inputs cur, next, after;
+  float sums[2 * kRecRows];  // [0, R): token t's o; [R, 2R): token t + 1's e
+  if (n > 0) {
+    load_inputs(0, cur);
+    if (n > 1) load_inputs(1, next);
+    start_token(0, cur, sums + kRecRows);
+    float e0[kRecRows];
+#pragma unroll
+    for (int r = 0; r < kRecRows; ++r) e0[r] = sums[kRecRows + r];
+    warp_sum(e0);
+#pragma unroll
+    for (int r = 0; r < kRecRows; ++r) sums[kRecRows + r] = e0[r];
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    if (t + 2 < n) load_inputs(t + 2, after);
+    const float (&kr)[M] = cur.k;
+    const float (&qr)[M] = cur.q;
 #pragma unroll
     for (int r = 0; r < kRecRows; ++r) {
-      const float u = b * (cur.v[r] - e[r]);
+      const float u = cur.b * (cur.v[r] - sums[kRecRows + r]);
       float acc = 0.0f;
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         s[r][m] += u * kr[m];
         acc += s[r][m] * qr[m];
       }
-      o[r] = acc;
+      sums[r] = acc;
     }
-    warp_sum(o);
+    if (per_token_states != nullptr) store_state(per_token_states + (t * hv + h) * hs);
+    if (t + 1 < n) {
+      start_token(t + 1, next, sums + kRecRows);
+      warp_sum(sums);
+    } else {
+      float o[kRecRows];
+#pragma unroll
+      for (int r = 0; r < kRecRows; ++r) o[r] = sums[r];
+      warp_sum(o);
+#pragma unroll
+      for (int r = 0; r < kRecRows; ++r) sums[r] = o[r];
+    }
     if (out != nullptr) {
       float* ot = out + (t * hv + h) * dv + row0;
 #pragma unroll
       for (int r = 0; r < kRecRows; ++r)
-        if (lane == r && row0 + r < dv) ot[r] = o[r];
+        if (lane == r && row0 + r < dv) ot[r] = sums[r];
     }
-    if (per_token_states != nullptr) store_state(per_token_states + (t * hv + h) * hs);
     cur = next;
+    next = after;
   }
   if (parents == nullptr) store_state(final);
 }
