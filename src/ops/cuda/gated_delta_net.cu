@@ -787,11 +787,11 @@ cudaError_t gated_delta_net_recurrent(const float* q, const float* k, const floa
                                       float* state_before, cudaStream_t stream) {
   if (!dims_ok(d) || n < 0 || (parents != nullptr && per_token_states == nullptr)) return cudaErrorInvalidValue;
   if (state == nullptr) return cudaErrorInvalidValue;
-  if (n == 0)
-    return state_before == nullptr ? cudaSuccess
-                                   : cudaMemcpyAsync(state_before, state, sizeof(float) * size_t(d.n_v_heads) *
-                                                                              size_t(d.d_v) * size_t(d.d_k),
-                                                     cudaMemcpyDeviceToDevice, stream);
+  if (n == 0) {  // no token to run: state_before is a copy of the state
+    if (state_before == nullptr) return cudaSuccess;
+    const size_t bytes = sizeof(float) * size_t(d.n_v_heads) * size_t(d.d_v) * size_t(d.d_k);
+    return cudaMemcpyAsync(state_before, state, bytes, cudaMemcpyDeviceToDevice, stream);
+  }
   if (!q || !k || !v || !g || !beta || !out) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(d.n_v_heads), unsigned((d.d_v + kRecTileRows - 1) / kRecTileRows));
   const bool vec = d.d_k % 128 == 0 && is_aligned(q, 16) && is_aligned(k, 16) && is_aligned(state, 16) &&
