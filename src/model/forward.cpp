@@ -246,8 +246,7 @@ Status normed_head(const Weights& norm_from, const Weights& head_from, const flo
   DF_ASSIGN_OR_RETURN(Buffer xn, be.alloc(m * s.hidden));
   // Consecutive rows (every step's usual case: the last row, a block, a verify's tokens) are normed where they lie;
   // others are gathered first.
-  bool consecutive = m > 0;
-  for (int64_t i = 1; i < m && consecutive; ++i) consecutive = rows[i] == rows[0] + i;
+  const bool consecutive = consecutive_rows(rows);
   const float* from = x + (consecutive ? rows[0] * s.hidden : 0);
   if (!consecutive) {
     DF_RETURN_IF_ERROR(be.gather_rows(x, s.hidden, rows, xn.data()));

@@ -21,6 +21,27 @@ namespace dflash {
 
 class Backend;
 
+// Whether `rows` is r, r + 1, r + 2, ... (at least one row): such rows are read in place rather than gathered.
+inline bool consecutive_rows(std::span<const int64_t> rows) {
+  for (size_t i = 1; i < rows.size(); ++i)
+    if (rows[i] != rows[0] + static_cast<int64_t>(i)) return false;
+  return !rows.empty();
+}
+
+// The argument checks every backend's attention_prep and gated_delta_net make: positions one a token and queries
+// from a token in [0, n]; the chunked DeltaNet form keeps no per-token or earlier states and has no tree form.
+inline Status check_attention_prep(int64_t n, int64_t q_from, size_t n_positions) {
+  if (q_from < 0 || q_from > n || static_cast<int64_t>(n_positions) != n)
+    return invalid_argument("attention_prep: queries from token {} of {} ({} positions)", q_from, n, n_positions);
+  return Status();
+}
+inline Status check_chunked_deltanet(const float* per_token_states, std::span<const int32_t> parents,
+                                     const float* state_before) {
+  if (per_token_states != nullptr || !parents.empty() || state_before != nullptr)
+    return internal_error("the chunked DeltaNet form keeps no per-token or earlier states and has no tree form");
+  return Status();
+}
+
 // What a backend holds (bytes). Buffers: alloc()ed memory (weights copied to the backend, sequence state,
 // step temporaries); cached: freed buffers a device backend keeps for reuse; scratch: the backend's own
 // work areas. device_total/device_used: the whole device as its driver reports it (0 on the CPU).
@@ -227,9 +248,7 @@ class Backend {
                                 const float* q_norm, const float* k_norm, float eps, int64_t rot,
                                 std::span<const int32_t> positions, double theta, double freq_scale,
                                 const cpu::KvView& kv, int64_t first_slot, int64_t q_from) {
-    if (q_from < 0 || q_from > n || static_cast<int64_t>(positions.size()) != n)
-      return invalid_argument("attention_prep: queries from token {} of {} ({} positions)", q_from, n,
-                              positions.size());
+    DF_RETURN_IF_ERROR(check_attention_prep(n, q_from, positions.size()));
     const int64_t nq = n - q_from;
     DF_RETURN_IF_ERROR(rms_norm(q, q_norm, eps, nq * nh, hd, q));
     DF_RETURN_IF_ERROR(rms_norm(k, k_norm, eps, n * nkv, hd, k));

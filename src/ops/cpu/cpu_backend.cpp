@@ -189,8 +189,7 @@ Status CpuBackend::gated_delta_net(const float* q, const float* k, const float* 
                                    float* per_token_states, std::span<const int32_t> parents, bool chunked,
                                    float* state_before) {
   if (chunked) {
-    if (per_token_states != nullptr || !parents.empty() || state_before != nullptr)
-      return internal_error("the chunked DeltaNet form keeps no per-token or earlier states and has no tree form");
+    DF_RETURN_IF_ERROR(check_chunked_deltanet(per_token_states, parents, state_before));
     cpu::gated_delta_net_chunked(q, k, v, g, beta, n, s, state, out, pool_);
   } else {
     if (state_before != nullptr) std::copy_n(state, s.n_v_heads * s.d_v * s.d_k, state_before);

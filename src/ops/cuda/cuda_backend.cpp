@@ -753,8 +753,7 @@ Status CudaBackend::attention_prep(float* q, float* k, const float* v, int64_t n
   if (!cuda::qk_prep_supported(hd, rot) || kv.device_k_table == nullptr || kv.device_v_table == nullptr)
     return Backend::attention_prep(q, k, v, n, nh, nkv, hd, q_norm, k_norm, eps, rot, positions, theta, freq_scale, kv,
                                    first_slot, q_from);
-  if (static_cast<int64_t>(positions.size()) != n) return invalid_argument("{} positions for {} tokens", positions.size(), n);
-  if (q_from < 0 || q_from > n) return invalid_argument("attention_prep: queries from token {} of {}", q_from, n);
+  DF_RETURN_IF_ERROR(check_attention_prep(n, q_from, positions.size()));
   DF_RETURN_IF_ERROR(check_kv_slots(kv, first_slot, n, "attention_prep"));
   DF_ASSIGN_OR_RETURN(const double* table, rope_table(theta, freq_scale, rot));
   cuda::QkPrepArgs a{.q = q, .k = k, .v = v, .n = n, .nh = nh, .nkv = nkv, .hd = hd, .rot = rot,
@@ -796,8 +795,7 @@ Status CudaBackend::gated_delta_net(const float* q, const float* k, const float*
   forget_q8();
   const cuda::DeltaNetDims dims{s.n_k_heads, s.n_v_heads, s.d_k, s.d_v};
   if (chunked) {
-    if (per_token_states != nullptr || !parents.empty() || state_before != nullptr)
-      return internal_error("the chunked DeltaNet form keeps no per-token or earlier states and has no tree form");
+    DF_RETURN_IF_ERROR(check_chunked_deltanet(per_token_states, parents, state_before));
     const size_t ws_bytes = cuda::gated_delta_net_chunked_workspace_bytes(n, dims);
     DF_ASSIGN_OR_RETURN(void* ws, reserve(workspace_, ws_bytes));
     return cuda::run_gated_delta_net_chunked(q, k, v, g, beta, n, dims, state, out, ws, ws_bytes, stream_);
@@ -939,9 +937,7 @@ Status CudaBackend::deltanet_gates(float* alpha_to_decay, float* beta, const flo
 Status CudaBackend::gather_rows(const float* x, int64_t dim, std::span<const int64_t> rows, float* out) {
   activate();
   forget_q8();
-  bool consecutive = !rows.empty();
-  for (size_t i = 1; i < rows.size() && consecutive; ++i) consecutive = rows[i] == rows[0] + static_cast<int64_t>(i);
-  if (consecutive)  // one copy, nothing to stage
+  if (consecutive_rows(rows))  // one copy, nothing to stage
     return copy(out, x + rows[0] * dim, static_cast<int64_t>(rows.size()) * dim);
   DF_ASSIGN_OR_RETURN(const void* r, stage(rows_, rows.data(), rows.size_bytes()));
   return check(cuda::gather_rows(x, dim, static_cast<const int64_t*>(r), static_cast<int64_t>(rows.size()), out, stream_),
