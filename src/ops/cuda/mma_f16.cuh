@@ -120,6 +120,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[BN / 8][4], float& m_a
   }
   l_a = l_a * corr_a + sum_a;
   l_b = l_b * corr_b + sum_b;
+  // O's correction, unless no row of the warp's moved its max (a product by exactly 1 changes nothing): past a
+  // row's first tiles most do not, and at BN 16 the HD / 2 products a thread are a tile's largest single part.
+  if (!__any_sync(0xffffffffu, corr_a != 1.0f || corr_b != 1.0f)) return;
 #pragma unroll
   for (int d = 0; d < HD / 8; ++d) {
     o[d][0] *= corr_a;

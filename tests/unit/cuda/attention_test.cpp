@@ -450,6 +450,11 @@ TEST_F(AttentionTest, VerifyQueriesEqualPlainDecodeBitForBit) {
       {64, 40, 2, 9, 5, cpu::MaskKind::kTree},  // group 20: two row blocks a query
       {128, 32, 8, 16, -1, cpu::MaskKind::kCausal},   {128, 32, 8, 23, -1, cpu::MaskKind::kTree},
       {256, 24, 4, 23, -1, cpu::MaskKind::kCausal},   {128, 40, 8, 32, 2000, cpu::MaskKind::kCausal},
+      // Several row blocks on the tensor cores, one block a split taking them in turn: 16 queries (two row
+      // blocks), 23 at 6000 keys (three, a split's 192 keys streamed again for each). The straddling 27B shape
+      // above has splits of at most 48 keys, which the ring holds whole: copied once for its row blocks.
+      {256, 24, 4, 16, 4100, cpu::MaskKind::kCausal},  {256, 24, 4, 23, 6000, cpu::MaskKind::kCausal},
+      {256, 24, 4, 23, 6000, cpu::MaskKind::kTree},
   };
   std::vector<Shape> shapes;
   for (const int kernel : {0, 1, 2})  // float32 K/V; fp16 on the float32 kernel; fp16 on the tensor cores
