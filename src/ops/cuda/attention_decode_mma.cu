@@ -171,8 +171,8 @@ __global__ void __launch_bounds__(MmaShape<HD, MT, RES>::kThreads, 1) decode_mma
     const int nq = (row_end - 1) / g_size - q_lo + 1;
 
     // Q rows * scale * log2(e) (zeros past row_end), stored to shared memory as f16: scores come out in base-2
-    // units. Loaded now and stored behind the first pass's K/V copies; RES: stored now, four loads in flight a
-    // thread at a time (a loop over row blocks has fewer registers to spare, and their keys are mostly resident).
+    // units. Loaded now and stored behind the first pass's K/V copies; RES: stored now (held across the pass
+    // set-up, the loads spilled in a loop over row blocks; a later row block's keys are often in the ring already).
     constexpr int kQLoads = S::kRows * (HD / 4) / kThreads;
     auto load_q = [&](int u) {
       const int e = tid + u * kThreads, r = e / (HD / 4), c4 = e % (HD / 4);
@@ -191,16 +191,11 @@ __global__ void __launch_bounds__(MmaShape<HD, MT, RES>::kThreads, 1) decode_mma
     float4 qv[RES ? 1 : kQLoads];
     bool q_stored = RES;
     if constexpr (RES) {
-      constexpr int kU = kQLoads;
-      static_assert(kQLoads % kU == 0);
-#pragma unroll 1
-      for (int u0 = 0; u0 < kQLoads; u0 += kU) {
-        float4 t[kU];
+      float4 t[kQLoads];
 #pragma unroll
-        for (int u = 0; u < kU; ++u) t[u] = load_q(u0 + u);
+      for (int u = 0; u < kQLoads; ++u) t[u] = load_q(u);
 #pragma unroll
-        for (int u = 0; u < kU; ++u) put_q(u0 + u, t[u]);
-      }
+      for (int u = 0; u < kQLoads; ++u) put_q(u, t[u]);
     } else {
 #pragma unroll
       for (int u = 0; u < kQLoads; ++u) qv[u] = load_q(u);
@@ -374,7 +369,7 @@ __global__ void __launch_bounds__(MmaShape<HD, MT, RES>::kThreads, 1) decode_mma
     }
 
     // Row sums over the quad; group 1 hands (m, l, O) to group 0, which combines them in group order: through
-    // the ring (whose keys a resident block keeps), or (RES) through the Q rows, half of O's columns at a time.
+    // the ring, or (RES) through the Q rows, half of O's columns at a time, so that the ring keeps its keys.
 #pragma unroll
     for (int w = 1; w <= 2; w <<= 1) {
       l_a += __shfl_xor_sync(0xffffffffu, l_a, w);
@@ -384,7 +379,8 @@ __global__ void __launch_bounds__(MmaShape<HD, MT, RES>::kThreads, 1) decode_mma
     constexpr int kLdc = S::kCombLd;
     float* comb_o = reinterpret_cast<float*>(RES ? smem + S::kQ : ring);  // [kRows][kLdc]
     float* comb_ml = comb_o + S::kRows * kLdc;                            // [kRows][2]
-    // Row ra + 8 half's combined max M and sum L, and the weights of group 0's and group 1's sums.
+    // Row ra + 8 half's combined max M and sum L, and the weights of group 0's and group 1's sums (recomputed
+    // where used rather than held across the barriers: held, they pushed the RES form into spills).
     auto weights = [&](int half, float& big_m, float& f0, float& f1, float& big_l) {
       const int r = ra + 8 * half;
       const float m0 = half ? m_b : m_a, l0 = half ? l_b : l_a;
