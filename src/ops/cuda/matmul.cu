@@ -156,20 +156,39 @@ struct Plain {
 
 // ---- f16 / bf16 with 16-byte aligned rows: the decode GEMV of 16-bit checkpoints ----
 //
-// A group of R consecutive rows belongs to `split` consecutive warps of the CTA (kWarps / split groups a
-// CTA). Lane l of part p takes the 16-byte chunks (8 weights) c = (p * 32 + l) + k * split * 32 of each
-// of its rows, k ascending, U chunks of each row loaded before any is used (R * U 16-byte weight loads in
-// flight a lane, ld.global.nc.L1::no_allocate so that L1 keeps x, which every warp of the SM reads again
-// as float4). Each x chunk a lane loads serves its R rows. Per (row, token) the lane accumulates
-// fmaf(w, x, acc) over its chunks in k order, elements in order within a chunk: the order depends on
-// split and cols alone, not on R, U or the number of tokens (so a token's result is the same in any
-// batch); the lanes and parts are then summed by gemv_common::store_rows, also independent of R and NT.
+// A launch takes up to kGemvMaxParts weights of the same type and columns (gemv16_group: a layer's q/k/v or
+// gate/up, one launch instead of one each), each starting at a CTA of its own, so that a CTA finds its part from
+// its index alone (the same in every thread). A group of R consecutive rows of a part belongs to `split`
+// consecutive warps of the CTA (kWarps / split groups a CTA). Lane l of the group's warp p takes the 16-byte
+// chunks (8 weights) c = (p * 32 + l) + k * split * 32 of each of its rows, k ascending, U chunks of each row
+// loaded before any is used (R * U 16-byte weight loads in flight a lane, ld.global.nc.L1::no_allocate so that L1
+// keeps x, which every warp of the SM reads again as float4). Each x chunk a lane loads serves its R rows. Per
+// (row, token) the lane accumulates fmaf(w, x, acc) over its chunks in k order, elements in order within a chunk:
+// the order depends on split and cols alone, not on R, U, the number of tokens or the other parts of the launch
+// (so a token's result is the same in any batch); the lanes and the split's warps are then summed by
+// gemv_common::store_rows, also independent of R and NT.
 
 using gemv_common::ldw_u4;
 
+struct Part16 {
+  const uint8_t* w;
+  float* y;
+  int64_t rows;
+};
+
+struct Args16 {
+  Part16 parts[kGemvMaxParts];
+  int64_t first_cta[kGemvMaxParts];  // each part's first CTA (launch16_tile: whole CTAs a part)
+  int n_parts;
+  int64_t cols, rb;
+  const float* x;
+  int n, split;
+};
+
 // acc[j][t] += dot(the 8 weights of q[j], x[t, col..col+8)) for each of the R rows' words.
 template <uint32_t kType, int NT, int R>
-__device__ __forceinline__ void dot_chunk16(const Args& a, int64_t col, const uint4 (&q)[R], float (&acc)[R][NT]) {
+__device__ __forceinline__ void dot_chunk16(const Args16& a, int64_t col, const uint4 (&q)[R],
+                                            float (&acc)[R][NT]) {
   float w[R][8];
 #pragma unroll
   for (int j = 0; j < R; ++j) unpack_plain<kType>(q[j], w[j]);
@@ -185,22 +204,33 @@ __device__ __forceinline__ void dot_chunk16(const Args& a, int64_t col, const ui
   }
 }
 
-template <uint32_t kType, int NT, int R, int U>
-__global__ void __launch_bounds__(kThreads) gemv16_kernel(const Args a) {
+// kGrouped: several parts, the CTA's picked by selects over them (an index into the parameters would take them to
+// local memory); else the one part's fields stay parameters, as before grouping: a form that held them in
+// registers for every launch (and counted chunks in 32 bits) took 3-8% longer a one-token product (H200).
+template <uint32_t kType, int NT, int R, int U, bool kGrouped>
+__global__ void __launch_bounds__(kThreads) gemv16_kernel(const Args16 a) {
   pdl_begin();
   __shared__ float partial[kWarps][R * NT];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const int64_t row0 = (int64_t{blockIdx.x} * (kWarps / a.split) + warp / a.split) * R;
+  // The CTA's part (the same in every thread: each part starts at a CTA, Args16::first_cta) and its rows there.
+  Part16 pt = a.parts[0];
+  int64_t first = 0;
+  if constexpr (kGrouped) {
+#pragma unroll
+    for (int i = 1; i < kGemvMaxParts; ++i)
+      if (i < a.n_parts && static_cast<int64_t>(blockIdx.x) >= a.first_cta[i]) pt = a.parts[i], first = a.first_cta[i];
+  }
+  const int64_t row0 = ((int64_t{blockIdx.x} - first) * (kWarps / a.split) + warp / a.split) * R;
   const int part = warp % a.split;
   float acc[R][NT];
 #pragma unroll
   for (int j = 0; j < R; ++j)
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[j][t] = 0.0f;
-  if (row0 < a.rows) {
+  if (row0 < pt.rows) {
     const uint8_t* rp[R];  // rows past the end read the last row again (their sums are not stored)
 #pragma unroll
-    for (int j = 0; j < R; ++j) rp[j] = a.w + (row0 + j < a.rows ? row0 + j : a.rows - 1) * a.rb;
+    for (int j = 0; j < R; ++j) rp[j] = pt.w + (row0 + j < pt.rows ? row0 + j : pt.rows - 1) * a.rb;
     const int64_t chunks = a.cols / 8, stride = int64_t{a.split} * 32;
     int64_t c = int64_t{part} * 32 + lane;
     for (; c + (U - 1) * stride < chunks; c += U * stride) {
@@ -223,8 +253,8 @@ __global__ void __launch_bounds__(kThreads) gemv16_kernel(const Args a) {
   int64_t rows[R], rs[R];
 #pragma unroll
   for (int j = 0; j < R; ++j) {
-    ys[j] = row0 + j < a.rows ? a.y : nullptr;
-    rows[j] = a.rows;
+    ys[j] = row0 + j < pt.rows ? pt.y : nullptr;
+    rows[j] = pt.rows;
     rs[j] = row0 + j;
   }
   gemv_common::store_rows<R, NT>(acc, partial, warp, lane, part, a.split, a.n, ys, rows, rs);
@@ -241,15 +271,23 @@ struct Tile16 {
 };
 
 template <uint32_t kType, int R, int U, int NT>
-cudaError_t launch16_tile(const Args& a, cudaStream_t stream) {
+cudaError_t launch16_tile(Args16 a, cudaStream_t stream) {
   const int64_t per_cta = int64_t{kWarps / a.split} * R;
-  const int64_t g = (a.rows + per_cta - 1) / per_cta;
+  int64_t g = 0;
+  for (int i = 0; i < a.n_parts; ++i) {
+    a.first_cta[i] = g;
+    g += (a.parts[i].rows + per_cta - 1) / per_cta;
+  }
   if (g > INT_MAX) return cudaErrorInvalidValue;
-  return launch_pdl(gemv16_kernel<kType, NT, R, U>, dim3(static_cast<unsigned>(g)), dim3(kThreads), 0, stream, a);
+  if (a.n_parts > 1)
+    return launch_pdl(gemv16_kernel<kType, NT, R, U, true>, dim3(static_cast<unsigned>(g)), dim3(kThreads), 0, stream,
+                      a);
+  return launch_pdl(gemv16_kernel<kType, NT, R, U, false>, dim3(static_cast<unsigned>(g)), dim3(kThreads), 0, stream,
+                    a);
 }
 
 template <uint32_t kType>
-cudaError_t launch16(const Args& a, cudaStream_t stream) {
+cudaError_t launch16(const Args16& a, cudaStream_t stream) {
   switch (a.n <= 1 ? 1 : a.n <= 2 ? 2 : a.n <= 4 ? 4 : a.n <= 8 ? 8 : 16) {
     case 1: return launch16_tile<kType, Tile16<1>::R, Tile16<1>::U, 1>(a, stream);
     case 2: return launch16_tile<kType, Tile16<2>::R, Tile16<2>::U, 2>(a, stream);
@@ -444,15 +482,37 @@ const Layout* find_layout(uint32_t id) {
 }
 
 // True when gemv16_kernel takes the product: f16/bf16, W, its rows and x's rows 16-byte aligned.
-bool use16(const Args& a, uint32_t type) {
-  return (type == kF16 || type == kBF16) && is_aligned(a.w, 16) && is_aligned(a.x, 16) && a.cols % 8 == 0;
+bool use16(uint32_t type, const void* w, const float* x, int64_t cols) {
+  return (type == kF16 || type == kBF16) && is_aligned(w, 16) && is_aligned(x, 16) && cols % 8 == 0;
+}
+
+// gemv16_kernel over parts (use16 holds for each), split 0 picked from their total rows.
+cudaError_t launch16_parts(uint32_t type, const GemvPart* parts, int n_parts, int64_t cols, const float* x, int n,
+                           int split, cudaStream_t stream) {
+  Args16 a{};
+  a.cols = cols;
+  a.rb = cols * 2;
+  a.x = x;
+  a.n = n;
+  int64_t total = 0;
+  for (int i = 0; i < n_parts; ++i) {
+    if (parts[i].rows == 0) continue;
+    a.parts[a.n_parts++] = Part16{static_cast<const uint8_t*>(parts[i].w), parts[i].y, parts[i].rows};
+    total += parts[i].rows;
+  }
+  if (total == 0) return cudaSuccess;
+  a.split = split != 0 ? split : gemv16_auto_split(total);
+  return type == kF16 ? launch16<kF16>(a, stream) : launch16<kBF16>(a, stream);
 }
 
 template <uint32_t kType>
 cudaError_t launch_plain(const Args& a, cudaStream_t stream) {
   constexpr int V = PlainT<kType>::kVec;
   if constexpr (kType != kF32)
-    if (use16(a, kType)) return launch16<kType>(a, stream);
+    if (use16(kType, a.w, a.x, a.cols)) {
+      const GemvPart part{a.w, a.rows, a.y};
+      return launch16_parts(kType, &part, 1, a.cols, a.x, a.n, a.split, stream);
+    }
   if (is_aligned(a.w, 16) && a.rb % 16 == 0 && a.x_vec && a.cols % V == 0)
     return launch<Plain<kType, true>>(a, stream);
   return launch<Plain<kType, false>>(a, stream);
@@ -498,7 +558,7 @@ cudaError_t gemv(DType type, const void* w, int64_t rows, int64_t cols, const fl
 
   Args a{static_cast<const uint8_t*>(w), rows, cols, rb, x, static_cast<int>(n), y, 0, false};
   a.x_vec = is_aligned(x, 16) && cols % 4 == 0;
-  a.split = split != 0 ? split : use16(a, id) ? gemv16_auto_split(rows) : gemv_auto_split(rows);
+  a.split = split != 0 ? split : use16(id, w, x, cols) ? gemv16_auto_split(rows) : gemv_auto_split(rows);
   switch (id) {
     case kF32: return launch_plain<kF32>(a, stream);
     case kF16: return launch_plain<kF16>(a, stream);
@@ -516,6 +576,28 @@ cudaError_t gemv(DType type, const void* w, int64_t rows, int64_t cols, const fl
     case kQ8_K: return launch<Staged<Generic<Q8_K>>>(a, stream);
     default: return cudaErrorInvalidValue;
   }
+}
+
+bool gemv16_group_applies(DType type, const void* w, int64_t cols, const float* x) {
+  return use16(static_cast<uint32_t>(type), w, x, cols) && w != nullptr && x != nullptr;
+}
+
+cudaError_t gemv16_group(DType type, const GemvPart* parts, int n_parts, int64_t cols, const float* x, int64_t n,
+                         cudaStream_t stream, int split) {
+  if (n_parts < 1 || n_parts > kGemvMaxParts || parts == nullptr || cols <= 0 || n < 1 || n > kGemvMaxTokens)
+    return cudaErrorInvalidValue;
+  if (split != 0 && split != 1 && split != 2 && split != 4) return cudaErrorInvalidValue;
+  int64_t total = 0;
+  for (int i = 0; i < n_parts; ++i) {
+    const GemvPart& q = parts[i];
+    if (q.rows < 0 || total > INT64_MAX - q.rows) return cudaErrorInvalidValue;
+    if (q.rows == 0) continue;
+    if (!gemv16_group_applies(type, q.w, cols, x) || q.y == nullptr || !is_aligned(q.y, 4) ||
+        q.rows > INT64_MAX / n / 4 || cols > INT64_MAX / n || q.rows > INT64_MAX / (2 * cols))
+      return cudaErrorInvalidValue;
+    total += q.rows;
+  }
+  return launch16_parts(static_cast<uint32_t>(type), parts, n_parts, cols, x, static_cast<int>(n), split, stream);
 }
 
 }  // namespace dflash::cuda

@@ -41,6 +41,22 @@ bool gemv_supported(DType type);
 cudaError_t gemv(DType type, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
                  cudaStream_t stream = nullptr, int split = 0);
 
+// Up to kGemvMaxParts weights of one 16-bit type and column count (a layer's q/k/v, gate/up) times the same x, as one
+// launch of the 16-bit kernel: its rows numbered across the parts, split 0 picked from their total rows
+// (gemv16_auto_split). Each part's outputs are the bits gemv(..., split) gives it alone at that split.
+constexpr int kGemvMaxParts = 4;
+struct GemvPart {
+  const void* w;  // rows x cols, 16-byte aligned
+  int64_t rows;
+  float* y;  // y[t * rows + r]
+};
+// Whether gemv16_group takes a part: f16/bf16, w and x 16-byte aligned, cols % 8 == 0.
+bool gemv16_group_applies(DType type, const void* w, int64_t cols, const float* x);
+// cudaErrorInvalidValue (nothing enqueued) for a part it does not take, 0 or more than kGemvMaxParts parts, n
+// outside [1, kGemvMaxTokens], a bad split or a null or misaligned y.
+cudaError_t gemv16_group(DType type, const GemvPart* parts, int n_parts, int64_t cols, const float* x, int64_t n,
+                         cudaStream_t stream = nullptr, int split = 0);
+
 // The split gemv(..., split = 0) picks for `rows` output rows on the current device (gemv16_auto_split:
 // for the 16-bit kernel, which wants fewer warps: whole rows a warp from 16 rows a multiprocessor).
 int gemv_auto_split(int64_t rows);

@@ -447,7 +447,24 @@ Status matmul_group(std::span<const MatmulTarget> targets, int64_t cols, const f
   }
   if (!mma16.empty()) DF_RETURN_IF_ERROR(run_mma16(mma16, cols, x, n, stream, xq8 != nullptr ? xq8->xb : nullptr));
   if (!gemm.empty()) DF_RETURN_IF_ERROR(run_gemm(gemm, cols, x, n, stream, path));
-  for (const MatmulTarget& t : other) DF_RETURN_IF_ERROR(run_one(t.type, t.w, t.rows, cols, x, n, t.y, stream, path));
+  // 16-bit weights on the f32 GEMV: consecutive ones of a type as one launch (a decode step's q/k/v and gate/up).
+  const bool gemv16 = path == MatmulPath::kGemv || (path == MatmulPath::kAuto && n <= kGemvMaxTokens);
+  for (size_t i = 0; i < other.size();) {
+    const MatmulTarget& t = other[i];
+    if (!gemv16 || cols == 0 || !gemv16_group_applies(t.type, t.w, cols, x)) {
+      DF_RETURN_IF_ERROR(run_one(t.type, t.w, t.rows, cols, x, n, t.y, stream, path));
+      ++i;
+      continue;
+    }
+    GemvPart parts[kGemvMaxParts];
+    int np = 0;
+    for (; i < other.size() && np < kGemvMaxParts && other[i].type == t.type &&
+           gemv16_group_applies(other[i].type, other[i].w, cols, x);
+         ++i)
+      parts[np++] = GemvPart{other[i].w, other[i].rows, other[i].y};
+    DF_RETURN_IF_ERROR(cuda_status(gemv16_group(t.type, parts, np, cols, x, n, stream), "grouped 16-bit gemv launch",
+                                   dtype_name(t.type), parts[0].rows, cols, n));
+  }
   return Status();
 }
 

@@ -788,8 +788,9 @@ TEST_F(CudaMatmul, matmul_group_matches_single_products) {
   SCOPED_TRACE(seed_note());
   const int64_t cols = 512;
   for (int64_t n : {1, 3, 16, 40}) {
-    const DType types[] = {DType::kQ4_K, DType::kQ4_K, DType::kQ6_K, DType::kF32, DType::kQ4_K, DType::kQ8_0};
-    const int64_t rows[] = {96, 1, 33, 20, 130, 7};
+    const DType types[] = {DType::kQ4_K, DType::kQ4_K, DType::kQ6_K, DType::kF32, DType::kQ4_K, DType::kQ8_0,
+                           DType::kBF16, DType::kBF16, DType::kF16};
+    const int64_t rows[] = {96, 1, 33, 20, 130, 7, 45, 9, 3};
     const auto x = random_x(n, cols, rng_);
     test::DeviceBuffer dx(x.size() * 4);
     DF_ASSERT_CUDA(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice));
@@ -923,6 +924,64 @@ TEST_F(CudaMatmul, gemv_16bit_weights_token_alone_equals_token_in_a_batch_bit_fo
                   << "n " << n << " token " << k << " row " << r;
         }
       }
+}
+
+// A grouped 16-bit GEMV launch (gemv16_group: a decode step's q/k/v or gate/up) gives each part the bits of that
+// part's own launch at the group's split, with row groups that span two parts (rows not multiples of the R rows a
+// warp takes at 5-16 tokens), empty parts, and every y written exactly (poisoned first, a guard after each).
+TEST_F(CudaMatmul, gemv16_group_parts_equal_their_own_launches_bit_for_bit) {
+  SCOPED_TRACE(seed_note());
+  for (DType t : {DType::kBF16, DType::kF16})
+    for (int64_t cols : {512L, 4104L}) {
+      const std::vector<int64_t> rows = {13, 0, 7, 38};
+      const auto x = random_x(16, cols, rng_);
+      test::DeviceBuffer dx(x.size() * 4);
+      DF_ASSERT_CUDA(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+      const auto* xp = reinterpret_cast<const float*>(dx.get());
+      std::vector<std::unique_ptr<test::DeviceBuffer>> dw, dy, dy1;
+      int64_t total = 0;
+      for (int64_t r : rows) {
+        const auto w = test::device_form(t, random_weights(t, std::max<int64_t>(r, 1), cols, rng_),
+                                         std::max<int64_t>(r, 1), cols);
+        dw.push_back(std::make_unique<test::DeviceBuffer>(w.size()));
+        DF_ASSERT_CUDA(cudaMemcpy(dw.back()->get(), w.data(), w.size(), cudaMemcpyHostToDevice));
+        dy.push_back(std::make_unique<test::DeviceBuffer>(static_cast<size_t>(16 * r + kGuard) * 4));
+        dy1.push_back(std::make_unique<test::DeviceBuffer>(static_cast<size_t>(16 * r + kGuard) * 4));
+        total += r;
+      }
+      for (int split : {0, 1, 2, 4})
+        for (int64_t n : {1L, 3L, 5L, 16L}) {
+          SCOPED_TRACE(std::string(dtype_name(t)) + " cols " + std::to_string(cols) + " split " +
+                       std::to_string(split) + " n " + std::to_string(n));
+          std::vector<cuda::GemvPart> parts;
+          for (size_t i = 0; i < rows.size(); ++i) {
+            const uint64_t words = static_cast<uint64_t>(n * rows[i] + kGuard);
+            DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(dy[i]->get()), words, kPoison));
+            parts.push_back({dw[i]->get(), rows[i], reinterpret_cast<float*>(dy[i]->get())});
+          }
+          DF_ASSERT_CUDA(cuda::gemv16_group(t, parts.data(), static_cast<int>(parts.size()), cols, xp, n, nullptr,
+                                            split));
+          const int used = split != 0 ? split : cuda::gemv16_auto_split(total);
+          for (size_t i = 0; i < rows.size(); ++i)
+            if (rows[i] > 0)
+              DF_ASSERT_CUDA(cuda::gemv(t, dw[i]->get(), rows[i], cols, xp, n,
+                                        reinterpret_cast<float*>(dy1[i]->get()), nullptr, used));
+          DF_ASSERT_CUDA(cudaDeviceSynchronize());
+          for (size_t i = 0; i < rows.size(); ++i) {
+            const size_t count = static_cast<size_t>(n * rows[i]);
+            std::vector<uint32_t> g(count + kGuard), one(count);
+            DF_ASSERT_CUDA(cudaMemcpy(g.data(), dy[i]->get(), g.size() * 4, cudaMemcpyDeviceToHost));
+            DF_ASSERT_CUDA(cudaMemcpy(one.data(), dy1[i]->get(), one.size() * 4, cudaMemcpyDeviceToHost));
+            for (size_t k = count; k < g.size(); ++k) ASSERT_EQ(g[k], kPoison) << "part " << i << " guard +" << k;
+            for (size_t k = 0; k < count; ++k) ASSERT_EQ(g[k], one[k]) << "part " << i << " at " << k;
+          }
+        }
+      cuda::GemvPart bad{dw[0]->get(), rows[0], reinterpret_cast<float*>(dy[0]->get())};
+      EXPECT_EQ(cuda::gemv16_group(t, &bad, 1, cols, xp, 17), cudaErrorInvalidValue);
+      EXPECT_EQ(cuda::gemv16_group(t, &bad, 1, cols, xp + 1, 1), cudaErrorInvalidValue);  // x not 16-byte aligned
+      EXPECT_EQ(cuda::gemv16_group(t, &bad, 1, cols, xp, 1, nullptr, 3), cudaErrorInvalidValue);
+      EXPECT_EQ(cuda::gemv16_group(DType::kQ8_0, &bad, 1, cols, xp, 1), cudaErrorInvalidValue);
+    }
 }
 
 // The bf16 tensor-core GEMV (gemv16_mma.h) on its own: groups of weights whose row counts are not multiples of
