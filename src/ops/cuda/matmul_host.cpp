@@ -364,6 +364,11 @@ Status run_mma16(std::span<const MatmulTarget> targets, int64_t cols, const floa
   return st;
 }
 
+// Whether a product that no other kernel took runs on the f32 GEMV, as one launch of its n tokens.
+bool uses_gemv(int64_t n, MatmulPath path) {
+  return path == MatmulPath::kGemv || (path == MatmulPath::kAuto && n <= kGemvMaxTokens);
+}
+
 Status run_one(DType wtype, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
                cudaStream_t stream, MatmulPath path) {
   const std::string_view name = dtype_name(wtype);
@@ -388,8 +393,8 @@ Status run_one(DType wtype, const void* w, int64_t rows, int64_t cols, const flo
     }
     return st;
   }
-  const bool use_gemv = path == MatmulPath::kGemv || (path == MatmulPath::kAuto && n <= kGemvMaxTokens);
-  if (use_gemv) return cuda_status(gemv(wtype, w, rows, cols, x, n, y, stream), "gemv launch", name, rows, cols, n);
+  if (uses_gemv(n, path))
+    return cuda_status(gemv(wtype, w, rows, cols, x, n, y, stream), "gemv launch", name, rows, cols, n);
   const MatmulTarget t{wtype, w, rows, y};
   return run_gemm(std::span<const MatmulTarget>(&t, 1), cols, x, n, stream, path);
 }
@@ -448,10 +453,10 @@ Status matmul_group(std::span<const MatmulTarget> targets, int64_t cols, const f
   if (!mma16.empty()) DF_RETURN_IF_ERROR(run_mma16(mma16, cols, x, n, stream, xq8 != nullptr ? xq8->xb : nullptr));
   if (!gemm.empty()) DF_RETURN_IF_ERROR(run_gemm(gemm, cols, x, n, stream, path));
   // 16-bit weights on the f32 GEMV: consecutive ones of a type as one launch (a decode step's q/k/v and gate/up).
-  const bool gemv16 = path == MatmulPath::kGemv || (path == MatmulPath::kAuto && n <= kGemvMaxTokens);
+  const bool on_gemv = uses_gemv(n, path);
   for (size_t i = 0; i < other.size();) {
     const MatmulTarget& t = other[i];
-    if (!gemv16 || cols == 0 || !gemv16_group_applies(t.type, t.w, cols, x)) {
+    if (!on_gemv || cols == 0 || !gemv16_group_applies(t.type, t.w, cols, x)) {
       DF_RETURN_IF_ERROR(run_one(t.type, t.w, t.rows, cols, x, n, t.y, stream, path));
       ++i;
       continue;
