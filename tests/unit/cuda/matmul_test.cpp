@@ -985,9 +985,9 @@ TEST_F(CudaMatmul, gemv16_group_parts_equal_their_own_launches_bit_for_bit) {
 }
 
 // The bf16 tensor-core GEMV (gemv16_mma.h) on its own: groups of weights whose row counts are not multiples of
-// its 16-row tile (at 1024 columns one of them more than a wave of CTAs), rows of 64 to 5120 columns, 1-32 tokens, x 16-byte aligned or not, or already in bf16
-// (gemv16_mma_bf16x). Against the CPU on bf16-rounded x (as the prefill GEMM); every token's outputs the same bits
-// alone, in any batch, at either alignment of x, and from either form of x.
+// its 16-row tile (at 1024 columns one of them more than a wave of CTAs), rows of 64 to 5120 columns, 1-32 tokens,
+// x 16-byte aligned or not, or already in bf16 (gemv16_mma_bf16x). Against the CPU on bf16-rounded x (as the prefill
+// GEMM); every token's outputs the same bits alone, in any batch, at either alignment of x, and from either form of x.
 TEST_F(CudaMatmul, bf16_tensor_core_gemv_matches_cpu_and_every_batch_bit_for_bit) {
   SCOPED_TRACE(seed_note());
   for (int64_t cols : {64L, 1024L, 5120L}) {
@@ -1022,7 +1022,7 @@ TEST_F(CudaMatmul, bf16_tensor_core_gemv_matches_cpu_and_every_batch_bit_for_bit
         EXPECT_EQ(cudaMemcpy(xp, x.data() + k0 * cols, static_cast<size_t>(n * cols) * 4, cudaMemcpyHostToDevice),
                   cudaSuccess);
       std::vector<std::unique_ptr<test::DeviceBuffer>> dy;
-      cuda::Gemv16Part parts[4];
+      cuda::Gemv16Part parts[cuda::kGemv16MmaMaxParts];
       for (size_t i = 0; i < rows.size(); ++i) {
         const int64_t words = n * rows[i] + kGuard;
         dy.push_back(std::make_unique<test::DeviceBuffer>(static_cast<size_t>(words) * 4));
