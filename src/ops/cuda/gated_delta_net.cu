@@ -18,19 +18,20 @@ namespace {
 // One block per (V-head, tile of kRecWarps * kRecRows state rows). A warp owns kRecRows rows of S[h]
 // (dv x dk); lane l holds M elements of each row in registers. VEC (dk a multiple of 128, 16-byte aligned
 // buffers): lane l holds columns 128 m4 + 4 l + {0..3}, loaded and stored as float4 (a warp moves 512
-// contiguous bytes per access). Otherwise columns l + 32 m (4-byte coalesced). The state is read once,
-// kept in registers across the tokens, and written once (plus once per token into per_token_states).
-// Rows are independent, so a row's dot products are warp reductions and no block barrier is needed.
+// contiguous bytes per access); at dk 128 a row is over 8 lanes instead (recurrent_rows, LPR). Otherwise columns
+// l + 32 m (4-byte coalesced). The state is read once, kept in registers across the tokens, and written once (plus
+// once per token into per_token_states). Rows are independent, so a row's dot products are warp (or 8-lane)
+// reductions and no block barrier is needed.
 constexpr int kRecWarps = 4;
 constexpr int kRecRows = 4;
 constexpr int kRecTileRows = kRecWarps * kRecRows;
 
-template <int M, bool VEC>
+template <int M, bool VEC, int LPR = 32>
 __device__ __forceinline__ void load_row(const float* p, int lane, int dk, float (&x)[M]) {
   if constexpr (VEC) {
 #pragma unroll
     for (int m4 = 0; m4 < M / 4; ++m4) {
-      const float4 t = *reinterpret_cast<const float4*>(p + m4 * 128 + lane * 4);
+      const float4 t = *reinterpret_cast<const float4*>(p + m4 * (4 * LPR) + (lane % LPR) * 4);
       x[m4 * 4 + 0] = t.x;
       x[m4 * 4 + 1] = t.y;
       x[m4 * 4 + 2] = t.z;
@@ -45,12 +46,12 @@ __device__ __forceinline__ void load_row(const float* p, int lane, int dk, float
   }
 }
 
-template <int M, bool VEC>
+template <int M, bool VEC, int LPR = 32>
 __device__ __forceinline__ void store_row(float* p, int lane, int dk, const float (&x)[M]) {
   if constexpr (VEC) {
 #pragma unroll
     for (int m4 = 0; m4 < M / 4; ++m4)
-      *reinterpret_cast<float4*>(p + m4 * 128 + lane * 4) =
+      *reinterpret_cast<float4*>(p + m4 * (4 * LPR) + (lane % LPR) * 4) =
           make_float4(x[m4 * 4 + 0], x[m4 * 4 + 1], x[m4 * 4 + 2], x[m4 * 4 + 3]);
   } else {
 #pragma unroll
@@ -61,10 +62,11 @@ __device__ __forceinline__ void store_row(float* p, int lane, int dk, const floa
   }
 }
 
-template <int R>
+// Sums over each aligned group of LPR lanes (the whole warp at 32).
+template <int R, int LPR = 32>
 __device__ __forceinline__ void warp_sum(float (&x)[R]) {
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1)
+  for (int off = LPR / 2; off > 0; off >>= 1)
 #pragma unroll
     for (int r = 0; r < R; ++r) x[r] += __shfl_xor_sync(0xffffffffu, x[r], off);
 }
@@ -72,22 +74,55 @@ __device__ __forceinline__ void warp_sum(float (&x)[R]) {
 // The recurrence over n tokens for a warp's kRecRows rows of V-head h's state (row0 < dv): from `in` (the head's
 // incoming state, also stored to `before` when given), into `final` (the head's; not written with parents) and, per
 // token, out and per_token_states (each optional).
-template <int M, bool VEC>
+// LPR: lanes a row. 32: lane l holds M elements of each of the 4 rows (dk other than 128, or not VEC). 8 (VEC, dk
+// 128): the warp's 4 groups of 8 lanes take a row each, a lane 16 elements (columns 32 m4 + 4 (l % 8) + {0..3}); its
+// dot products in 4-element runs added as a tree, then a 3-level butterfly: 6 shuffles a warp and token against 40.
+// PER_TOKEN: per_token_states and parents may be set (the general form); false: both are null, their code is compiled
+// out and the inputs go round three unrolled slots. The two forms compute the same values in the same order.
+template <int M, bool VEC, int LPR = 32, bool PER_TOKEN = true>
 __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, const float* __restrict__ k,
                                                const float* __restrict__ v, const float* __restrict__ g,
                                                const float* __restrict__ beta, int64_t n, int hk, int hv, int dk,
                                                int dv, int h, int row0, int lane, const float* in, float* final,
                                                float* __restrict__ out, float* per_token_states,
                                                const int32_t* __restrict__ parents, float* before) {
+  constexpr bool PT = PER_TOKEN;
   const int kh = h % hk;
   const int64_t hs = int64_t(dv) * dk;
+  constexpr int RL = kRecRows * LPR / 32;  // rows a lane
+  static_assert(LPR == 32 || (VEC && kRecRows * LPR == 32 && M % 4 == 0));
+  // The lane's r-th row (of its warp's kRecRows).
+  auto row_of = [&](int r) { return r * (32 / LPR) + lane / LPR; };
+  // sum x[m] y[m] over the lane's M elements: one run at LPR 32 (as before), else 4-element runs added as a tree.
+  auto dot = [&](const float (&x)[M], const float (&y)[M]) {
+    if constexpr (LPR == 32) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc += x[m] * y[m];
+      return acc;
+    } else {
+      float part[M / 4];
+#pragma unroll
+      for (int m4 = 0; m4 < M / 4; ++m4) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc += x[4 * m4 + i] * y[4 * m4 + i];
+        part[m4] = acc;
+      }
+#pragma unroll
+      for (int w = 1; w < M / 4; w *= 2)
+#pragma unroll
+        for (int m4 = 0; m4 + w < M / 4; m4 += 2 * w) part[m4] += part[m4 + w];
+      return part[0];
+    }
+  };
 
-  float s[kRecRows][M];
+  float s[RL][M];
   auto load_state = [&](const float* base) {
 #pragma unroll
-    for (int r = 0; r < kRecRows; ++r) {
-      if (row0 + r < dv) {
-        load_row<M, VEC>(base + int64_t(row0 + r) * dk, lane, dk, s[r]);
+    for (int r = 0; r < RL; ++r) {
+      if (row0 + row_of(r) < dv) {
+        load_row<M, VEC, LPR>(base + int64_t(row0 + row_of(r)) * dk, lane, dk, s[r]);
       } else {
 #pragma unroll
         for (int m = 0; m < M; ++m) s[r][m] = 0.0f;
@@ -96,43 +131,39 @@ __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, cons
   };
   auto store_state = [&](float* base) {
 #pragma unroll
-    for (int r = 0; r < kRecRows; ++r)
-      if (row0 + r < dv) store_row<M, VEC>(base + int64_t(row0 + r) * dk, lane, dk, s[r]);
+    for (int r = 0; r < RL; ++r)
+      if (row0 + row_of(r) < dv) store_row<M, VEC, LPR>(base + int64_t(row0 + row_of(r)) * dk, lane, dk, s[r]);
   };
 
   // A token's inputs: k and q rows of its K-head, its log decay and beta, the warp's rows of v. They are loaded two
   // tokens ahead (the loop is a chain of tokens, each otherwise waiting on its loads).
   struct Inputs {
-    float k[M], q[M], v[kRecRows], g, b;
+    float k[M], q[M], v[RL], g, b;
   };
   auto load_inputs = [&](int64_t t, Inputs& x) {
-    load_row<M, VEC>(k + (t * hk + kh) * dk, lane, dk, x.k);
-    load_row<M, VEC>(q + (t * hk + kh) * dk, lane, dk, x.q);
+    load_row<M, VEC, LPR>(k + (t * hk + kh) * dk, lane, dk, x.k);
+    load_row<M, VEC, LPR>(q + (t * hk + kh) * dk, lane, dk, x.q);
     x.g = g[t * hv + h];
     x.b = beta[t * hv + h];
     const float* vt = v + (t * hv + h) * dv + row0;
 #pragma unroll
-    for (int r = 0; r < kRecRows; ++r) x.v[r] = row0 + r < dv ? vt[r] : 0.0f;
+    for (int r = 0; r < RL; ++r) x.v[r] = row0 + row_of(r) < dv ? vt[row_of(r)] : 0.0f;
   };
   // Token t's start: its parent's state (tree form; the registers hold the state after token t - 1, or the incoming
   // state at t = 0; each thread reads back only elements it wrote itself, so no barrier or fence is needed), then
   // the decay, and this lane's parts of the rows' dot products with k (e, summed over the warp by the caller).
   auto start_token = [&](int64_t t, const Inputs& x, float* e) {
-    if (parents != nullptr) {
+    if (PT && parents != nullptr) {
       int64_t p = parents[t];
       if (p >= t || p < -1) p = -1;
       if (p != t - 1) load_state(p < 0 ? in : per_token_states + (p * hv + h) * hs);
     }
     const float decay = expf(x.g);
 #pragma unroll
-    for (int r = 0; r < kRecRows; ++r) {
-      float acc = 0.0f;
+    for (int r = 0; r < RL; ++r) {
 #pragma unroll
-      for (int m = 0; m < M; ++m) {
-        s[r][m] *= decay;
-        acc += s[r][m] * x.k[m];
-      }
-      e[r] = acc;
+      for (int m = 0; m < M; ++m) s[r][m] *= decay;
+      e[r] = dot(s[r], x.k);
     }
   };
   load_state(in);
@@ -141,58 +172,67 @@ __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, cons
   // token t + 1's e run as one butterfly (t + 1's e needs only the state after t's update): one reduction's latency
   // a token instead of two. Every value is summed exactly as alone, so the outputs and states are the same bits.
   Inputs cur, next, after;
-  float sums[2 * kRecRows];  // [0, R): token t's o; [R, 2R): token t + 1's e
+  float sums[2 * RL];  // [0, RL): token t's o; [RL, 2 RL): token t + 1's e
   if (n > 0) {
     load_inputs(0, cur);
     if (n > 1) load_inputs(1, next);
-    start_token(0, cur, sums + kRecRows);
-    float e0[kRecRows];
+    start_token(0, cur, sums + RL);
+    float e0[RL];
 #pragma unroll
-    for (int r = 0; r < kRecRows; ++r) e0[r] = sums[kRecRows + r];
-    warp_sum(e0);
+    for (int r = 0; r < RL; ++r) e0[r] = sums[RL + r];
+    warp_sum<RL, LPR>(e0);
 #pragma unroll
-    for (int r = 0; r < kRecRows; ++r) sums[kRecRows + r] = e0[r];
+    for (int r = 0; r < RL; ++r) sums[RL + r] = e0[r];
   }
-  for (int64_t t = 0; t < n; ++t) {
-    if (t + 2 < n) load_inputs(t + 2, after);
-    const float (&kr)[M] = cur.k;
-    const float (&qr)[M] = cur.q;
+  // Token t: x its inputs, nx token t + 1's; loads token t + 2's into af.
+  auto token = [&](int64_t t, const Inputs& x, const Inputs& nx, Inputs& af) {
+    if (t + 2 < n) load_inputs(t + 2, af);
+    const float (&kr)[M] = x.k;
+    const float (&qr)[M] = x.q;
 #pragma unroll
-    for (int r = 0; r < kRecRows; ++r) {
-      const float u = cur.b * (cur.v[r] - sums[kRecRows + r]);
-      float acc = 0.0f;
+    for (int r = 0; r < RL; ++r) {
+      const float u = x.b * (x.v[r] - sums[RL + r]);
 #pragma unroll
-      for (int m = 0; m < M; ++m) {
-        s[r][m] += u * kr[m];
-        acc += s[r][m] * qr[m];
-      }
-      sums[r] = acc;
+      for (int m = 0; m < M; ++m) s[r][m] += u * kr[m];
+      sums[r] = dot(s[r], qr);
     }
-    if (per_token_states != nullptr) store_state(per_token_states + (t * hv + h) * hs);
+    if (PT && per_token_states != nullptr) store_state(per_token_states + (t * hv + h) * hs);
     if (t + 1 < n) {
-      start_token(t + 1, next, sums + kRecRows);
-      warp_sum(sums);
+      start_token(t + 1, nx, sums + RL);
+      warp_sum<2 * RL, LPR>(sums);
     } else {
-      float o[kRecRows];
+      float o[RL];
 #pragma unroll
-      for (int r = 0; r < kRecRows; ++r) o[r] = sums[r];
-      warp_sum(o);
+      for (int r = 0; r < RL; ++r) o[r] = sums[r];
+      warp_sum<RL, LPR>(o);
 #pragma unroll
-      for (int r = 0; r < kRecRows; ++r) sums[r] = o[r];
+      for (int r = 0; r < RL; ++r) sums[r] = o[r];
     }
     if (out != nullptr) {
       float* ot = out + (t * hv + h) * dv + row0;
 #pragma unroll
-      for (int r = 0; r < kRecRows; ++r)
-        if (lane == r && row0 + r < dv) ot[r] = sums[r];
+      for (int r = 0; r < RL; ++r)
+        if (lane % LPR == r && row0 + row_of(r) < dv) ot[row_of(r)] = sums[r];
     }
-    cur = next;
-    next = after;
+  };
+  if constexpr (!PT) {
+    // Three slots in turn, unrolled: no register copy of a load in flight (such a copy waits for the load).
+    for (int64_t t = 0; t < n; t += 3) {
+      token(t, cur, next, after);
+      if (t + 1 < n) token(t + 1, next, after, cur);
+      if (t + 2 < n) token(t + 2, after, cur, next);
+    }
+  } else {
+    for (int64_t t = 0; t < n; ++t) {
+      token(t, cur, next, after);
+      cur = next;
+      next = after;
+    }
   }
-  if (parents == nullptr) store_state(final);
+  if (!PT || parents == nullptr) store_state(final);
 }
 
-template <int M, bool VEC>
+template <int M, bool VEC, int LPR = 32, bool PER_TOKEN = true>
 __global__ void __launch_bounds__(kRecWarps * 32)
     gdn_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                          const float* __restrict__ g, const float* __restrict__ beta, int64_t n, int hk, int hv,
@@ -205,13 +245,14 @@ __global__ void __launch_bounds__(kRecWarps * 32)
   if (row0 >= dv) return;  // whole warp; the kernel has no block barrier
   const int64_t hs = int64_t(dv) * dk;
   float* const st = state + h * hs;
-  recurrent_rows<M, VEC>(q, k, v, g, beta, n, hk, hv, dk, dv, h, row0, lane, st, st, out, per_token_states, parents,
-                         state_before != nullptr ? state_before + h * hs : nullptr);
+  recurrent_rows<M, VEC, LPR, PER_TOKEN>(q, k, v, g, beta, n, hk, hv, dk, dv, h, row0, lane, st, st, out,
+                                         per_token_states, parents,
+                                         state_before != nullptr ? state_before + h * hs : nullptr);
 }
 
 // gated_delta_net_restore: blocks (V-head, row tile, layer). A layer's blocks copy its conv window in slices; each
 // warp then restores its rows of the layer's state: re-run from `from` (with inputs) or copied from it.
-template <int M, bool VEC>
+template <int M, bool VEC, int LPR = 32>
 __global__ void __launch_bounds__(kRecWarps * 32)
     gdn_restore_kernel(const DeltaNetRestoreLayer* __restrict__ layers, int64_t n, int hk, int hv, int dk, int dv) {
   pdl_begin();
@@ -225,8 +266,8 @@ __global__ void __launch_bounds__(kRecWarps * 32)
   if (row0 >= dv || L.from == nullptr) return;
   const int64_t hs = int64_t(dv) * dk;
   if (L.q != nullptr) {
-    recurrent_rows<M, VEC>(L.q, L.k, L.v, L.g, L.beta, n, hk, hv, dk, dv, h, row0, lane, L.from + h * hs,
-                           L.state + h * hs, nullptr, nullptr, nullptr, nullptr);
+    recurrent_rows<M, VEC, LPR, false>(L.q, L.k, L.v, L.g, L.beta, n, hk, hv, dk, dv, h, row0, lane, L.from + h * hs,
+                                       L.state + h * hs, nullptr, nullptr, nullptr, nullptr);
     return;
   }
   for (int r = 0; r < kRecRows && row0 + r < dv; ++r) {
@@ -235,12 +276,14 @@ __global__ void __launch_bounds__(kRecWarps * 32)
   }
 }
 
-template <int M, bool VEC>
+template <int M, bool VEC, int LPR = 32>
 void launch_recurrent(dim3 grid, cudaStream_t stream, const float* q, const float* k, const float* v,
                       const float* g, const float* beta, int64_t n, const DeltaNetDims& d, float* state, float* out,
                       float* pts, const int32_t* parents, float* before) {
-  launch_pdl(gdn_recurrent_kernel<M, VEC>, grid, dim3(kRecWarps * 32), 0, stream, q, k, v, g, beta, n, int(d.n_k_heads),
-             int(d.n_v_heads), int(d.d_k), int(d.d_v), state, out, pts, parents, before);
+  auto kernel = pts != nullptr || parents != nullptr ? gdn_recurrent_kernel<M, VEC, LPR, true>
+                                                     : gdn_recurrent_kernel<M, VEC, LPR, false>;
+  launch_pdl(kernel, grid, dim3(kRecWarps * 32), 0, stream, q, k, v, g, beta, n, int(d.n_k_heads), int(d.n_v_heads),
+             int(d.d_k), int(d.d_v), state, out, pts, parents, before);
 }
 
 bool dims_ok(const DeltaNetDims& d) {
@@ -804,8 +847,11 @@ cudaError_t gated_delta_net_recurrent(const float* q, const float* k, const floa
   using std::integral_constant;
   using std::true_type, std::false_type;
   if (vec) {
-    if (d.d_k == 128) launch(integral_constant<int, 4>{}, true_type{});
-    else launch(integral_constant<int, 8>{}, true_type{});
+    if (d.d_k == 128)
+      launch_recurrent<16, true, 8>(grid, stream, q, k, v, g, beta, n, d, state, out, per_token_states, parents,
+                                    state_before);
+    else
+      launch(integral_constant<int, 8>{}, true_type{});
   } else if (d.d_k <= 32) {
     launch(integral_constant<int, 1>{}, false_type{});
   } else if (d.d_k <= 64) {
@@ -838,8 +884,10 @@ cudaError_t gated_delta_net_restore(const DeltaNetRestoreLayer* layers_dev, int 
   const int hk = int(d.n_k_heads), hv = int(d.n_v_heads), dk = int(d.d_k), dv = int(d.d_v);
   // The template of gated_delta_net_recurrent for these dims, so that a re-run token sums as the step did.
   if (vec) {
-    if (dk == 128) launch_pdl(gdn_restore_kernel<4, true>, grid, block, 0, stream, layers_dev, n, hk, hv, dk, dv);
-    else launch_pdl(gdn_restore_kernel<8, true>, grid, block, 0, stream, layers_dev, n, hk, hv, dk, dv);
+    if (dk == 128)
+      launch_pdl(gdn_restore_kernel<16, true, 8>, grid, block, 0, stream, layers_dev, n, hk, hv, dk, dv);
+    else
+      launch_pdl(gdn_restore_kernel<8, true>, grid, block, 0, stream, layers_dev, n, hk, hv, dk, dv);
   } else if (dk <= 32) {
     launch_pdl(gdn_restore_kernel<1, false>, grid, block, 0, stream, layers_dev, n, hk, hv, dk, dv);
   } else if (dk <= 64) {
