@@ -86,14 +86,13 @@ __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, cons
                                                int dv, int h, int row0, int lane, const float* in, float* final,
                                                float* __restrict__ out, float* per_token_states,
                                                const int32_t* __restrict__ parents, float* before) {
-  constexpr bool PT = PER_TOKEN;
   const int kh = h % hk;
   const int64_t hs = int64_t(dv) * dk;
   constexpr int RL = kRecRows * LPR / 32;  // rows a lane
   static_assert(LPR == 32 || (VEC && kRecRows * LPR == 32 && M % 4 == 0));
   // The lane's r-th row (of its warp's kRecRows).
   auto row_of = [&](int r) { return r * (32 / LPR) + lane / LPR; };
-  // sum x[m] y[m] over the lane's M elements: one run at LPR 32 (as before), else 4-element runs added as a tree.
+  // sum x[m] y[m] over the lane's M elements: one run at LPR 32, else 4-element runs added as a tree.
   auto dot = [&](const float (&x)[M], const float (&y)[M]) {
     if constexpr (LPR == 32) {
       float acc = 0.0f;
@@ -153,7 +152,7 @@ __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, cons
   // state at t = 0; each thread reads back only elements it wrote itself, so no barrier or fence is needed), then
   // the decay, and this lane's parts of the rows' dot products with k (e, summed over the warp by the caller).
   auto start_token = [&](int64_t t, const Inputs& x, float* e) {
-    if (PT && parents != nullptr) {
+    if (PER_TOKEN && parents != nullptr) {
       int64_t p = parents[t];
       if (p >= t || p < -1) p = -1;
       if (p != t - 1) load_state(p < 0 ? in : per_token_states + (p * hv + h) * hs);
@@ -196,7 +195,7 @@ __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, cons
       for (int m = 0; m < M; ++m) s[r][m] += u * kr[m];
       sums[r] = dot(s[r], qr);
     }
-    if (PT && per_token_states != nullptr) store_state(per_token_states + (t * hv + h) * hs);
+    if (PER_TOKEN && per_token_states != nullptr) store_state(per_token_states + (t * hv + h) * hs);
     if (t + 1 < n) {
       start_token(t + 1, nx, sums + RL);
       warp_sum<2 * RL, LPR>(sums);
@@ -215,7 +214,7 @@ __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, cons
         if (lane % LPR == r && row0 + row_of(r) < dv) ot[row_of(r)] = sums[r];
     }
   };
-  if constexpr (!PT) {
+  if constexpr (!PER_TOKEN) {
     // Three slots in turn, unrolled: no register copy of a load in flight (such a copy waits for the load).
     for (int64_t t = 0; t < n; t += 3) {
       token(t, cur, next, after);
@@ -229,7 +228,7 @@ __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, cons
       next = after;
     }
   }
-  if (!PT || parents == nullptr) store_state(final);
+  if (!PER_TOKEN || parents == nullptr) store_state(final);
 }
 
 template <int M, bool VEC, int LPR = 32, bool PER_TOKEN = true>
