@@ -77,9 +77,7 @@ __device__ __forceinline__ void warp_sum(float (&x)[R]) {
 // LPR: lanes a row. 32: lane l holds M elements of each of the 4 rows (dk other than 128, or not VEC). 8 (VEC, dk
 // 128): the warp's 4 groups of 8 lanes take a row each, a lane 16 elements (columns 32 m4 + 4 (l % 8) + {0..3}); its
 // dot products in 4-element runs added as a tree, then a 3-level butterfly: 6 shuffles a warp and token against 40.
-// PER_TOKEN: per_token_states and parents may be set (the general form); false: both are null, their code is compiled
-// out and the inputs go round three unrolled slots. The two forms compute the same values in the same order.
-template <int M, bool VEC, int LPR = 32, bool PER_TOKEN = true>
+template <int M, bool VEC, int LPR = 32>
 __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, const float* __restrict__ k,
                                                const float* __restrict__ v, const float* __restrict__ g,
                                                const float* __restrict__ beta, int64_t n, int hk, int hv, int dk,
@@ -152,7 +150,7 @@ __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, cons
   // state at t = 0; each thread reads back only elements it wrote itself, so no barrier or fence is needed), then
   // the decay, and this lane's parts of the rows' dot products with k (e, summed over the warp by the caller).
   auto start_token = [&](int64_t t, const Inputs& x, float* e) {
-    if (PER_TOKEN && parents != nullptr) {
+    if (parents != nullptr) {
       int64_t p = parents[t];
       if (p >= t || p < -1) p = -1;
       if (p != t - 1) load_state(p < 0 ? in : per_token_states + (p * hv + h) * hs);
@@ -183,21 +181,20 @@ __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, cons
 #pragma unroll
     for (int r = 0; r < RL; ++r) sums[RL + r] = e0[r];
   }
-  // Token t: x its inputs, nx token t + 1's; loads token t + 2's into af.
-  auto token = [&](int64_t t, const Inputs& x, const Inputs& nx, Inputs& af) {
-    if (t + 2 < n) load_inputs(t + 2, af);
-    const float (&kr)[M] = x.k;
-    const float (&qr)[M] = x.q;
+  for (int64_t t = 0; t < n; ++t) {
+    if (t + 2 < n) load_inputs(t + 2, after);
+    const float (&kr)[M] = cur.k;
+    const float (&qr)[M] = cur.q;
 #pragma unroll
     for (int r = 0; r < RL; ++r) {
-      const float u = x.b * (x.v[r] - sums[RL + r]);
+      const float u = cur.b * (cur.v[r] - sums[RL + r]);
 #pragma unroll
       for (int m = 0; m < M; ++m) s[r][m] += u * kr[m];
       sums[r] = dot(s[r], qr);
     }
-    if (PER_TOKEN && per_token_states != nullptr) store_state(per_token_states + (t * hv + h) * hs);
+    if (per_token_states != nullptr) store_state(per_token_states + (t * hv + h) * hs);
     if (t + 1 < n) {
-      start_token(t + 1, nx, sums + RL);
+      start_token(t + 1, next, sums + RL);
       warp_sum<2 * RL, LPR>(sums);
     } else {
       float o[RL];
@@ -213,25 +210,13 @@ __device__ __forceinline__ void recurrent_rows(const float* __restrict__ q, cons
       for (int r = 0; r < RL; ++r)
         if (lane % LPR == r && row0 + row_of(r) < dv) ot[row_of(r)] = sums[r];
     }
-  };
-  if constexpr (!PER_TOKEN) {
-    // Three slots in turn, unrolled: no register copy of a load in flight (such a copy waits for the load).
-    for (int64_t t = 0; t < n; t += 3) {
-      token(t, cur, next, after);
-      if (t + 1 < n) token(t + 1, next, after, cur);
-      if (t + 2 < n) token(t + 2, after, cur, next);
-    }
-  } else {
-    for (int64_t t = 0; t < n; ++t) {
-      token(t, cur, next, after);
-      cur = next;
-      next = after;
-    }
+    cur = next;
+    next = after;
   }
-  if (!PER_TOKEN || parents == nullptr) store_state(final);
+  if (parents == nullptr) store_state(final);
 }
 
-template <int M, bool VEC, int LPR = 32, bool PER_TOKEN = true>
+template <int M, bool VEC, int LPR = 32>
 __global__ void __launch_bounds__(kRecWarps * 32)
     gdn_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                          const float* __restrict__ g, const float* __restrict__ beta, int64_t n, int hk, int hv,
@@ -244,9 +229,8 @@ __global__ void __launch_bounds__(kRecWarps * 32)
   if (row0 >= dv) return;  // whole warp; the kernel has no block barrier
   const int64_t hs = int64_t(dv) * dk;
   float* const st = state + h * hs;
-  recurrent_rows<M, VEC, LPR, PER_TOKEN>(q, k, v, g, beta, n, hk, hv, dk, dv, h, row0, lane, st, st, out,
-                                         per_token_states, parents,
-                                         state_before != nullptr ? state_before + h * hs : nullptr);
+  recurrent_rows<M, VEC, LPR>(q, k, v, g, beta, n, hk, hv, dk, dv, h, row0, lane, st, st, out, per_token_states,
+                              parents, state_before != nullptr ? state_before + h * hs : nullptr);
 }
 
 // gated_delta_net_restore: blocks (V-head, row tile, layer). A layer's blocks copy its conv window in slices; each
@@ -265,8 +249,8 @@ __global__ void __launch_bounds__(kRecWarps * 32)
   if (row0 >= dv || L.from == nullptr) return;
   const int64_t hs = int64_t(dv) * dk;
   if (L.q != nullptr) {
-    recurrent_rows<M, VEC, LPR, false>(L.q, L.k, L.v, L.g, L.beta, n, hk, hv, dk, dv, h, row0, lane, L.from + h * hs,
-                                       L.state + h * hs, nullptr, nullptr, nullptr, nullptr);
+    recurrent_rows<M, VEC, LPR>(L.q, L.k, L.v, L.g, L.beta, n, hk, hv, dk, dv, h, row0, lane, L.from + h * hs,
+                                L.state + h * hs, nullptr, nullptr, nullptr, nullptr);
     return;
   }
   for (int r = 0; r < kRecRows && row0 + r < dv; ++r) {
@@ -279,10 +263,8 @@ template <int M, bool VEC, int LPR = 32>
 void launch_recurrent(dim3 grid, cudaStream_t stream, const float* q, const float* k, const float* v,
                       const float* g, const float* beta, int64_t n, const DeltaNetDims& d, float* state, float* out,
                       float* pts, const int32_t* parents, float* before) {
-  auto kernel = pts != nullptr || parents != nullptr ? gdn_recurrent_kernel<M, VEC, LPR, true>
-                                                     : gdn_recurrent_kernel<M, VEC, LPR, false>;
-  launch_pdl(kernel, grid, dim3(kRecWarps * 32), 0, stream, q, k, v, g, beta, n, int(d.n_k_heads), int(d.n_v_heads),
-             int(d.d_k), int(d.d_v), state, out, pts, parents, before);
+  launch_pdl(gdn_recurrent_kernel<M, VEC, LPR>, grid, dim3(kRecWarps * 32), 0, stream, q, k, v, g, beta, n,
+             int(d.n_k_heads), int(d.n_v_heads), int(d.d_k), int(d.d_v), state, out, pts, parents, before);
 }
 
 bool dims_ok(const DeltaNetDims& d) {
