@@ -103,6 +103,13 @@ Status ProfilingBackend::matmul_group(std::span<const cpu::WeightView* const> ws
   return timed("matmul (grouped)", bytes, [&] { return inner_.matmul_group(ws, x, n, ys); });
 }
 
+Status ProfilingBackend::matmul_swiglu(const cpu::WeightView& gate, const cpu::WeightView& up, const float* x,
+                                       int64_t n, float* g, float* u) {
+  const double bytes = weight_read_bytes(inner_, gate) + weight_read_bytes(inner_, up) +
+                       kF * n * static_cast<double>(gate.cols + gate.rows);
+  return timed("matmul + swiglu", bytes, [&] { return inner_.matmul_swiglu(gate, up, x, n, g, u); });
+}
+
 Status ProfilingBackend::embedding(const cpu::WeightView& table, std::span<const int32_t> ids, float* out) {
   const double row = table.rows > 0 ? weight_read_bytes(inner_, table) / static_cast<double>(table.rows) : 0.0;
   const double bytes = static_cast<double>(ids.size()) * (row + kF * static_cast<double>(table.cols));

@@ -55,6 +55,8 @@ class ProfilingBackend final : public Backend {
   Status pack_weight(const cpu::WeightView& w, void* dst) const override { return inner_.pack_weight(w, dst); }
 
   Status matmul(const cpu::WeightView& w, const float* x, int64_t n, float* y) override;
+  Status matmul_swiglu(const cpu::WeightView& gate, const cpu::WeightView& up, const float* x, int64_t n, float* g,
+                       float* u) override;
   Status matmul_group(std::span<const cpu::WeightView* const> ws, const float* x, int64_t n,
                       std::span<float* const> ys) override;
   Status embedding(const cpu::WeightView& table, std::span<const int32_t> ids, float* out) override;

@@ -169,12 +169,7 @@ Status mlp(const Weights& w, int64_t L, int64_t n, const float* hn, float* out, 
   DF_ASSIGN_OR_RETURN(const cpu::WeightView* wd, need(w, layer_name(L, "ffn.down")));
   DF_ASSIGN_OR_RETURN(Buffer gate, be.alloc(n * wg->rows));
   DF_ASSIGN_OR_RETURN(Buffer up, be.alloc(n * wu->rows));
-  {
-    const cpu::WeightView* ws[] = {wg, wu};
-    float* ys[] = {gate.data(), up.data()};
-    DF_RETURN_IF_ERROR(be.matmul_group(ws, hn, n, ys));
-  }
-  DF_RETURN_IF_ERROR(be.swiglu(gate.data(), up.data(), gate.data(), n * wg->rows));
+  DF_RETURN_IF_ERROR(be.matmul_swiglu(*wg, *wu, hn, n, gate.data(), up.data()));
   return be.matmul(*wd, gate.data(), n, out);
 }
 

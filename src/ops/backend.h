@@ -274,6 +274,18 @@ class Backend {
   virtual Status silu_inplace(float* x, int64_t n) = 0;
   virtual Status sigmoid_inplace(float* x, int64_t n) = 0;
   virtual Status swiglu(const float* gate, const float* up, float* out, int64_t n) = 0;
+  // A SwiGLU's products and activation: g [n, gate.rows] = silu(x gate^T) * (x up^T), u [n, up.rows] scratch (it
+  // may hold x up^T after). A device backend may run them as one launch (the same values); the default is
+  // matmul_group of both, then swiglu.
+  virtual Status matmul_swiglu(const cpu::WeightView& gate, const cpu::WeightView& up, const float* x, int64_t n,
+                               float* g, float* u) {
+    if (gate.rows != up.rows || gate.cols != up.cols)
+      return invalid_argument("matmul_swiglu: gate {} x {} and up {} x {}", gate.rows, gate.cols, up.rows, up.cols);
+    const cpu::WeightView* ws[] = {&gate, &up};
+    float* ys[] = {g, u};
+    DF_RETURN_IF_ERROR(matmul_group(ws, x, n, ys));
+    return swiglu(g, u, g, n * gate.rows);
+  }
   // Rows of `src` [rows, src_width]: columns [offset, offset + width) of each row into dst [rows, width].
   virtual Status slice_columns(const float* src, int64_t rows, int64_t src_width, int64_t offset, int64_t width,
                                float* dst) = 0;

@@ -620,6 +620,17 @@ Status CudaBackend::matmul_group(std::span<const cpu::WeightView* const> ws, con
   return Status();
 }
 
+Status CudaBackend::matmul_swiglu(const cpu::WeightView& gate, const cpu::WeightView& up, const float* x, int64_t n,
+                                  float* g, float* u) {
+  activate();
+  const int64_t cols = gate.cols;
+  const cuda::MatmulTarget tg{gate.type, gate.data, gate.rows, nullptr}, tu{up.type, up.data, up.rows, nullptr};
+  if (!token_exact_ || up.cols != cols || !cuda::matmul_swiglu_fused(tg, tu, cols, n, cuda::MatmulPath::kTokenExact))
+    return Backend::matmul_swiglu(gate, up, x, n, g, u);
+  forget_q8();
+  return cuda::matmul_swiglu(tg, tu, cols, x, n, g, stream_);
+}
+
 // Row bytes of the ids gathered on the device into scratch, then dequantized there (one launch each).
 Status CudaBackend::embedding(const cpu::WeightView& table, std::span<const int32_t> ids, float* out) {
   activate();

@@ -98,6 +98,11 @@ class CudaBackend final : public Backend {
   Status silu_inplace(float* x, int64_t n) override;
   Status sigmoid_inplace(float* x, int64_t n) override;
   Status swiglu(const float* gate, const float* up, float* out, int64_t n) override;
+  // While token-exact, up to kSwigluFusedMaxTokens tokens, bf16 gate and up weights that gemv16_mma takes run as
+  // one launch that applies SwiGLU as it stores (the same bits as the products, then swiglu; no int8 or bf16 side:
+  // the down product of bf16 weights at these counts reads f32 x); else the default.
+  Status matmul_swiglu(const cpu::WeightView& gate, const cpu::WeightView& up, const float* x, int64_t n, float* g,
+                       float* u) override;
   Status slice_columns(const float* src, int64_t rows, int64_t src_width, int64_t offset, int64_t width,
                        float* dst) override;
   Status l2_norm_rows(float* x, int64_t rows, int64_t dim, float eps, float scale) override;

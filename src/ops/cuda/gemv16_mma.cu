@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "base/checked_math.h"
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/mma_f16.cuh"
@@ -34,6 +35,9 @@ struct Args {
   const float* x;      // f32 x (rounded to bf16 as it is loaded), or
   const uint16_t* xb;  // x already in bf16, 16-byte aligned (kXB kernels)
   int n;
+  // kPair kernels (gemv16_mma_swiglu): parts[0] is the gate, parts[1] the up weight (their y unused); act [n, rows]
+  // receives silu(gate) * up.
+  float* act;
 };
 
 using gemv_common::ldw_u4;
@@ -73,25 +77,32 @@ __device__ __forceinline__ void load_b(const Args& a, int t, int64_t k, int c, u
   }
 }
 
-template <int NT8, XForm kX, int K, int T, int U>
+// kPair: each 16-row tile holds 8 rows of the gate weight (A rows g) and the same 8 rows of the up weight (A rows
+// g + 8), so a CTA has both sums of its output rows and stores silu(gate) * up. The mma computes each output from
+// its row of A and column of B alone, so a row's sums are the bits of its place in an unpaired tile.
+template <int NT8, XForm kX, int K, int T, int U, bool kPair>
 __global__ void __launch_bounds__(32 * K) gemv16_mma_kernel(const Args a) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, c = lane & 3;
   __shared__ float part_s[K][16 * T][8 * NT8];
   bool waited = false;  // the PDL wait comes after the first weight loads (weights are constant in a step)
+  constexpr int kOutRows = kPair ? 8 : 16;  // output rows a tile
   for (int64_t blk = blockIdx.x; blk < a.first_block[a.n_parts]; blk += gridDim.x) {
     int p = 0;
-    while (p + 1 < a.n_parts && blk >= a.first_block[p + 1]) ++p;
+    if constexpr (!kPair)
+      while (p + 1 < a.n_parts && blk >= a.first_block[p + 1]) ++p;
     const Gemv16Part& part = a.parts[p];
-    const int64_t row0 = (blk - a.first_block[p]) * (16 * T), rb = a.cols * 2;
-    // Rows g and g + 8 of each of the T tiles; rows past the weight's end read its last row again (not stored).
+    const int64_t row0 = (blk - a.first_block[p]) * (kOutRows * T), rb = a.cols * 2;
+    // Rows g and g + 8 of each of the T tiles (kPair: row g of the gate and of the up weight); rows past the
+    // weight's end read its last row again (not stored).
     const uint8_t* pr[T][2];
   #pragma unroll
     for (int tt = 0; tt < T; ++tt)
   #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int64_t r = row0 + 16 * tt + 8 * h + g;
-        pr[tt][h] = static_cast<const uint8_t*>(part.w) + (r < part.rows ? r : part.rows - 1) * rb + 16 * c;
+        const int64_t r = kPair ? row0 + 8 * tt + g : row0 + 16 * tt + 8 * h + g;
+        const void* w = kPair ? a.parts[h].w : part.w;
+        pr[tt][h] = static_cast<const uint8_t*>(w) + (r < part.rows ? r : part.rows - 1) * rb + 16 * c;
       }
     const int64_t chunks = a.cols / 64;
 
@@ -158,23 +169,33 @@ __global__ void __launch_bounds__(32 * K) gemv16_mma_kernel(const Args a) {
         part_s[warp][16 * tt + g + 8][8 * i + 2 * c + 1] = acc[tt][i][3];
       }
     __syncthreads();
-    for (int e = static_cast<int>(threadIdx.x); e < 16 * T * 8 * NT8; e += 32 * K) {
+    for (int e = static_cast<int>(threadIdx.x); e < kOutRows * T * 8 * NT8; e += 32 * K) {
       const int r = e / (8 * NT8), t = e % (8 * NT8);
       if (t >= a.n || row0 + r >= part.rows) continue;
-      float s = part_s[0][r][t];
+      const int64_t i = int64_t{t} * part.rows + row0 + r;
+      if constexpr (kPair) {
+        const int rg = 16 * (r / 8) + r % 8;  // the gate row's place in its tile; the up row's is 8 below
+        float sg = part_s[0][rg][t], su = part_s[0][rg + 8][t];
   #pragma unroll
-      for (int q = 1; q < K; ++q) s = __fadd_rn(s, part_s[q][r][t]);
-      part.y[int64_t{t} * part.rows + row0 + r] = s;
+        for (int q = 1; q < K; ++q) sg = __fadd_rn(sg, part_s[q][rg][t]), su = __fadd_rn(su, part_s[q][rg + 8][t]);
+        a.act[i] = swiglu_f(sg, su);
+      } else {
+        float s = part_s[0][r][t];
+  #pragma unroll
+        for (int q = 1; q < K; ++q) s = __fadd_rn(s, part_s[q][r][t]);
+        part.y[i] = s;
+      }
     }
   }
   if (!waited) pdl_begin();
 }
 
-template <int NT8, XForm kX, int K, int T, int U>
+template <int NT8, XForm kX, int K, int T, int U, bool kPair>
 cudaError_t launch_shape(Args a, cudaStream_t stream) {
   a.first_block[0] = 0;
-  for (int i = 0; i < a.n_parts; ++i)
-    a.first_block[i + 1] = a.first_block[i] + (a.parts[i].rows + 16 * T - 1) / (16 * T);
+  for (int i = 0; i < a.n_parts; ++i)  // kPair: both parts' blocks are the first's (8 of its rows a tile)
+    a.first_block[i + 1] = kPair ? (a.parts[0].rows + 8 * T - 1) / (8 * T)
+                                 : a.first_block[i] + (a.parts[i].rows + 16 * T - 1) / (16 * T);
   const int64_t blocks = a.first_block[a.n_parts];
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
   // Persistent: as many CTAs as fit on the device at once, each taking every gridDim.x-th CTA's rows (CTAs that
@@ -182,7 +203,7 @@ cudaError_t launch_shape(Args a, cudaStream_t stream) {
   dim3 grid(static_cast<unsigned>(blocks));
   static const int ps = [] {  // resident CTAs an SM (per instantiation; initialised once, thread-safe)
     int v = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gemv16_mma_kernel<NT8, kX, K, T, U>, 32 * K, 0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gemv16_mma_kernel<NT8, kX, K, T, U, kPair>, 32 * K, 0);
     return v > 0 ? v : 1;
   }();
   const int64_t most = int64_t{ps} * current_sm_count();
@@ -198,7 +219,7 @@ cudaError_t launch_shape(Args a, cudaStream_t stream) {
       grid.x = static_cast<unsigned>((blocks + rounds - 1) / rounds);
     }
   }
-  return launch_pdl(gemv16_mma_kernel<NT8, kX, K, T, U>, grid, dim3(32 * K), 0, stream, a);
+  return launch_pdl(gemv16_mma_kernel<NT8, kX, K, T, U, kPair>, grid, dim3(32 * K), 0, stream, a);
 }
 
 // The launch shape by n-tiles (8 tokens each) and x's form: 8 warps a CTA (the k-split), T row tiles a CTA, U
@@ -214,26 +235,42 @@ struct LaunchShape {
   static constexpr int U = NT8 == 1 ? 2 : 1;
 };
 
-template <int NT8, XForm kX>
+template <int NT8, XForm kX, bool kPair>
 cudaError_t launch_nt(const Args& a, cudaStream_t stream) {
-  return launch_shape<NT8, kX, kSplit, LaunchShape<NT8, kX>::T, LaunchShape<NT8, kX>::U>(a, stream);
+  return launch_shape<NT8, kX, kSplit, LaunchShape<NT8, kX>::T, LaunchShape<NT8, kX>::U, kPair>(a, stream);
 }
 
-template <XForm kX>
+template <XForm kX, bool kPair>
 cudaError_t launch_n(const Args& a, cudaStream_t stream) {
-  switch ((a.n + 7) / 8) {
-    case 1: return launch_nt<1, kX>(a, stream);
-    case 2: return launch_nt<2, kX>(a, stream);
-    case 3: return launch_nt<3, kX>(a, stream);
-    default: return launch_nt<4, kX>(a, stream);
+  if constexpr (kPair) {  // up to 16 tokens (gemv16_mma_swiglu)
+    return a.n <= 8 ? launch_nt<1, kX, kPair>(a, stream) : launch_nt<2, kX, kPair>(a, stream);
+  } else {
+    switch ((a.n + 7) / 8) {
+      case 1: return launch_nt<1, kX, kPair>(a, stream);
+      case 2: return launch_nt<2, kX, kPair>(a, stream);
+      case 3: return launch_nt<3, kX, kPair>(a, stream);
+      default: return launch_nt<4, kX, kPair>(a, stream);
+    }
   }
+}
+
+template <bool kPair>
+cudaError_t launch_x(const Args& a, cudaStream_t stream) {
+  if constexpr (!kPair)  // the pair takes f32 x only
+    if (a.xb != nullptr) return launch_n<kXBf16, kPair>(a, stream);
+  return is_aligned(a.x, 16) ? launch_n<kXF32Vec, kPair>(a, stream) : launch_n<kXF32, kPair>(a, stream);
+}
+
+// The token-count and column checks of every entry point.
+bool shape_ok(int64_t cols, int64_t n) {
+  return n >= 1 && n <= kGemv16MmaMaxTokens && cols > 0 && cols % 64 == 0 &&
+         cols <= INT64_MAX / 2 / kGemv16MmaMaxTokens;
 }
 
 // The checks and Args of both entry points (x or xb set).
 cudaError_t launch(const Gemv16Part* parts, int n_parts, int64_t cols, const float* x, const uint16_t* xb, int64_t n,
                    cudaStream_t stream) {
-  if (parts == nullptr || n_parts < 1 || n_parts > kGemv16MmaMaxParts || n < 1 || n > kGemv16MmaMaxTokens ||
-      cols <= 0 || cols % 64 != 0 || cols > INT64_MAX / 2 / kGemv16MmaMaxTokens)
+  if (parts == nullptr || n_parts < 1 || n_parts > kGemv16MmaMaxParts || !shape_ok(cols, n))
     return cudaErrorInvalidValue;
   Args a{};
   a.cols = cols;
@@ -248,8 +285,7 @@ cudaError_t launch(const Gemv16Part* parts, int n_parts, int64_t cols, const flo
     if (q.rows > 0) a.parts[a.n_parts++] = q;
   }
   if (a.n_parts == 0) return cudaSuccess;
-  if (xb != nullptr) return launch_n<kXBf16>(a, stream);
-  return is_aligned(x, 16) ? launch_n<kXF32Vec>(a, stream) : launch_n<kXF32>(a, stream);
+  return launch_x<false>(a, stream);
 }
 
 }  // namespace
@@ -269,6 +305,25 @@ cudaError_t gemv16_mma_bf16x(const Gemv16Part* parts, int n_parts, int64_t cols,
                              cudaStream_t stream) {
   if (xb == nullptr || !is_aligned(xb, 16)) return cudaErrorInvalidValue;
   return launch(parts, n_parts, cols, nullptr, xb, n, stream);
+}
+
+cudaError_t gemv16_mma_swiglu(const void* gate, const void* up, int64_t rows, int64_t cols, const float* x, int64_t n,
+                              float* act, cudaStream_t stream) {
+  if (!shape_ok(cols, n) || n >= kGemv16MmaBf16XFrom || rows < 0 || x == nullptr || !is_aligned(x, 4))
+    return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  if (gate == nullptr || up == nullptr || !is_aligned(gate, 16) || !is_aligned(up, 16) || act == nullptr ||
+      !is_aligned(act, 4))
+    return cudaErrorInvalidValue;
+  Args a{};
+  a.parts[0] = Gemv16Part{gate, rows, nullptr};
+  a.parts[1] = Gemv16Part{up, rows, nullptr};
+  a.n_parts = 2;
+  a.cols = cols;
+  a.x = x;
+  a.n = static_cast<int>(n);
+  a.act = act;
+  return launch_x<true>(a, stream);
 }
 
 }  // namespace dflash::cuda

@@ -61,4 +61,14 @@ constexpr int64_t kGemv16MmaBf16XFrom = 17;
 cudaError_t gemv16_mma_bf16x(const Gemv16Part* parts, int n_parts, int64_t cols, const uint16_t* xb, int64_t n,
                              cudaStream_t stream = nullptr);
 
+// act [n, rows] = silu(bf16(x) G^T) * (bf16(x) U^T): a SwiGLU's gate and up products (bf16 weights of the same
+// rows, each gemv16_mma_applies) in one launch that applies the activation as it stores. Each 16-row tile takes 8
+// rows of each weight: every sum is the bits gemv16_mma computes for it (so act is the bits of gemv16_mma of both,
+// then swiglu), and a token's outputs are the same whatever n. x [n, cols] f32, 4-byte aligned (the kernel rounds
+// it to bf16 as it loads), n below kGemv16MmaBf16XFrom (there matmul reads x in bf16, two 32-row tiles a CTA,
+// which this form was slower than: matmul_host.h kSwigluFusedMaxTokens). cudaErrorInvalidValue (nothing
+// enqueued) for a bad shape or a null or misaligned pointer; rows == 0 enqueues nothing.
+cudaError_t gemv16_mma_swiglu(const void* gate, const void* up, int64_t rows, int64_t cols, const float* x, int64_t n,
+                              float* act, cudaStream_t stream = nullptr);
+
 }  // namespace dflash::cuda

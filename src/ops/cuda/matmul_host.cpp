@@ -406,6 +406,21 @@ bool uses_gemm(int64_t n, MatmulPath path) {
 
 }  // namespace
 
+bool matmul_swiglu_fused(const MatmulTarget& gate, const MatmulTarget& up, int64_t cols, int64_t n,
+                         MatmulPath path) {
+  return n >= 1 && n <= kSwigluFusedMaxTokens && gate.rows == up.rows && mma16_applies(gate, cols, path) &&
+         mma16_applies(up, cols, path);
+}
+
+Status matmul_swiglu(const MatmulTarget& gate, const MatmulTarget& up, int64_t cols, const float* x, int64_t n,
+                     float* act, cudaStream_t stream) {
+  if (!matmul_swiglu_fused(gate, up, cols, n, MatmulPath::kTokenExact))
+    return invalid_argument("matmul_swiglu: {} x {} and {} x {} {} and {} weights at {} tokens are not fused",
+                            gate.rows, cols, up.rows, cols, dtype_name(gate.type), dtype_name(up.type), n);
+  return cuda_status(gemv16_mma_swiglu(gate.w, up.w, gate.rows, cols, x, n, act, stream),
+                     "bf16 tensor-core gate/up + SwiGLU launch", dtype_name(gate.type), gate.rows, cols, n);
+}
+
 bool gemm_fused_preferred(DType wtype, const void* w, int64_t rows, int64_t cols, int64_t n) {
   if (!gemm_q_applies(wtype, w, rows, cols)) return false;
   const int64_t max_n = g_fused_max_tokens.load(std::memory_order_relaxed);

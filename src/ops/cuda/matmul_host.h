@@ -30,6 +30,7 @@
 #include <span>
 
 #include "base/status.h"
+#include "ops/cuda/gemv16_mma.h"
 #include "ops/cuda/gemv_q8.h"
 #include "ops/cuda/mmq.h"
 #include "tensor/dtype.h"
@@ -97,5 +98,35 @@ struct MatmulTarget {
 // converting x. The other paths ignore it.
 Status matmul_group(std::span<const MatmulTarget> targets, int64_t cols, const float* x, int64_t n,
                     cudaStream_t stream = nullptr, MatmulPath path = MatmulPath::kAuto, const Q8Out* xq8 = nullptr);
+
+// Whether matmul_swiglu takes this SwiGLU's gate and up products at n tokens on `path`: kTokenExact (verify steps,
+// and the plain steps of a target with a draft) with bf16 weights of equal rows that gemv16_mma takes.
+bool matmul_swiglu_fused(const MatmulTarget& gate, const MatmulTarget& up, int64_t cols, int64_t n,
+                         MatmulPath path);
+
+// act [n, rows] = silu(x gate^T) * (x up^T) in one launch (gemv16_mma_swiglu): the bits of the kTokenExact
+// matmul_group of both, then swiglu. act_b (nullable): act's bf16 form too. xq8 as matmul_group's (its xb read
+// from kGemv16MmaBf16XFrom tokens). The targets' y are not used. Errors (nothing enqueued) where
+// matmul_swiglu_fused does not hold, or for a null or misaligned x or act.
+Status matmul_swiglu(const MatmulTarget& gate, const MatmulTarget& up, int64_t cols, const float* x, int64_t n,
+                     float* act, uint16_t* act_b, cudaStream_t stream = nullptr, const Q8Out* xq8 = nullptr);
+
+// The most tokens matmul_swiglu takes: from kGemv16MmaBf16XFrom tokens the unfused products read x in bf16 with
+// two 32-row tiles a CTA, and the fused launch of that form was slower than they and swiglu together (Qwen3.5-27B
+// bf16, 23-token verify 18.94-19.00 -> 19.67-19.68 ms; at 16 tokens 19.11-19.16 -> 18.70-18.71; H200,
+// docs/benchmarks.md, thirty-sixth session).
+constexpr int64_t kSwigluFusedMaxTokens = kGemv16MmaBf16XFrom - 1;
+
+// Whether matmul_swiglu takes this SwiGLU's gate and up products at n tokens on `path`: kTokenExact (verify steps,
+// and the plain steps of a target with a draft) with bf16 weights of equal rows that gemv16_mma takes, up to
+// kSwigluFusedMaxTokens tokens.
+bool matmul_swiglu_fused(const MatmulTarget& gate, const MatmulTarget& up, int64_t cols, int64_t n,
+                         MatmulPath path);
+
+// act [n, rows] = silu(x gate^T) * (x up^T) in one launch (gemv16_mma_swiglu): the bits of the kTokenExact
+// matmul_group of both, then swiglu. The targets' y are not used. Errors (nothing enqueued) where
+// matmul_swiglu_fused does not hold, or for a null or misaligned x or act.
+Status matmul_swiglu(const MatmulTarget& gate, const MatmulTarget& up, int64_t cols, const float* x, int64_t n,
+                     float* act, cudaStream_t stream = nullptr);
 
 }  // namespace dflash::cuda

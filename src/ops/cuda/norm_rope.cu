@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include "base/checked_math.h"
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/quant_blocks.cuh"
 #include "ops/cuda/quantize_q8.cuh"
@@ -36,7 +37,6 @@ constexpr int kNormWarpMaxDim = 256;
 // With `delta` (the fused residual add): x += delta first, stored back to x, and the norm is of the sum.
 // kGate (rms_norm_silu_gate): y = the norm * silu(gate) (gate [n, dim]), and with q8 on (dim a multiple of
 // 32) its int8 form: a warp's 32 values of step k are one 32-element block; with q8.bf16(), its bf16 form.
-__device__ __forceinline__ float silu_f(float v) { return __fdiv_rn(v, __fadd_rn(1.0f, expf(-v))); }
 template <int kPer, bool kGate>
 __global__ void rms_norm_warp_kernel(float* x, int64_t xs, const float* delta, const float* w, float eps, int64_t n,
                                      int64_t dim, float* y, int64_t ys, const float* gate, Q8Out q8) {
@@ -205,7 +205,7 @@ __global__ void sigmoid_kernel(float* x, int64_t n) {
 __global__ void swiglu_kernel(const float* gate, const float* up, float* out, int64_t n, Q8Out q8) {
   pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float o = __fmul_rn(silu_f(gate[i]), up[i]);
+    const float o = swiglu_f(gate[i], up[i]);
     out[i] = o;
     if (q8.bf16()) q8.xb[i] = qblocks::f32_to_bf16_bits(o);
     if (q8.on()) quantize_q8_block(o, threadIdx.x % 32, i / 32, q8);

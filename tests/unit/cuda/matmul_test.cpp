@@ -34,6 +34,7 @@
 #include "ops/cuda/gemv16_mma.h"
 #include "ops/cuda/gemv_q8.h"
 #include "ops/cuda/matmul.h"
+#include "ops/cuda/norm_rope.h"
 #include "support/random_blocks.h"
 #include "support/cuda_test_util.h"
 #include "support/test_paths.h"
@@ -1091,6 +1092,65 @@ TEST_F(CudaMatmul, bf16_tensor_core_gemv_matches_cpu_and_every_batch_bit_for_bit
   EXPECT_EQ(cuda::gemv16_mma_bf16x(&part, 1, 64, xb + 4, 1), cudaErrorInvalidValue);  // 8-byte aligned
   EXPECT_EQ(cuda::gemv16_mma_bf16x(&part, 1, 64, nullptr, 1), cudaErrorInvalidValue);
   EXPECT_EQ(cuda::gemv16_mma(nullptr, 1, 64, reinterpret_cast<const float*>(x.get()), 1), cudaErrorInvalidValue);
+}
+
+// gemv16_mma_swiglu: act = swiglu(gate product, up product) of gemv16_mma, bit for bit, for rows that end inside a
+// tile and weights of more tiles than the device holds at once, both n-tile counts, x at both alignments; nothing
+// past the outputs written. Then the argument errors.
+TEST_F(CudaMatmul, bf16_gate_up_swiglu_equals_the_products_then_swiglu_bit_for_bit) {
+  SCOPED_TRACE(seed_note());
+  const int64_t cols = 1024, most = cuda::kGemv16MmaMaxTokens;
+  for (int64_t rows : {int64_t{5}, int64_t{300}, int64_t{16} * 2 * sm_count() + 13}) {
+    SCOPED_TRACE("rows " + std::to_string(rows));
+    const auto wg = random_weights(DType::kBF16, rows, cols, rng_), wu = random_weights(DType::kBF16, rows, cols, rng_);
+    test::DeviceBuffer dg(wg.size()), du(wu.size());
+    DF_ASSERT_CUDA(cudaMemcpy(dg.get(), wg.data(), wg.size(), cudaMemcpyHostToDevice));
+    DF_ASSERT_CUDA(cudaMemcpy(du.get(), wu.data(), wu.size(), cudaMemcpyHostToDevice));
+    const auto x = random_x(most, cols, rng_);
+    for (int64_t n : {1L, 7L, 8L, 9L, 16L})
+      for (int shift : {0, 1}) {  // x `shift` floats into its buffer
+        SCOPED_TRACE("n " + std::to_string(n) + " shift " + std::to_string(shift));
+        test::DeviceBuffer dx((x.size() + 4) * 4);
+        float* xp = reinterpret_cast<float*>(dx.get()) + shift;
+        DF_ASSERT_CUDA(cudaMemcpy(xp, x.data(), static_cast<size_t>(n * cols) * 4, cudaMemcpyHostToDevice));
+        const int64_t words = n * rows + kGuard;
+        test::DeviceBuffer yg(words * 4), yu(words * 4), act(words * 4), ref(words * 4);
+        for (auto* b : {&yg, &yu, &act, &ref})
+          DF_ASSERT_CUDA(cuda::fill_u32(reinterpret_cast<uint32_t*>(b->get()), words, kPoison));
+        cuda::Gemv16Part parts[2] = {{dg.get(), rows, reinterpret_cast<float*>(yg.get())},
+                                     {du.get(), rows, reinterpret_cast<float*>(yu.get())}};
+        DF_ASSERT_CUDA(cuda::gemv16_mma(parts, 2, cols, xp, n));
+        DF_ASSERT_CUDA(cuda::swiglu(reinterpret_cast<float*>(yg.get()), reinterpret_cast<float*>(yu.get()),
+                                    reinterpret_cast<float*>(ref.get()), n * rows));
+        DF_ASSERT_CUDA(cuda::gemv16_mma_swiglu(dg.get(), du.get(), rows, cols, xp, n,
+                                               reinterpret_cast<float*>(act.get())));
+        DF_ASSERT_CUDA(cudaDeviceSynchronize());
+        std::vector<uint32_t> got(static_cast<size_t>(words)), want(got.size());
+        DF_ASSERT_CUDA(cudaMemcpy(got.data(), act.get(), got.size() * 4, cudaMemcpyDeviceToHost));
+        DF_ASSERT_CUDA(cudaMemcpy(want.data(), ref.get(), want.size() * 4, cudaMemcpyDeviceToHost));
+        for (int64_t i = 0; i < n * rows; ++i) {
+          ASSERT_TRUE(std::isfinite(std::bit_cast<float>(want[i]))) << "token " << i / rows << " row " << i % rows;
+          ASSERT_EQ(got[i], want[i]) << "token " << i / rows << " row " << i % rows;
+        }
+        for (int64_t i = n * rows; i < words; ++i) ASSERT_EQ(got[i], kPoison) << "guard overwritten at " << i;
+      }
+  }
+  // Refused: a bad shape, null or misaligned pointers.
+  test::DeviceBuffer w(64 * 64 * 2 + 16), x(4 * 64 * 33), y(4 * 64 * 33);
+  const auto* xf = reinterpret_cast<const float*>(x.get());
+  auto* yf = reinterpret_cast<float*>(y.get());
+  EXPECT_EQ(cuda::gemv16_mma_swiglu(w.get(), w.get(), 64, 64, xf, cuda::kGemv16MmaBf16XFrom, yf),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::gemv16_mma_swiglu(w.get(), w.get(), 64, 64, xf, 0, yf), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::gemv16_mma_swiglu(w.get(), w.get(), 64, 96, xf, 1, yf), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::gemv16_mma_swiglu(w.get(), w.get(), 64, 64, nullptr, 1, yf), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::gemv16_mma_swiglu(w.get(), w.get(), 64, 64, xf + 1, 1, yf + 1), cudaSuccess);  // x 4-byte aligned
+  EXPECT_EQ(cuda::gemv16_mma_swiglu(w.get() + 2, w.get(), 64, 64, xf, 1, yf), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::gemv16_mma_swiglu(w.get(), nullptr, 64, 64, xf, 1, yf), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::gemv16_mma_swiglu(w.get(), w.get(), 64, 64, xf, 1, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::gemv16_mma_swiglu(w.get(), w.get(), -1, 64, xf, 1, yf), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::gemv16_mma_swiglu(w.get(), w.get(), 0, 64, xf, 1, yf), cudaSuccess);
+  DF_ASSERT_CUDA(cudaDeviceSynchronize());
 }
 
 }  // namespace

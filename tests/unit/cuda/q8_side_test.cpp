@@ -262,5 +262,54 @@ TEST_F(CudaQ8Side, bf16_products_from_17_tokens_read_the_producers_bf16_form) {
   EXPECT_EQ(plain, product_of_copy(w, y, n));
 }
 
+// matmul_swiglu while token-exact, bf16 weights, up to kSwigluFusedMaxTokens tokens: one launch
+// (gemv16_mma_swiglu) whose output is the bits of the grouped products then swiglu, and which leaves no side behind
+// (the down product after it equals the product of a copy). Above that count, not token-exact, or with weights the
+// kernel does not take, it is the default (products, then swiglu: its side read as before).
+TEST_F(CudaQ8Side, matmul_swiglu_equals_the_products_then_swiglu) {
+  SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
+  const int64_t cols = 512, rows = 192, out = 96;
+  const cpu::WeightView wg = weight(DType::kBF16, rows, cols), wu = weight(DType::kBF16, rows, cols);
+  const cpu::WeightView wd = weight(DType::kBF16, out, rows);  // bf16_host_: the down weight's values
+  const cpu::WeightView wq = weight(DType::kQ8_0, rows, cols), wqd = weight(DType::kQ8_0, out, rows);
+  auto unfused = [&](const cpu::WeightView& g, const cpu::WeightView& u, const Buffer& x, int64_t n) {
+    Buffer c = alloc(x.size()), a = alloc(n * rows), b = alloc(n * rows);
+    EXPECT_TRUE(be_->copy(c.data(), x.data(), x.size()).ok());
+    const cpu::WeightView* ws[] = {&g, &u};
+    float* ys[] = {a.data(), b.data()};
+    EXPECT_TRUE(be_->matmul_group(ws, c.data(), n, ys).ok());
+    EXPECT_TRUE(be_->swiglu(a.data(), b.data(), a.data(), n * rows).ok());
+    return download(a);
+  };
+  for (bool exact : {true, false})
+    for (int64_t n : {1, 16, 17, 23, 32}) {
+      const std::string what = std::string(exact ? "token-exact" : "plain") + " n=" + std::to_string(n);
+      be_->set_token_exact(exact);
+      Buffer h = upload(random(n * cols, -3, 3)), wn = upload(random(cols, -2, 2)), x = alloc(n * cols);
+      Buffer g = alloc(n * rows), u = alloc(n * rows);
+      ASSERT_TRUE(be_->rms_norm(h.data(), wn.data(), 1e-6f, n, cols, x.data()).ok());
+      ASSERT_TRUE(be_->matmul_swiglu(wg, wu, x.data(), n, g.data(), u.data()).ok()) << what;
+      const auto got = download(g);
+      for (float v : got) ASSERT_TRUE(std::isfinite(v)) << what;
+      EXPECT_EQ(got, unfused(wg, wu, x, n)) << what;
+      // The down product right after it: the same bits as the product of a copy of its input.
+      ASSERT_TRUE(be_->matmul_swiglu(wg, wu, x.data(), n, g.data(), u.data()).ok()) << what;
+      const auto down = product(wd, g, n);
+      if (exact) expect_host_product(down, g, n, out, "the down product, " + what);
+      EXPECT_EQ(down, product_of_copy(wd, g, n)) << what;
+      // Weights the kernel does not take: the default, the same values, its int8 side read by the next product.
+      ASSERT_TRUE(be_->matmul_swiglu(wq, wq, x.data(), n, g.data(), u.data()).ok()) << what;
+      const int64_t uses = be_->q8_side_uses();
+      const auto qdown = product(wqd, g, n);
+      EXPECT_EQ(be_->q8_side_uses(), uses + (exact || n <= 16 ? 1 : 0)) << "q8_0 " << what;  // else the GEMM
+      EXPECT_EQ(qdown, product_of_copy(wqd, g, n)) << "q8_0 " << what;
+      EXPECT_EQ(download(g), unfused(wq, wq, x, n)) << "q8_0 " << what;
+    }
+  be_->set_token_exact(false);
+  Buffer x = alloc(cols), g = alloc(rows), u = alloc(rows);
+  const cpu::WeightView narrow = weight(DType::kBF16, rows / 2, cols);
+  EXPECT_FALSE(be_->matmul_swiglu(wg, narrow, x.data(), 1, g.data(), u.data()).ok()) << "rows differ";
+}
+
 }  // namespace
 }  // namespace dflash
