@@ -161,5 +161,29 @@ TEST(BackendWeights, the_default_form_is_the_stored_bytes) {
   EXPECT_FALSE(be.weight_bytes(WeightView{DType::kF32, -1, 32, nullptr}).ok());
 }
 
+// Backend::matmul_swiglu's default (what the CPU backend runs): g = silu(x gate^T) * (x up^T) as matmul of each
+// then swiglu, bit for bit; gate and up of different shapes refused with g untouched.
+TEST(BackendMatmulSwiglu, the_default_is_the_products_then_swiglu) {
+  SeededRng s;
+  CpuBackend be(2);
+  const int64_t rows = 37, cols = 256, n = 3;
+  for (DType t : {DType::kBF16, DType::kQ8_0}) {
+    SCOPED_TRACE(dtype_name(t));
+    Weight wg = make_weight(t, rows, cols, s.rng), wu = make_weight(t, rows, cols, s.rng);
+    const auto x = test::normal_vec(s.rng, static_cast<size_t>(n * cols), 2.0f);
+    std::vector<float> g(static_cast<size_t>(n * rows)), u(g.size()), rg(g.size()), ru(g.size());
+    ASSERT_TRUE(be.matmul_swiglu(wg.view, wu.view, x.data(), n, g.data(), u.data()).ok());
+    ASSERT_TRUE(be.matmul(wg.view, x.data(), n, rg.data()).ok());
+    ASSERT_TRUE(be.matmul(wu.view, x.data(), n, ru.data()).ok());
+    ASSERT_TRUE(be.swiglu(rg.data(), ru.data(), rg.data(), n * rows).ok());
+    EXPECT_EQ(g, rg);
+    Weight narrow = make_weight(t, rows - 5, cols, s.rng);
+    std::vector<float> before = g;
+    EXPECT_EQ(be.matmul_swiglu(wg.view, narrow.view, x.data(), n, g.data(), u.data()).code(),
+              ErrorCode::kInvalidArgument);
+    EXPECT_EQ(g, before);
+  }
+}
+
 }  // namespace
 }  // namespace dflash::cpu
