@@ -193,9 +193,12 @@ __global__ void __launch_bounds__(32 * K) gemv16_mma_kernel(const Args a) {
 template <int NT8, XForm kX, int K, int T, int U, bool kPair>
 cudaError_t launch_shape(Args a, cudaStream_t stream) {
   a.first_block[0] = 0;
-  for (int i = 0; i < a.n_parts; ++i)  // kPair: both parts' blocks are the first's (8 of its rows a tile)
-    a.first_block[i + 1] = kPair ? (a.parts[0].rows + 8 * T - 1) / (8 * T)
-                                 : a.first_block[i] + (a.parts[i].rows + 16 * T - 1) / (16 * T);
+  if constexpr (kPair) {  // a block takes 8 rows of each of the two parts a tile
+    a.first_block[1] = a.first_block[2] = (a.parts[0].rows + 8 * T - 1) / (8 * T);
+  } else {
+    for (int i = 0; i < a.n_parts; ++i)
+      a.first_block[i + 1] = a.first_block[i] + (a.parts[i].rows + 16 * T - 1) / (16 * T);
+  }
   const int64_t blocks = a.first_block[a.n_parts];
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
   // Persistent: as many CTAs as fit on the device at once, each taking every gridDim.x-th CTA's rows (CTAs that

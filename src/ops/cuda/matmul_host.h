@@ -99,18 +99,6 @@ struct MatmulTarget {
 Status matmul_group(std::span<const MatmulTarget> targets, int64_t cols, const float* x, int64_t n,
                     cudaStream_t stream = nullptr, MatmulPath path = MatmulPath::kAuto, const Q8Out* xq8 = nullptr);
 
-// Whether matmul_swiglu takes this SwiGLU's gate and up products at n tokens on `path`: kTokenExact (verify steps,
-// and the plain steps of a target with a draft) with bf16 weights of equal rows that gemv16_mma takes.
-bool matmul_swiglu_fused(const MatmulTarget& gate, const MatmulTarget& up, int64_t cols, int64_t n,
-                         MatmulPath path);
-
-// act [n, rows] = silu(x gate^T) * (x up^T) in one launch (gemv16_mma_swiglu): the bits of the kTokenExact
-// matmul_group of both, then swiglu. act_b (nullable): act's bf16 form too. xq8 as matmul_group's (its xb read
-// from kGemv16MmaBf16XFrom tokens). The targets' y are not used. Errors (nothing enqueued) where
-// matmul_swiglu_fused does not hold, or for a null or misaligned x or act.
-Status matmul_swiglu(const MatmulTarget& gate, const MatmulTarget& up, int64_t cols, const float* x, int64_t n,
-                     float* act, uint16_t* act_b, cudaStream_t stream = nullptr, const Q8Out* xq8 = nullptr);
-
 // The most tokens matmul_swiglu takes: from kGemv16MmaBf16XFrom tokens the unfused products read x in bf16 with
 // two 32-row tiles a CTA, and the fused launch of that form was slower than they and swiglu together (Qwen3.5-27B
 // bf16, 23-token verify 18.94-19.00 -> 19.67-19.68 ms; at 16 tokens 19.11-19.16 -> 18.70-18.71; H200,
