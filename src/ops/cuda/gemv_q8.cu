@@ -123,6 +123,9 @@ struct K4 {
   static constexpr bool kGroupParts = true;  // each lane group's sum is a part of the canonical order
   static constexpr int rows_a_warp(int nt) { return nt == 8 ? 4 : 2; }
   static constexpr int min_ctas(int nt, int /*split*/) { return nt == 1 ? 5 : 1; }  // one token: 96 registers
+  // group_dot's half-full last step as half_tail: q5_K only. H200, one token (docs/benchmarks.md, thirty-seventh
+  // session): q5_K 17408x5120 26.7 -> 25.8 us, 10240x5120 16.6 -> 16.2; q4_K 21.0 -> 21.3, 13.3 -> 13.4.
+  static constexpr bool kHalfTail = kHigh;
   static constexpr int kOneWaveCtas = 6;  // launch_rows (80 registers: q4_K spills 16 bytes, q5_K 72)
   struct Raw {
     uint4 hdr, qs[2], qh[kHigh ? 2 : 1];
@@ -195,8 +198,11 @@ struct K4 {
   // s = 2c, 2c + 1 (this lane's own), t_s = fma(ds_s, isum_s, -(ms_s xsum_s)), v_c = fma(xd_2c+1, t_2c+1,
   // xd_2c t_2c), T = (v_0 + v_1) + (v_2 + v_3) by two butterfly steps within the 4-lane group (float addition
   // is commutative, so every lane of the group forms the same T), acc = acc + T: every lane of the group ends
-  // with the same acc (its part's running sum; 8 parts a warp).
+  // with the same acc (its part's running sum; 8 parts a warp). term() is T alone (half_tail adds it elsewhere).
   __device__ static void add(float& acc, const Codes& k, const Act& x, int lane) {
+    acc = __fadd_rn(acc, term(k, x, lane));
+  }
+  __device__ static float term(const Codes& k, const Act& x, int lane) {
     const unsigned group = 0xfu << (lane & 28);
     const int sl = dot4(k.lo + 4, x.lo[1], dot4(k.lo, x.lo[0], 0));
     const int sh = kHigh ? dot4(k.hi + 4, x.hi[1], dot4(k.hi, x.hi[0], 0))
@@ -205,7 +211,7 @@ struct K4 {
     const float t1 = __fmaf_rn(k.ds1, static_cast<float>(sh), -__fmul_rn(k.ms1, x.s1));
     const float v = __fmaf_rn(x.d.y, t1, __fmul_rn(x.d.x, t0));
     const float w = __fadd_rn(v, __shfl_xor_sync(group, v, 1));
-    acc = __fadd_rn(acc, __fadd_rn(w, __shfl_xor_sync(group, w, 2)));
+    return __fadd_rn(w, __shfl_xor_sync(group, w, 2));
   }
 };
 
@@ -690,25 +696,67 @@ __device__ __forceinline__ void prefetch_first(const Args& a, const uint8_t* con
   }
 }
 
+// Whether block type B may end group_dot with half_tail (its kHalfTail; false where it has none).
+template <typename B>
+constexpr bool has_half_tail() {
+  if constexpr (requires { B::kHalfTail; }) return B::kHalfTail;
+  return false;
+}
+
+// group_dot's last warp step where it would be half full (half_tail_applies): blocks b_first + [0, 4) of two rows,
+// row 0's in lane groups 0-3 and row 1's in groups 4-7, which pass their terms to groups 0-3 (lane - 16), the
+// holders of those blocks' parts. Each part's running sum adds the same terms in the same order as a full-width
+// step would, so the bits are the same.
+template <typename B, int NT>
+__device__ __forceinline__ void half_tail(const Args& a, const uint8_t* const (&rowp)[2], int b_first, int blocks,
+                                          int t0, int n, int lane, float (&acc)[2][NT]) {
+  const int b = b_first + ((lane / B::kLanes) & 3);
+  const typename B::Raw w = B::load(lane < 16 ? rowp[0] : rowp[1], b, blocks, lane);
+  const typename B::Act x0 = B::act(a, t0, b, lane);
+  const typename B::Codes c = B::decode(w, lane);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    if (t >= n) break;
+    const float v = B::term(c, t == 0 ? x0 : B::act(a, t0 + t, b, lane), lane);
+    const float v1 = __shfl_down_sync(0xffffffffu, v, 16);  // row 1's term
+    if (lane < 16) {
+      acc[0][t] = __fadd_rn(acc[0][t], v);
+      acc[1][t] = __fadd_rn(acc[1][t], v1);
+    }
+  }
+}
+
+// Whether group_dot ends with half_tail: 4-lane blocks (8 a warp step; q5_K, B::kHalfTail), two rows a warp, split
+// 1, and a last step of 4 blocks (blocks % 8 == 4: the 5120-wide rows of Qwen3.5-27B, 20 blocks = 8 + 8 + 4), where
+// lane groups 4-7 would idle while 0-3 take both rows.
+template <typename B, int R>
+__device__ __forceinline__ bool half_tail_applies(int split, int blocks) {
+  if constexpr (has_half_tail<B>() && R == 2) return split == 1 && blocks % 8 == 4;
+  return false;
+}
+
 // acc[j][t] += the dot product of row rowp[j] with token t0 + t (t < n) over this lane's blocks: blocks
 // (part * P + lane / kLanes) + i * split * P (P = 32 / kLanes blocks a warp step), in increasing order,
 // whatever R and NT, so every (row, token) sum is formed in the same order by every kernel. Each block's
 // activation slice of a token is loaded once for the R rows; token 0's is loaded with the weights, so one
-// memory round trip serves both (the other tokens' follow in the dot loop).
+// memory round trip serves both (the other tokens' follow in the dot loop). Where half_tail_applies, the last
+// (half-full) step's blocks go through half_tail, in the same order.
 template <typename B, int R, int NT>
 __device__ __forceinline__ void group_dot(const Args& a, const uint8_t* const (&rowp)[R], int part, int split, int t0,
                                           int n, int lane, float (&acc)[R][NT]) {
   constexpr int kPerStep = 32 / B::kLanes;
   constexpr int U = B::kInFlight > R ? B::kInFlight / R : 1;  // blocks of each row in flight
   const int blocks = static_cast<int>(a.cols / B::kElems);
+  const bool tail = half_tail_applies<B, R>(split, blocks);
+  const int end = tail ? blocks - kPerStep / 2 : blocks;  // the blocks the full-width steps take
   const int step = split * kPerStep;
-  for (int b0 = part * kPerStep + lane / B::kLanes; b0 < blocks; b0 += U * step) {
+  for (int b0 = part * kPerStep + lane / B::kLanes; b0 < end; b0 += U * step) {
     typename B::Raw w[U][R];
     typename B::Act x0[U];
 #pragma unroll
     for (int k = 0; k < U; ++k) {
       const int b = b0 + k * step;
-      if (b < blocks) {
+      if (b < end) {
 #pragma unroll
         for (int j = 0; j < R; ++j) w[k][j] = B::load(rowp[j], b, blocks, lane);
         x0[k] = B::act(a, t0, b, lane);
@@ -717,7 +765,7 @@ __device__ __forceinline__ void group_dot(const Args& a, const uint8_t* const (&
 #pragma unroll
     for (int k = 0; k < U; ++k) {
       const int b = b0 + k * step;
-      if (b >= blocks) break;
+      if (b >= end) break;
       typename B::Codes c[R];
 #pragma unroll
       for (int j = 0; j < R; ++j) {
@@ -735,6 +783,8 @@ __device__ __forceinline__ void group_dot(const Args& a, const uint8_t* const (&
       }
     }
   }
+  if constexpr (has_half_tail<B>() && R == 2)
+    if (tail) half_tail<B, NT>(a, rowp, end, blocks, t0, n, lane, acc);
 }
 
 // The row epilogue of the kGroupParts types: lane group g (G groups of 32 / G lanes a warp) of the warp taking

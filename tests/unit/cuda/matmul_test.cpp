@@ -510,7 +510,8 @@ std::vector<int64_t> rows_for_every_split() {
 // split row counts are also checked against the CPU. Long rows take several blocks a lane at split 1; short
 // rows (one warp step of blocks: 12 q8_0 blocks, 4 super-blocks, 3 K-quant blocks) have a split's warps take
 // shares of the tokens instead, and there one launch takes up to 32 tokens (16 a warp); elsewhere the host
-// slices batches of more than 16.
+// slices batches of more than 16. 12 K-quant blocks end q5_K's two-row kernels at split 1 in a half-full
+// warp step (half_tail), its four-row kernel (8 tokens) in a full-width one.
 TEST_F(CudaMatmul, gemv_q8_every_token_count_equals_one_token_bit_for_bit) {
   SCOPED_TRACE(seed_note());
   std::vector<int64_t> row_counts = {1, 3, 6, 37};
@@ -520,7 +521,7 @@ TEST_F(CudaMatmul, gemv_q8_every_token_count_equals_one_token_bit_for_bit) {
     std::vector<std::pair<int64_t, int64_t>> shapes;  // (cols, rows)
     const bool b32 = dtype_info(t)->block_elems == 32;
     const std::vector<int64_t> col_counts = b32 ? std::vector<int64_t>{cols_for(t)[2], 384, 1024}
-                                                : std::vector<int64_t>{cols_for(t)[2], 768};
+                                                : std::vector<int64_t>{cols_for(t)[2], 768, 3072};
     for (int64_t cols : col_counts)
       for (int64_t rows : row_counts) shapes.emplace_back(cols, rows);
     for (const auto& [cols, rows] : shapes) {
@@ -654,18 +655,20 @@ TEST_F(CudaMatmul, gemv_q8_grouped_parts_split_inside_row_groups) {
 // kAuto product gives it (bf16 weights keep the f32 16-bit GEMV there). The groups are laid out so that the large
 // q4_K and q6_K weights take mmq at each of the one-token launch's splits (q4_K at splits 1 and 2: 4 and 8 parts,
 // not at 4: 16 parts, gemv_q8; q6_K at 1, 2 and 4: 2, 4, 8 parts), beside small weights that stay in the group's
-// gemv_q8 launch, and other types (gemv_q8 in 16-token slices, gemv16_mma for bf16).
+// gemv_q8 launch, and other types (gemv_q8 in 16-token slices, gemv16_mma for bf16). Rows of 4 and 12 blocks end
+// the one-token GEMV at split 1 in a half-full warp step (q5_K: gemv_q8's half_tail).
 TEST_F(CudaMatmul, token_exact_path_equals_one_token_products_bit_for_bit) {
   SCOPED_TRACE(seed_note());
   const int64_t sms = sm_count();
   ASSERT_GT(sms, 0);
-  const int64_t cols = 1024;
   struct Layout {
     std::vector<DType> types;
     std::vector<int64_t> rows;
+    int64_t cols = 1024;
   };
   const std::vector<Layout> layouts = {
       {{DType::kQ4_K, DType::kQ4_K, DType::kQ4_K, DType::kQ6_K}, {32 * sms + 3, 48, 600, 70}},  // split 1
+      {{DType::kQ4_K, DType::kQ5_K, DType::kQ4_K}, {32 * sms + 1, 40, 7}, 3072},                // split 1, 12 blocks
       {{DType::kQ4_K, DType::kQ4_K}, {16 * sms + 5, 48}},                                        // split 2
       {{DType::kQ4_K, DType::kBF16, DType::kQ8_0, DType::kQ5_K}, {700, 33, 65, 129}},           // split 4
       {{DType::kQ6_K, DType::kQ6_K, DType::kQ4_K}, {32 * sms + 7, 40, 520}},                     // q6_K split 1
@@ -673,7 +676,8 @@ TEST_F(CudaMatmul, token_exact_path_equals_one_token_products_bit_for_bit) {
       {{DType::kQ6_K, DType::kQ6_K}, {900, 600}},                                                // q6_K split 4
   };
   for (const Layout& l : layouts) {
-    std::string what = "layout:";
+    const int64_t cols = l.cols;
+    std::string what = "layout, " + std::to_string(cols) + " columns:";
     for (size_t i = 0; i < l.types.size(); ++i) what += " " + std::string(dtype_name(l.types[i])) + " x" + std::to_string(l.rows[i]);
     SCOPED_TRACE(what);
     std::vector<std::unique_ptr<test::DeviceBuffer>> dw;
