@@ -567,7 +567,9 @@ Status CudaBackend::copy_rows(float* dst, int64_t dst_stride, const float* src, 
 // set_tensor_core_prefill(false), the GEMV kernels in slices of 16 tokens; while set_token_exact(true)
 // (speculative verify steps, and the plain steps of a target with a draft) the token-exact path
 // (MatmulPath::kTokenExact: GEMV kernels, mmq for the large q4_K and q6_K weights, gemv16_mma for bf16) in slices
-// of 32: each token's row then equals what a one-token token-exact step computes.
+// of 32: each token's row then equals what a one-token token-exact step computes. Products of 17..32 tokens whose
+// integer-dot weights the GEMM would dequantize to bf16 first (no fused kernel for their type or row length: a DFlash
+// draft's 384-wide K/V over its context and block rows) take the token-exact path too.
 Status CudaBackend::matmul(const cpu::WeightView& w, const float* x, int64_t n, float* y) {
   activate();
   const cpu::WeightView* ws[] = {&w};
@@ -586,8 +588,14 @@ Status CudaBackend::matmul_group(std::span<const cpu::WeightView* const> ws, con
     if (w->cols != cols) return invalid_argument("matmul_group: weights of {} and {} columns", cols, w->cols);
     targets.push_back({w->type, w->data, w->rows, nullptr});
   }
-  const int64_t slice = token_exact_ ? cuda::kMmqMaxTokens : cuda::kGemvMaxTokens;
-  const cuda::MatmulPath path = token_exact_ ? cuda::MatmulPath::kTokenExact : cuda::MatmulPath::kAuto;
+  // 17..32 tokens of integer-dot weights that the GEMM would dequantize first: the token-exact kernels, one slice.
+  const bool q8_not_gemm = !token_exact_ && n > cuda::kGemvMaxTokens && n <= cuda::kMmqMaxTokens &&
+                           std::all_of(ws.begin(), ws.end(), [&](const cpu::WeightView* w) {
+                             return cuda::gemm_dequantizes_q8_type(w->type, w->data, w->rows, cols, n);
+                           });
+  const bool exact_kernels = token_exact_ || q8_not_gemm;
+  const int64_t slice = exact_kernels ? cuda::kMmqMaxTokens : cuda::kGemvMaxTokens;
+  const cuda::MatmulPath path = exact_kernels ? cuda::MatmulPath::kTokenExact : cuda::MatmulPath::kAuto;
   const bool side = q8_side_.src == x && q8_side_.elems == n * cols;  // x's producer quantized it already
   const bool side_bf16 = side && q8_side_.bf16;                         // ... and wrote its bf16 form
   // The first token-exact product of bf16 weights from kGemv16MmaBf16XFrom tokens whose x has no bf16 side asks
@@ -602,7 +610,7 @@ Status CudaBackend::matmul_group(std::span<const cpu::WeightView* const> ws, con
     return w->type == DType::kBF16 || w->type == DType::kF16;
   });
   const int64_t gemm_from = float_weights ? 2 : cuda::kGemvMaxTokens + 1;
-  if (n >= gemm_from && tensor_core_prefill_ && !token_exact_) {  // x rounded to bf16 once for every weight
+  if (n >= gemm_from && tensor_core_prefill_ && !exact_kernels) {  // x rounded to bf16 once for every weight
     for (size_t i = 0; i < ws.size(); ++i) targets[i].y = ys[i];
     return cuda::matmul_group(targets, cols, x, n, stream_, cuda::MatmulPath::kGemmBf16, nullptr);
   }

@@ -427,6 +427,11 @@ bool gemm_fused_preferred(DType wtype, const void* w, int64_t rows, int64_t cols
   return n <= (max_n < 0 ? kFusedMaxTokens : max_n);
 }
 
+bool gemm_dequantizes_q8_type(DType wtype, const void* w, int64_t rows, int64_t cols, int64_t n) {
+  return wtype != DType::kBF16 && !gemm_fused_preferred(wtype, w, rows, cols, n) && gemv_q8_supported(wtype) &&
+         is_aligned(w, kQ8WeightAlign);
+}
+
 void set_gemm_fused_max_tokens(int64_t n) { g_fused_max_tokens.store(n < 0 ? -1 : n, std::memory_order_relaxed); }
 
 void set_gemm_slab_bytes(int64_t bytes) { g_slab_bytes.store(bytes > 0 ? bytes : 0, std::memory_order_relaxed); }

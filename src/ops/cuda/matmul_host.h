@@ -63,6 +63,12 @@ constexpr int64_t kExactMmqMinRows = 512;   // smaller weights stay in their gro
 // one where it measured faster than dequantize + cuBLAS on an H100).
 bool gemm_fused_preferred(DType wtype, const void* w, int64_t rows, int64_t cols, int64_t n);
 
+// Whether kGemmBf16 would dequantize this weight to bf16 for cuBLAS (neither the fused kernel nor a bf16 weight
+// cuBLAS reads as it is), and kTokenExact takes it on the integer-dot kernels (gemv_q8, mmq): for products of at
+// most kMmqMaxTokens tokens those read W once in one launch a type, where the GEMM path launches a dequantize and
+// a GEMM a weight (a DFlash draft's K/V products over its context and block rows).
+bool gemm_dequantizes_q8_type(DType wtype, const void* w, int64_t rows, int64_t cols, int64_t n);
+
 // Benchmarks: the largest token count kGemmBf16 sends to the fused kernel (-1 restores the measured
 // default, 0 turns it off). Not thread-safe against running products.
 void set_gemm_fused_max_tokens(int64_t n);

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -15,6 +16,7 @@
 
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/gemv16_mma.h"
+#include "ops/cuda/mmq.h"
 #include "support/cuda_test_util.h"
 #include "support/random_blocks.h"
 #include "support/test_paths.h"
@@ -183,6 +185,48 @@ TEST_F(CudaQ8Side, gemv_after_its_producer_equals_gemv_on_a_copy_and_rewrites_in
   }
 }
 
+// Products of 17..32 tokens whose weights the GEMM would dequantize to bf16 first (q8_0 rows of 384, q4_0: no fused
+// kernel takes them) run the token-exact integer-dot kernels even in plain steps: the same bits as a token-exact
+// product, where the GEMM's bf16 rounding of x would differ. 33 tokens, and a q8_0 weight the fused GEMM takes
+// (512 columns), stay on the GEMM.
+TEST_F(CudaQ8Side, few_token_products_of_dequantized_types_take_the_integer_dot_kernels) {
+  SCOPED_TRACE("seed " + std::to_string(seed_) + " (DFLASH_TEST_SEED)");
+  struct Case {
+    DType type;
+    int64_t cols;
+    bool integer_dot;  // from 17 to 32 tokens
+  };
+  for (const Case c : {Case{DType::kQ8_0, 384, true}, Case{DType::kQ4_0, 512, true}, Case{DType::kQ8_0, 512, false}}) {
+    const cpu::WeightView wk = weight(c.type, 128, c.cols), wv = weight(c.type, 64, c.cols);
+    for (int64_t n : {17, 24, 32, 33}) {
+      const std::string what = std::string(dtype_name(c.type)) + " cols=" + std::to_string(c.cols) + " n=" +
+                               std::to_string(n);
+      Buffer x = upload(random(n * c.cols, -2, 2));
+      // The first m tokens' rows of K and V.
+      auto group = [&](bool exact, int64_t m) {
+        be_->set_token_exact(exact);
+        Buffer k = alloc(m * wk.rows), v = alloc(m * wv.rows);
+        const cpu::WeightView* ws[] = {&wk, &wv};
+        float* ys[] = {k.data(), v.data()};
+        EXPECT_TRUE(be_->matmul_group(ws, x.data(), m, ys).ok()) << what;
+        be_->set_token_exact(false);
+        auto out = download(k);
+        out.resize(static_cast<size_t>(std::min<int64_t>(m, 32) * wk.rows));
+        auto vo = download(v);
+        vo.resize(static_cast<size_t>(std::min<int64_t>(m, 32) * wv.rows));
+        out.insert(out.end(), vo.begin(), vo.end());
+        return out;
+      };
+      const auto plain = group(false, n), exact = group(true, std::min<int64_t>(n, cuda::kMmqMaxTokens));
+      for (float f : plain) ASSERT_TRUE(std::isfinite(f)) << what;
+      if (c.integer_dot && n <= cuda::kMmqMaxTokens)
+        EXPECT_EQ(plain, exact) << what << ": should run the token-exact kernels";
+      else
+        EXPECT_NE(plain, exact) << what << ": should run the GEMM (x rounded to bf16)";
+    }
+  }
+}
+
 // A copy between a producer and its GEMV (a layer's captured output, copied after the norm that formed it) keeps
 // the side when it writes another buffer, and drops it when it writes into the producer's output: the product
 // then quantizes the copied values.
@@ -301,7 +345,8 @@ TEST_F(CudaQ8Side, matmul_swiglu_equals_the_products_then_swiglu) {
       ASSERT_TRUE(be_->matmul_swiglu(wq, wq, x.data(), n, g.data(), u.data()).ok()) << what;
       const int64_t uses = be_->q8_side_uses();
       const auto qdown = product(wqd, g, n);
-      EXPECT_EQ(be_->q8_side_uses(), uses + (exact || n <= 16 ? 1 : 0)) << "q8_0 " << what;  // else the GEMM
+      // 192 columns: no fused GEMM for them, so 17..32 tokens take the integer-dot kernels too
+      EXPECT_EQ(be_->q8_side_uses(), uses + 1) << "q8_0 " << what;
       EXPECT_EQ(qdown, product_of_copy(wqd, g, n)) << "q8_0 " << what;
       EXPECT_EQ(download(g), unfused(wq, wq, x, n)) << "q8_0 " << what;
     }
