@@ -186,6 +186,8 @@ struct Args16 {
 };
 
 // acc[j][t] += dot(the 8 weights of q[j], x[t, col..col+8)) for each of the R rows' words.
+// x through coherent loads (__ldca), which ptxas keeps below the PDL wait (launch.cuh): gemv16_kernel loads weights
+// before it.
 template <uint32_t kType, int NT, int R>
 __device__ __forceinline__ void dot_chunk16(const Args16& a, int64_t col, const uint4 (&q)[R],
                                             float (&acc)[R][NT]) {
@@ -195,7 +197,7 @@ __device__ __forceinline__ void dot_chunk16(const Args16& a, int64_t col, const 
 #pragma unroll
   for (int t = 0; t < NT; ++t) {  // tokens past n repeat the last one (no branch; not stored)
     const float4* xp = reinterpret_cast<const float4*>(a.x + (t < a.n ? t : a.n - 1) * a.cols + col);
-    const float4 v0 = __ldg(xp), v1 = __ldg(xp + 1);
+    const float4 v0 = __ldca(xp), v1 = __ldca(xp + 1);
     const float xs[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
     for (int j = 0; j < R; ++j)
@@ -207,9 +209,10 @@ __device__ __forceinline__ void dot_chunk16(const Args16& a, int64_t col, const 
 // kGrouped: several parts, the CTA's picked by selects over them (an index into the parameters would take them to
 // local memory); else the one part's fields stay parameters, as before grouping: a form that held them in
 // registers for every launch (and counted chunks in 32 bits) took 3-8% longer a one-token product (H200).
+// Each lane's first U chunks of its R rows are loaded before the PDL wait (weights are constant), so that they
+// stream in while the kernel before this one (a norm, the attention merge, SwiGLU) drains; x is read after it.
 template <uint32_t kType, int NT, int R, int U, bool kGrouped>
 __global__ void __launch_bounds__(kThreads) gemv16_kernel(const Args16 a) {
-  pdl_begin();
   __shared__ float partial[kWarps][R * NT];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   // The CTA's part (the same in every thread: each part starts at a CTA, Args16::first_cta) and its rows there.
@@ -227,12 +230,26 @@ __global__ void __launch_bounds__(kThreads) gemv16_kernel(const Args16 a) {
   for (int j = 0; j < R; ++j)
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[j][t] = 0.0f;
-  if (row0 < pt.rows) {
-    const uint8_t* rp[R];  // rows past the end read the last row again (their sums are not stored)
+  const uint8_t* rp[R];  // rows past the end read the last row again (their sums are not stored)
 #pragma unroll
-    for (int j = 0; j < R; ++j) rp[j] = pt.w + (row0 + j < pt.rows ? row0 + j : pt.rows - 1) * a.rb;
-    const int64_t chunks = a.cols / 8, stride = int64_t{a.split} * 32;
-    int64_t c = int64_t{part} * 32 + lane;
+  for (int j = 0; j < R; ++j) rp[j] = pt.w + (row0 + j < pt.rows ? row0 + j : pt.rows - 1) * a.rb;
+  const int64_t chunks = a.cols / 8, stride = int64_t{a.split} * 32;
+  int64_t c = int64_t{part} * 32 + lane;
+  const bool live = row0 < pt.rows, whole = live && c + (U - 1) * stride < chunks;  // a first whole round
+  uint4 q0[U][R];
+  if (whole) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int j = 0; j < R; ++j) q0[u][j] = ldw_u4(rp[j] + (c + u * stride) * 16);
+  }
+  pdl_begin();
+  if (whole) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) dot_chunk16<kType, NT, R>(a, (c + u * stride) * 8, q0[u], acc);
+    c += U * stride;
+  }
+  if (live) {
     for (; c + (U - 1) * stride < chunks; c += U * stride) {
       uint4 q[U][R];
 #pragma unroll
