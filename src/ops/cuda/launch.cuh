@@ -19,8 +19,8 @@
 // may schedule them above griddepcontrol.wait. A kernel that loads anything before its wait (gemv16_mma and
 // gemv16_kernel: their first weight chunks) therefore reads what earlier kernels wrote with coherent loads (__ldca):
 // gemv16_mma's x loads sat above the wait, and a bf16 product read an RMSNorm's output before the norm had
-// finished (docs/benchmarks.md, twenty-ninth session). tests/gpu/pdl_sass_check.py (run by run_gpu_tests.sh) checks every kernel's SASS for
-// loads above its wait.
+// finished (docs/benchmarks.md, twenty-ninth session). tests/gpu/pdl_sass_check.py (run by run_gpu_tests.sh)
+// checks every kernel's SASS for loads above its wait.
 //
 // Off switch: DFLASH_PDL=0 in the environment (read once per process) launches every kernel without the
 // attribute. DFLASH_PDL=2 also lets the integer-dot GEMV prefetch its first weight blocks into L2 before its

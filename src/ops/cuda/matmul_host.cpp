@@ -428,8 +428,7 @@ bool gemm_fused_preferred(DType wtype, const void* w, int64_t rows, int64_t cols
 }
 
 bool gemm_dequantizes_q8_type(DType wtype, const void* w, int64_t rows, int64_t cols, int64_t n) {
-  return wtype != DType::kBF16 && !gemm_fused_preferred(wtype, w, rows, cols, n) && gemv_q8_supported(wtype) &&
-         is_aligned(w, kQ8WeightAlign);
+  return !gemm_fused_preferred(wtype, w, rows, cols, n) && q8_applies(wtype, w, cols, n, MatmulPath::kTokenExact);
 }
 
 void set_gemm_fused_max_tokens(int64_t n) { g_fused_max_tokens.store(n < 0 ? -1 : n, std::memory_order_relaxed); }

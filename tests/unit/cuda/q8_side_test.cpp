@@ -211,9 +211,9 @@ TEST_F(CudaQ8Side, few_token_products_of_dequantized_types_take_the_integer_dot_
         EXPECT_TRUE(be_->matmul_group(ws, x.data(), m, ys).ok()) << what;
         be_->set_token_exact(false);
         auto out = download(k);
-        out.resize(static_cast<size_t>(std::min<int64_t>(m, 32) * wk.rows));
+        out.resize(static_cast<size_t>(std::min(m, cuda::kMmqMaxTokens) * wk.rows));
         auto vo = download(v);
-        vo.resize(static_cast<size_t>(std::min<int64_t>(m, 32) * wv.rows));
+        vo.resize(static_cast<size_t>(std::min(m, cuda::kMmqMaxTokens) * wv.rows));
         out.insert(out.end(), vo.begin(), vo.end());
         return out;
       };
