@@ -65,12 +65,13 @@ struct Args {
   const int* xs;  // [n, cols / 16]: sum of the 16 codes of each half block
   int n, split;  // split: 1, 2 or 4 (gemv_q8 checks it)
   int tsplit;    // 1: a row's blocks fit one warp step, and a row group's `split` warps take tokens instead (launch)
-  int prefetch;  // 1: prefetch the first weight blocks into L2 before the PDL wait (launch.cuh, DFLASH_PDL=2)
 };
 
 // Global loads. Weights are read once: the 16-byte weight loads of K4, q6_K and q8_0 skip L1 (ldw_u4:
 // L1::no_allocate), so that L1 keeps the activations every row of the SM reads again. q4_0's 8-byte loads (two
-// lanes a 16-byte body) and the blocks' 2-byte scales go through L1.
+// lanes a 16-byte body) and the blocks' 2-byte scales go through L1. The activations, which the kernel before this
+// one wrote, are read through coherent loads (__ldca), which ptxas keeps below the PDL wait: the kernel loads its
+// first weight blocks before the wait (launch.cuh).
 using gemv_common::ldw_u4;
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint16_t*>(p)); }
 // acc + the byte dot products of q[0..3] with v's four words; kUnsignedQ: q's bytes unsigned (0..255), v's signed.
@@ -163,11 +164,11 @@ struct K4 {
     const int col = b * 256 + 64 * c;
     const uint4* xr = reinterpret_cast<const uint4*>(a.xq + t * a.cols + col);
     // The four 16-code sums of sub-blocks 2c and 2c + 1 (16-byte aligned: cols / 16 is a multiple of 16).
-    const int4 sr = __ldg(reinterpret_cast<const int4*>(a.xs + t * (a.cols / 16) + b * 16 + 4 * c));
+    const int4 sr = __ldca(reinterpret_cast<const int4*>(a.xs + t * (a.cols / 16) + b * 16 + 4 * c));
     Act x;
-    x.lo[0] = __ldg(xr), x.lo[1] = __ldg(xr + 1);
-    x.hi[0] = __ldg(xr + 2), x.hi[1] = __ldg(xr + 3);
-    x.d = __ldg(reinterpret_cast<const float2*>(a.xd + t * (a.cols / 32) + b * 8 + 2 * c));
+    x.lo[0] = __ldca(xr), x.lo[1] = __ldca(xr + 1);
+    x.hi[0] = __ldca(xr + 2), x.hi[1] = __ldca(xr + 3);
+    x.d = __ldca(reinterpret_cast<const float2*>(a.xd + t * (a.cols / 32) + b * 8 + 2 * c));
     x.s0 = static_cast<float>(sr.x + sr.y);
     x.s1 = static_cast<float>(sr.z + sr.w);
     return x;
@@ -251,12 +252,12 @@ __device__ __forceinline__ GroupAct group_act(const Args& a, int t, int b, int l
   const int8_t* xr = a.xq + t * a.cols + b * 256;
   const float* xd = a.xd + t * (a.cols / 32) + b * 8;
   GroupAct x;
-  x.qa = __ldg(reinterpret_cast<const uint4*>(xr + 16 * ga));
-  x.qb = __ldg(reinterpret_cast<const uint4*>(xr + 16 * gb));
-  x.da = __ldg(xd + ga / 2), x.db = __ldg(xd + gb / 2);
+  x.qa = __ldca(reinterpret_cast<const uint4*>(xr + 16 * ga));
+  x.qb = __ldca(reinterpret_cast<const uint4*>(xr + 16 * gb));
+  x.da = __ldca(xd + ga / 2), x.db = __ldca(xd + gb / 2);
   if constexpr (kSums) {
     const int* xs = a.xs + t * (a.cols / 16) + b * 16;
-    x.sa = __ldg(xs + ga), x.sb = __ldg(xs + gb);
+    x.sa = __ldca(xs + ga), x.sb = __ldca(xs + gb);
   } else {
     x.sa = x.sb = 0;
   }
@@ -484,13 +485,13 @@ struct Q40 : Block32Shape {
   __device__ static Act act(const Args& a, int t, int b, int lane) {
     const int8_t* xr = a.xq + t * a.cols + b * 32 + 8 * (lane & 1);
     Act x;
-    x.lo = __ldg(reinterpret_cast<const uint2*>(xr));
-    x.hi = __ldg(reinterpret_cast<const uint2*>(xr + 16));
+    x.lo = __ldca(reinterpret_cast<const uint2*>(xr));
+    x.hi = __ldca(reinterpret_cast<const uint2*>(xr + 16));
     const int s = __dp4a(static_cast<int>(x.hi.y), kOnes,
                          __dp4a(static_cast<int>(x.hi.x), kOnes,
                                 __dp4a(static_cast<int>(x.lo.y), kOnes, __dp4a(static_cast<int>(x.lo.x), kOnes, 0))));
     x.m8 = 8 * s;
-    x.d = __ldg(a.xd + t * (a.cols / 32) + b);
+    x.d = __ldca(a.xd + t * (a.cols / 32) + b);
     return x;
   }
   __device__ static Codes decode(const Raw& w, int /*lane*/) {
@@ -531,8 +532,8 @@ struct Q80 : Block32Shape {
   }
   __device__ static Act act(const Args& a, int t, int b, int lane) {
     Act x;
-    x.x = __ldg(reinterpret_cast<const uint4*>(a.xq + t * a.cols + b * 32 + 16 * (lane & 1)));
-    x.d = __ldg(a.xd + t * (a.cols / 32) + b);
+    x.x = __ldca(reinterpret_cast<const uint4*>(a.xq + t * a.cols + b * 32 + 16 * (lane & 1)));
+    x.d = __ldca(a.xd + t * (a.cols / 32) + b);
     return x;
   }
   __device__ static Codes decode(const Raw& w, int /*lane*/) {
@@ -565,7 +566,7 @@ __device__ __forceinline__ void add_super_block(float& acc, float xd, float d, i
 // p_3)) + ((p_4 + p_5) + (p_6 + p_7)) by three butterfly steps within the 8-lane group (float addition commutes,
 // so every lane forms the same sums), acc = acc + inner. Rows of other lengths take Q80.
 struct Q80S {
-  static constexpr int kBytes = 8 * kQ80Body, kElems = 256, kLanes = 8;
+  static constexpr int kElems = 256, kLanes = 8;
   static constexpr int kInFlight = 2;
   static constexpr bool kHoistTokens = false;
   static constexpr bool kGroupParts = true;  // each lane group's sum is a part of the canonical order
@@ -595,9 +596,9 @@ struct Q80S {
     const int blk = 8 * b + (lane & 7);
     const auto* xr = reinterpret_cast<const uint4*>(a.xq + t * a.cols + blk * 32);
     Act x;
-    x.x0 = __ldg(xr);
-    x.x1 = __ldg(xr + 1);
-    x.d = __ldg(a.xd + t * (a.cols / 32) + blk);
+    x.x0 = __ldca(xr);
+    x.x1 = __ldca(xr + 1);
+    x.d = __ldca(a.xd + t * (a.cols / 32) + blk);
     return x;
   }
   __device__ static Codes decode(const Raw& w, int /*lane*/) {
@@ -617,7 +618,7 @@ struct Q80S {
 // code bytes: one 16-byte load; low nibbles elements 0-15, high ones 16-31; code - 8, the offset taken off with
 // the activations' half-block sums, so isum is exact), then as Q80S. Rows of other lengths take Q40.
 struct Q40S {
-  static constexpr int kBytes = 8 * kQ40Body, kElems = 256, kLanes = 8;
+  static constexpr int kElems = 256, kLanes = 8;
   static constexpr int kInFlight = 2;
   static constexpr bool kHoistTokens = false;
   static constexpr bool kGroupParts = true;
@@ -646,12 +647,12 @@ struct Q40S {
   __device__ static Act act(const Args& a, int t, int b, int lane) {
     const int blk = 8 * b + (lane & 7);
     const auto* xr = reinterpret_cast<const uint4*>(a.xq + t * a.cols + blk * 32);
-    const int2 xs = __ldg(reinterpret_cast<const int2*>(a.xs + t * (a.cols / 16) + 2 * blk));
+    const int2 xs = __ldca(reinterpret_cast<const int2*>(a.xs + t * (a.cols / 16) + 2 * blk));
     Act x;
-    x.x0 = __ldg(xr);
-    x.x1 = __ldg(xr + 1);
+    x.x0 = __ldca(xr);
+    x.x1 = __ldca(xr + 1);
     x.m8 = 8 * (xs.x + xs.y);
-    x.d = __ldg(a.xd + t * (a.cols / 32) + blk);
+    x.d = __ldca(a.xd + t * (a.cols / 32) + blk);
     return x;
   }
   __device__ static Codes decode(const Raw& w, int /*lane*/) {
@@ -669,32 +670,6 @@ struct Q40S {
     add_super_block(acc, x.d, c.d, dot4(c.hi, x.x1, dot4(c.lo, x.x0, 0)) - x.m8, lane);
   }
 };
-
-// Before the PDL wait (weights are constant during a step): the L2 prefetch of the weight bytes of
-// group_dot's first iteration, the blocks b0 + k * step (k < U) of each row. Lane u of a block's kLanes
-// touches bytes 32u, 32 (u + kLanes), ... (those past the block's end: its last byte), so every 32-byte sector
-// of the block is prefetched whatever its alignment. A cache hint only: it changes no value.
-template <typename B, int R>
-__device__ __forceinline__ void prefetch_first(const Args& a, const uint8_t* const (&rowp)[R], int part, int split,
-                                               int lane) {
-  constexpr int kPerStep = 32 / B::kLanes;
-  constexpr int U = B::kInFlight > R ? B::kInFlight / R : 1;
-  const int u = lane % B::kLanes;
-  const int blocks = static_cast<int>(a.cols / B::kElems);
-  const int step = split * kPerStep;
-  const int b0 = part * kPerStep + lane / B::kLanes;
-#pragma unroll
-  for (int k = 0; k < U; ++k) {
-    const int b = b0 + k * step;
-    if (b < blocks)
-#pragma unroll
-      for (int off = 32 * u; off < B::kBytes + 31; off += 32 * B::kLanes) {
-        const int at = off < B::kBytes ? off : B::kBytes - 1;
-#pragma unroll
-        for (int j = 0; j < R; ++j) asm volatile("prefetch.global.L2 [%0];" ::"l"(rowp[j] + b * B::kBytes + at));
-      }
-  }
-}
 
 // Whether block type B may end group_dot with half_tail (its kHalfTail; false where it has none).
 template <typename B>
@@ -735,56 +710,93 @@ __device__ __forceinline__ bool half_tail_applies(int split, int blocks) {
   return false;
 }
 
+// The blocks of each row in flight a lane (group_dot's round), the lane's first block of a row (part `part` of its
+// warp steps), and the row's blocks the full-width warp steps take (the rest, where half_tail_applies, go through
+// half_tail).
+template <typename B, int R>
+constexpr int round_blocks() {
+  return B::kInFlight > R ? B::kInFlight / R : 1;
+}
+template <typename B, int R>
+__device__ __forceinline__ int full_step_blocks(const Args& a, int split) {
+  const int blocks = static_cast<int>(a.cols / B::kElems);
+  return half_tail_applies<B, R>(split, blocks) ? blocks - 32 / B::kLanes / 2 : blocks;
+}
+template <typename B>
+__device__ __forceinline__ int first_block(int part, int lane) {
+  return part * (32 / B::kLanes) + lane / B::kLanes;
+}
+
+// The weights of one round of group_dot: blocks b0 + k * step (k < U, those below end) of each row.
+template <typename B, int R, int U>
+__device__ __forceinline__ void load_round(const Args& a, const uint8_t* const (&rowp)[R], int b0, int step, int end,
+                                           int lane, typename B::Raw (&w)[U][R]) {
+  const int blocks = static_cast<int>(a.cols / B::kElems);
+#pragma unroll
+  for (int k = 0; k < U; ++k) {
+    const int b = b0 + k * step;
+    if (b < end)
+#pragma unroll
+      for (int j = 0; j < R; ++j) w[k][j] = B::load(rowp[j], b, blocks, lane);
+  }
+}
+
+// One round of group_dot over the weights load_round loaded: token 0's activation slices of the round's blocks
+// are loaded first (one memory round trip for all of them), the other tokens' in the dot loop.
+template <typename B, int R, int NT, int U>
+__device__ __forceinline__ void dot_round(const Args& a, const typename B::Raw (&w)[U][R], int b0, int step, int end,
+                                          int t0, int n, int lane, float (&acc)[R][NT]) {
+  typename B::Act x0[U];
+#pragma unroll
+  for (int k = 0; k < U; ++k)
+    if (b0 + k * step < end) x0[k] = B::act(a, t0, b0 + k * step, lane);
+#pragma unroll
+  for (int k = 0; k < U; ++k) {
+    const int b = b0 + k * step;
+    if (b >= end) break;
+    typename B::Codes c[R];
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      c[j] = B::decode(w[k][j], lane);
+      B::add(acc[j][0], c[j], x0[k], lane);
+    }
+#pragma unroll
+    for (int t = 1; t < NT; ++t) {
+      int tl = t;
+      if constexpr (B::kHoistTokens) tl = t < n ? t : n - 1;
+      else if (t >= n) break;
+      const typename B::Act x = B::act(a, t0 + tl, b, lane);
+#pragma unroll
+      for (int j = 0; j < R; ++j) B::add(acc[j][t], c[j], x, lane);
+    }
+  }
+}
+
 // acc[j][t] += the dot product of row rowp[j] with token t0 + t (t < n) over this lane's blocks: blocks
 // (part * P + lane / kLanes) + i * split * P (P = 32 / kLanes blocks a warp step), in increasing order,
 // whatever R and NT, so every (row, token) sum is formed in the same order by every kernel. Each block's
-// activation slice of a token is loaded once for the R rows; token 0's is loaded with the weights, so one
-// memory round trip serves both (the other tokens' follow in the dot loop). Where half_tail_applies, the last
+// activation slice of a token is loaded once for the R rows. The first round's weights w0 come loaded
+// (load_round from first_block: the kernel loads them before its PDL wait). Where half_tail_applies, the last
 // (half-full) step's blocks go through half_tail, in the same order.
 template <typename B, int R, int NT>
 __device__ __forceinline__ void group_dot(const Args& a, const uint8_t* const (&rowp)[R], int part, int split, int t0,
-                                          int n, int lane, float (&acc)[R][NT]) {
+                                          int n, int lane, const typename B::Raw (&w0)[round_blocks<B, R>()][R],
+                                          float (&acc)[R][NT]) {
   constexpr int kPerStep = 32 / B::kLanes;
-  constexpr int U = B::kInFlight > R ? B::kInFlight / R : 1;  // blocks of each row in flight
-  const int blocks = static_cast<int>(a.cols / B::kElems);
-  const bool tail = half_tail_applies<B, R>(split, blocks);
-  const int end = tail ? blocks - kPerStep / 2 : blocks;  // the blocks the full-width steps take
+  constexpr int U = round_blocks<B, R>();
+  const int end = full_step_blocks<B, R>(a, split);
   const int step = split * kPerStep;
-  for (int b0 = part * kPerStep + lane / B::kLanes; b0 < end; b0 += U * step) {
+  int b0 = first_block<B>(part, lane);
+  dot_round<B, R, NT, U>(a, w0, b0, step, end, t0, n, lane, acc);
+  for (b0 += U * step; b0 < end; b0 += U * step) {
     typename B::Raw w[U][R];
-    typename B::Act x0[U];
-#pragma unroll
-    for (int k = 0; k < U; ++k) {
-      const int b = b0 + k * step;
-      if (b < end) {
-#pragma unroll
-        for (int j = 0; j < R; ++j) w[k][j] = B::load(rowp[j], b, blocks, lane);
-        x0[k] = B::act(a, t0, b, lane);
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < U; ++k) {
-      const int b = b0 + k * step;
-      if (b >= end) break;
-      typename B::Codes c[R];
-#pragma unroll
-      for (int j = 0; j < R; ++j) {
-        c[j] = B::decode(w[k][j], lane);
-        B::add(acc[j][0], c[j], x0[k], lane);
-      }
-#pragma unroll
-      for (int t = 1; t < NT; ++t) {
-        int tl = t;
-        if constexpr (B::kHoistTokens) tl = t < n ? t : n - 1;
-        else if (t >= n) break;
-        const typename B::Act x = B::act(a, t0 + tl, b, lane);
-#pragma unroll
-        for (int j = 0; j < R; ++j) B::add(acc[j][t], c[j], x, lane);
-      }
-    }
+    load_round<B, R, U>(a, rowp, b0, step, end, lane, w);
+    dot_round<B, R, NT, U>(a, w, b0, step, end, t0, n, lane, acc);
   }
-  if constexpr (has_half_tail<B>() && R == 2)
-    if (tail) half_tail<B, NT>(a, rowp, end, blocks, t0, n, lane, acc);
+  if constexpr (has_half_tail<B>() && R == 2) {
+    const int blocks = static_cast<int>(a.cols / B::kElems);
+    if (end < blocks) half_tail<B, NT>(a, rowp, end, blocks, t0, n, lane, acc);
+  }
 }
 
 // The row epilogue of the kGroupParts types: lane group g (G groups of 32 / G lanes a warp) of the warp taking
@@ -859,15 +871,21 @@ __global__ void __launch_bounds__(kThreads, kCtas) gemv_q8_kernel(const Args a) 
     rowp[j] = a.parts[p].w + r[j] * a.rb;
     y[j] = grow < a.total_rows && n > 0 ? a.parts[p].y + int64_t{t0} * rows[j] : nullptr;
   }
-  // Everything above reads only the kernel parameters; the activations (and y) only after the wait.
-  if (a.prefetch && y[0] != nullptr) prefetch_first<B, R>(a, rowp, part, split, lane);
+  // Everything above reads only the kernel parameters. The first round's weights are loaded before the wait
+  // (weights are constant during a step), so that they stream in while the kernel before this one drains; the
+  // activations (coherent loads, which ptxas keeps below the wait: launch.cuh) and y only after it.
+  constexpr int U = round_blocks<B, R>();
+  typename B::Raw w0[U][R];
+  if (y[0] != nullptr)
+    load_round<B, R, U>(a, rowp, first_block<B>(part, lane), split * (32 / B::kLanes), full_step_blocks<B, R>(a, split),
+                        lane, w0);
   pdl_begin();
   float acc[R][NT];
 #pragma unroll
   for (int j = 0; j < R; ++j)
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[j][t] = 0.0f;
-  if (y[0] != nullptr) group_dot<B, R, NT>(a, rowp, part, split, t0, n, lane, acc);
+  if (y[0] != nullptr) group_dot<B, R, NT>(a, rowp, part, split, t0, n, lane, w0, acc);
   if constexpr (B::kGroupParts) {
     constexpr int G = 32 / B::kLanes;
     __shared__ float parts[kWarps][G][R * NT];
@@ -1035,7 +1053,6 @@ cudaError_t gemv_q8(DType type, const Q8Part* parts, int n_parts, int64_t cols, 
   if (a.total_rows == 0) return cudaSuccess;
   a.split = split != 0 ? split : gemv_q8_split(type, a.total_rows);
   if (n > gemv_q8_max_tokens(type, cols, a.total_rows, a.split)) return cudaErrorInvalidValue;
-  a.prefetch = pdl_mode() == 2 && pdl_enabled() ? 1 : 0;
   return with_kind(id, cols, cudaErrorInvalidValue, [&](auto kind) {
     return launch<typename decltype(kind)::type>(a, stream);
   });

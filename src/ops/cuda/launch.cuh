@@ -16,15 +16,14 @@
 // needs. Without the attribute (PDL off, or an older GPU) both are no-ops and the launch is an ordinary one.
 //
 // ptxas treats non-coherent loads (__ldg, ld.global.nc) as reads of memory constant for the kernel's lifetime and
-// may schedule them above griddepcontrol.wait. A kernel that loads anything before its wait (gemv16_mma and
-// gemv16_kernel: their first weight chunks) therefore reads what earlier kernels wrote with coherent loads (__ldca):
-// gemv16_mma's x loads sat above the wait, and a bf16 product read an RMSNorm's output before the norm had
-// finished (docs/benchmarks.md, twenty-ninth session). tests/gpu/pdl_sass_check.py (run by run_gpu_tests.sh)
+// may schedule them above griddepcontrol.wait. A kernel that loads anything before its wait (gemv16_mma,
+// gemv16_kernel and gemv_q8_kernel: their first weight chunks) therefore reads what earlier kernels wrote with
+// coherent loads (__ldca): gemv16_mma's x loads sat above the wait, and a bf16 product read an RMSNorm's output
+// before the norm had finished (docs/benchmarks.md, twenty-ninth session). tests/gpu/pdl_sass_check.py (run by run_gpu_tests.sh)
 // checks every kernel's SASS for loads above its wait.
 //
 // Off switch: DFLASH_PDL=0 in the environment (read once per process) launches every kernel without the
-// attribute. DFLASH_PDL=2 also lets the integer-dot GEMV prefetch its first weight blocks into L2 before its
-// wait (pdl_mode() == 2; weights are never written by a step, and an L2 prefetch cannot return stale data).
+// attribute.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,13 +38,13 @@
 
 namespace dflash::cuda {
 
-// 0: PDL off; 1: on (the default); 2: on, with the GEMV's weight prefetch before its wait.
+// 0: PDL off; 1: on (the default).
 inline int pdl_mode() {
   static const int mode = [] {
     const char* v = std::getenv("DFLASH_PDL");
     if (v == nullptr || *v == '\0') return 1;
     const int m = std::atoi(v);
-    return m < 0 ? 0 : m > 2 ? 2 : m;
+    return m <= 0 ? 0 : 1;
   }();
   return mode;
 }
