@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 # Kernels that load their first weight chunks before the wait (regexes over demangled names).
-PREFETCHERS = (r"gemv16_mma_kernel", r"gemv16_kernel<", r"gemv_q8_kernel<")
+PREFETCHERS = (r"gemv16_mma_kernel", r"gemv16_kernel<", r"gemv_q8_kernel<", r"mmq_kernel<")
 
 
 def demangle(name):

@@ -15,12 +15,12 @@
 // once every CTA of this one is resident and then only waits: it cannot take SM slots this kernel still
 // needs. Without the attribute (PDL off, or an older GPU) both are no-ops and the launch is an ordinary one.
 //
-// ptxas treats non-coherent loads (__ldg, ld.global.nc) as reads of memory constant for the kernel's lifetime and
-// may schedule them above griddepcontrol.wait. A kernel that loads anything before its wait (gemv16_mma,
-// gemv16_kernel and gemv_q8_kernel: their first weight chunks) therefore reads what earlier kernels wrote with
-// coherent loads (__ldca): gemv16_mma's x loads sat above the wait, and a bf16 product read an RMSNorm's output
-// before the norm had finished (docs/benchmarks.md, twenty-ninth session). tests/gpu/pdl_sass_check.py (run by run_gpu_tests.sh)
-// checks every kernel's SASS for loads above its wait.
+// ptxas treats non-coherent loads (__ldg, ld.global.nc) as reads of memory constant for the kernel's lifetime and may
+// schedule them above griddepcontrol.wait. A kernel that loads anything before its wait (gemv16_mma, gemv16_kernel,
+// gemv_q8_kernel and mmq_kernel: their first weight chunks) therefore reads what earlier kernels wrote with coherent
+// loads (__ldca): gemv16_mma's x loads sat above the wait, and a bf16 product read an RMSNorm's output before the norm
+// had finished (docs/benchmarks.md, twenty-ninth session). tests/gpu/pdl_sass_check.py (run by run_gpu_tests.sh) checks
+// every kernel's SASS for loads above its wait.
 //
 // Off switch: DFLASH_PDL=0 in the environment (read once per process) launches every kernel without the
 // attribute.

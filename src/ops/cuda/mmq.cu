@@ -43,6 +43,7 @@
 
 #include "base/checked_math.h"
 #include "ops/cuda/gemv_q8.h"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/matmul.h"
 #include "ops/cuda/mmq.h"
 #include "ops/cuda/quant_blocks.cuh"
@@ -89,7 +90,10 @@ __device__ __forceinline__ void mma_k16(const uint32_t (&a)[2], uint32_t b, int 
       : "r"(a[0]), "r"(a[1]), "r"(b), "r"(0));
 }
 
-__device__ __forceinline__ uint2 ldg_u2(const void* p) { return __ldg(static_cast<const uint2*>(p)); }
+// The packed activations (mmq_pack_x's, written by the kernel before this one) through coherent loads (__ldca),
+// which ptxas keeps below the PDL wait: mmq_kernel loads its first weight blocks before the wait (launch.cuh).
+__device__ __forceinline__ uint2 ldx_u2(const void* p) { return __ldca(static_cast<const uint2*>(p)); }
+__device__ __forceinline__ uint4 ldx_u4(const void* p) { return __ldca(static_cast<const uint4*>(p)); }
 // Weight loads that skip L1 (read once), or through L1 (kNoAlloc false).
 template <bool kNoAlloc>
 __device__ __forceinline__ uint2 ldw_u2(const void* p) {
@@ -182,8 +186,8 @@ struct Q4K {
         // The tokens' fragments, loaded once for the T tiles: the lane's 16 code bytes of the chunk (column g),
         // and the scale records of its two epilogue columns (xd of sub-blocks 2c, 2c + 1, then their sums).
         const int64_t rec = xrec(a, b, c, nt * 8);
-        const uint4 xv = ldg_u4(a.xc + (rec + g) * 64 + 16 * tid);
-        const float4 s0 = __ldg(a.xsc + rec + 2 * tid), s1 = __ldg(a.xsc + rec + 2 * tid + 1);
+        const uint4 xv = ldx_u4(a.xc + (rec + g) * 64 + 16 * tid);
+        const float4 s0 = __ldca(a.xsc + rec + 2 * tid), s1 = __ldca(a.xsc + rec + 2 * tid + 1);
         // Sub-block sums (h: sub-block 2c + h) of the lane's two token columns.
         const float xsum[2][2] = {{s0.z, s1.z}, {s0.w, s1.w}};
         const float xd[2][2] = {{s0.x, s1.x}, {s0.y, s1.y}};
@@ -265,9 +269,9 @@ struct GroupOrder : S {
         // The lane's 8 code bytes of group q (its 16-byte piece of chunk q / 2: groups 2c, 2c + 1), and xd of
         // the group for its two epilogue columns.
         const int64_t rec = xrec(a, b, q >> 1, nt * 8);
-        const uint2 xf = ldg_u2(a.xc + (rec + g) * 64 + 16 * tid + 8 * (q & 1));
+        const uint2 xf = ldx_u2(a.xc + (rec + g) * 64 + 16 * tid + 8 * (q & 1));
         const float* s0 = reinterpret_cast<const float*>(a.xsc + rec + 2 * tid);
-        const float xd[2] = {__ldg(s0 + (q & 1)), __ldg(s0 + 4 + (q & 1))};
+        const float xd[2] = {__ldca(s0 + (q & 1)), __ldca(s0 + 4 + (q & 1))};
         int xsum[2][4] = {};  // the halves' code sums of the lane's token columns (every row the same)
         if constexpr (S::kMins)
 #pragma unroll
@@ -470,8 +474,8 @@ struct Block32Order : S {
 #pragma unroll
       for (int nt = 0; nt < NT8; ++nt) {
         const int64_t rec = xrec(a, b, c, nt * 8);
-        const uint4 xv = ldg_u4(a.xc + (rec + g) * 64 + 16 * tid);
-        const float4 s0 = __ldg(a.xsc + rec + 2 * tid), s1 = __ldg(a.xsc + rec + 2 * tid + 1);
+        const uint4 xv = ldx_u4(a.xc + (rec + g) * 64 + 16 * tid);
+        const float4 s0 = __ldca(a.xsc + rec + 2 * tid), s1 = __ldca(a.xsc + rec + 2 * tid + 1);
         const float xd[2][2] = {{s0.x, s1.x}, {s0.y, s1.y}};  // block 2c + h, the lane's token column k
 #pragma unroll
         for (int u = 0; u < T; ++u) {
@@ -557,6 +561,17 @@ using Q4S = Block32Order<Q40Src>;
 // two blocks in flight for n <= 8) or 1 (two row tiles a warp). n <= 8 runs at 3 (H100: faster than 2 at
 // every count up to 8, 12-40% after mmq_pack_x: more warps a SM, and the 6144-row product fits one wave);
 // more tokens need the registers of 2.
+// The weights of blocks b0 + k * step (k < D, those below nb) of the T tiles' rows.
+template <typename B, int D, int T>
+__device__ __forceinline__ void load_blocks(const uint8_t* const (&rowp)[T][2], int64_t b0, int64_t step, int64_t nb,
+                                            int tid, typename B::Raw (&raw)[D][T]) {
+#pragma unroll
+  for (int k = 0; k < D; ++k)
+    if (b0 + k * step < nb)
+#pragma unroll
+      for (int u = 0; u < T; ++u) raw[k][u] = B::load(rowp[u], b0 + k * step, nb, tid);
+}
+
 // T row tiles a warp (T 16 rows): each token's activation fragments are loaded once for the T tiles.
 // PP parts a warp (1, or 2: a.split / 2 warps a tile, warp w summing part w, then part w + split / 2, each in the
 // same accumulators: the same canonical order with half the warps, each twice the blocks).
@@ -589,32 +604,39 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) mmq_kernel(const Args a) {
   };
   const auto v = [](int u, int nt, int e) { return (u * NT8 + nt) * 4 + e; };
   each_acc([](float& x, int, int, int) { x = 0.0f; });
+  // Everything above reads only the kernel parameters. With one part a warp, the first round's weight blocks are
+  // loaded before the PDL wait (weights are constant during a step), so that they stream in while the kernel
+  // before this one drains; the packed activations (coherent loads: launch.cuh) and y only after it.
+  const int64_t nb = a.cols / 256;
+  const uint8_t* rowp[T][2];
+#pragma unroll
+  for (int u = 0; u < T; ++u)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t r = row0 + u * kTileRows + g + 8 * i;
+      rowp[u][i] = w + (r < rows ? r : rows - 1) * a.rb;
+    }
+  // Blocks a warp loads before using them (one part a warp): 2 for one n-tile and tile; more need the registers.
+  constexpr int kD = NT8 == 1 && T == 1 && kMinCtas == 2 ? 2 : 1;
+  const int64_t step = a.split;
+  typename B::Raw first[kD][T];
+  if constexpr (PP == 1)
+    if (active) load_blocks<B, kD, T>(rowp, part, step, nb, tid, first);
+  pdl_begin();
   if (active) {
-    const uint8_t* rowp[T][2];
-#pragma unroll
-    for (int u = 0; u < T; ++u)
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int64_t r = row0 + u * kTileRows + g + 8 * i;
-        rowp[u][i] = w + (r < rows ? r : rows - 1) * a.rb;
-      }
-    const int64_t nb = a.cols / 256;
     if constexpr (PP == 1) {
-      const int64_t step = a.split;
-      // Blocks a warp loads before using them: 2 for one n-tile and tile; more need the registers.
-      constexpr int kD = NT8 == 1 && T == 1 && kMinCtas == 2 ? 2 : 1;
-      for (int64_t b0 = part; b0 < nb; b0 += kD * step) {
-        typename B::Raw raw[kD][T];
-#pragma unroll
-        for (int k = 0; k < kD; ++k)
-          if (b0 + k * step < nb)
-#pragma unroll
-            for (int u = 0; u < T; ++u) raw[k][u] = B::load(rowp[u], b0 + k * step, nb, tid);
+      const auto run = [&](const typename B::Raw (&raw)[kD][T], int64_t b0) {
 #pragma unroll
         for (int k = 0; k < kD; ++k) {
           if (b0 + k * step >= nb) break;
           B::template block<NT8, T>(a, raw[k], b0 + k * step, g, tid, acc);
         }
+      };
+      run(first, part);
+      for (int64_t b0 = part + kD * step; b0 < nb; b0 += kD * step) {
+        typename B::Raw raw[kD][T];
+        load_blocks<B, kD, T>(rowp, b0, step, nb, tid, raw);
+        run(raw, b0);
       }
     } else {
       // Part part + h ws: blocks part + h ws + k PP ws. All but the last part go to `partial` as they finish.
@@ -662,6 +684,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) mmq_kernel(const Args a) {
 template <bool kQ6>
 __global__ void pack_x_kernel(const int8_t* xq, const float* xd, const int* xs, int n, int n8, int64_t cols,
                               uint4* xc, float4* xsc) {
+  pdl_begin();
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= cols / 64 * n8 * 4) return;
   const int tid = static_cast<int>(i & 3), t = static_cast<int>((i >> 2) % n8);
@@ -705,16 +728,16 @@ template <typename B, int PP>
 cudaError_t launch_pp(const Args& a, int tiles, unsigned grid, cudaStream_t stream) {
   constexpr bool kTwoTiles = PP == 1 && (std::is_same_v<B, Q4K<true>> || std::is_same_v<B, Q4K<false>>);
   if (a.n <= 8) {
-    if (g_variant & 1) mmq_kernel<B, 1, 3, 1, PP><<<grid, kThreads, 0, stream>>>(a);
-    else mmq_kernel<B, 1, 2, 1, PP><<<grid, kThreads, 0, stream>>>(a);
+    if (g_variant & 1) launch_pdl(mmq_kernel<B, 1, 3, 1, PP>, dim3(grid), dim3(kThreads), 0, stream, a);
+    else launch_pdl(mmq_kernel<B, 1, 2, 1, PP>, dim3(grid), dim3(kThreads), 0, stream, a);
   } else if (a.n <= 16) {
-    mmq_kernel<B, 2, 2, 1, PP><<<grid, kThreads, 0, stream>>>(a);
+    launch_pdl(mmq_kernel<B, 2, 2, 1, PP>, dim3(grid), dim3(kThreads), 0, stream, a);
   } else if (a.n <= 24) {
-    mmq_kernel<B, 3, 2, 1, PP><<<grid, kThreads, 0, stream>>>(a);
+    launch_pdl(mmq_kernel<B, 3, 2, 1, PP>, dim3(grid), dim3(kThreads), 0, stream, a);
   } else if (kTwoTiles && tiles == 2) {
-    if constexpr (kTwoTiles) mmq_kernel<B, 4, 1, 2><<<grid, kThreads, 0, stream>>>(a);
+    if constexpr (kTwoTiles) launch_pdl(mmq_kernel<B, 4, 1, 2>, dim3(grid), dim3(kThreads), 0, stream, a);
   } else {
-    mmq_kernel<B, 4, 2, 1, PP><<<grid, kThreads, 0, stream>>>(a);
+    launch_pdl(mmq_kernel<B, 4, 2, 1, PP>, dim3(grid), dim3(kThreads), 0, stream, a);
   }
   return cudaGetLastError();
 }
@@ -765,11 +788,11 @@ cudaError_t mmq_pack_x(DType type, const int8_t* xq, const float* xd, const int*
   auto* xsc = reinterpret_cast<float4*>(static_cast<uint8_t*>(xp) + n8 * cols);
   const auto tid = static_cast<uint32_t>(type);
   if (tid == qblocks::kQ6_K || tid == qblocks::kQ3_K || tid == qblocks::kQ2_K)
-    pack_x_kernel<true><<<static_cast<unsigned>(grid), 256, 0, stream>>>(xq, xd, xs, static_cast<int>(n), n8, cols,
-                                                                          xc, xsc);
+    launch_pdl(pack_x_kernel<true>, dim3(static_cast<unsigned>(grid)), dim3(256), 0, stream, xq, xd, xs,
+               static_cast<int>(n), n8, cols, xc, xsc);
   else
-    pack_x_kernel<false><<<static_cast<unsigned>(grid), 256, 0, stream>>>(xq, xd, xs, static_cast<int>(n), n8, cols,
-                                                                           xc, xsc);
+    launch_pdl(pack_x_kernel<false>, dim3(static_cast<unsigned>(grid)), dim3(256), 0, stream, xq, xd, xs,
+               static_cast<int>(n), n8, cols, xc, xsc);
   return cudaGetLastError();
 }
 
