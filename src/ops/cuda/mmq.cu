@@ -557,10 +557,6 @@ struct Q40Src {
 using Q8S = Block32Order<Q80Src>;
 using Q4S = Block32Order<Q40Src>;
 
-// kMinCtas CTAs a SM (__launch_bounds__): 3 (80 registers, one block in flight a warp), 2 (128 registers;
-// two blocks in flight for n <= 8) or 1 (two row tiles a warp). n <= 8 runs at 3 (H100: faster than 2 at
-// every count up to 8, 12-40% after mmq_pack_x: more warps a SM, and the 6144-row product fits one wave);
-// more tokens need the registers of 2.
 // The weights of blocks b0 + k * step (k < D, those below nb) of the T tiles' rows.
 template <typename B, int D, int T>
 __device__ __forceinline__ void load_blocks(const uint8_t* const (&rowp)[T][2], int64_t b0, int64_t step, int64_t nb,
@@ -572,6 +568,10 @@ __device__ __forceinline__ void load_blocks(const uint8_t* const (&rowp)[T][2], 
       for (int u = 0; u < T; ++u) raw[k][u] = B::load(rowp[u], b0 + k * step, nb, tid);
 }
 
+// kMinCtas CTAs a SM (__launch_bounds__): 3 (80 registers, one block in flight a warp), 2 (128 registers;
+// two blocks in flight for n <= 8) or 1 (two row tiles a warp). n <= 8 runs at 3 (H100: faster than 2 at
+// every count up to 8, 12-40% after mmq_pack_x: more warps a SM, and the 6144-row product fits one wave);
+// more tokens need the registers of 2.
 // T row tiles a warp (T 16 rows): each token's activation fragments are loaded once for the T tiles.
 // PP parts a warp (1, or 2: a.split / 2 warps a tile, warp w summing part w, then part w + split / 2, each in the
 // same accumulators: the same canonical order with half the warps, each twice the blocks).
