@@ -236,28 +236,29 @@ __global__ void __launch_bounds__(kThreads) gemv16_kernel(const Args16 a) {
   const int64_t chunks = a.cols / 8, stride = int64_t{a.split} * 32;
   int64_t c = int64_t{part} * 32 + lane;
   const bool live = row0 < pt.rows, whole = live && c + (U - 1) * stride < chunks;  // a first whole round
-  uint4 q0[U][R];
-  if (whole) {
+  // A round: chunks c + u * stride (u < U) of the R rows, loaded, then used.
+  const auto load_round = [&](uint4 (&q)[U][R]) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
-      for (int j = 0; j < R; ++j) q0[u][j] = ldw_u4(rp[j] + (c + u * stride) * 16);
-  }
+      for (int j = 0; j < R; ++j) q[u][j] = ldw_u4(rp[j] + (c + u * stride) * 16);
+  };
+  const auto dot_round = [&](const uint4 (&q)[U][R]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) dot_chunk16<kType, NT, R>(a, (c + u * stride) * 8, q[u], acc);
+  };
+  uint4 q0[U][R];
+  if (whole) load_round(q0);
   pdl_begin();
   if (whole) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) dot_chunk16<kType, NT, R>(a, (c + u * stride) * 8, q0[u], acc);
+    dot_round(q0);
     c += U * stride;
   }
   if (live) {
     for (; c + (U - 1) * stride < chunks; c += U * stride) {
       uint4 q[U][R];
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int j = 0; j < R; ++j) q[u][j] = ldw_u4(rp[j] + (c + u * stride) * 16);
-#pragma unroll
-      for (int u = 0; u < U; ++u) dot_chunk16<kType, NT, R>(a, (c + u * stride) * 8, q[u], acc);
+      load_round(q);
+      dot_round(q);
     }
     for (; c < chunks; c += stride) {
       uint4 q[R];
