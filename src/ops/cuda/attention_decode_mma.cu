@@ -298,10 +298,32 @@ __global__ void __launch_bounds__(MmaShape<HD, MT, RES>::kThreads, 1) decode_mma
       // The thread's rows' key ends in this pass (kb: the row is of another class, or of no query).
       const int64_t pe_a = qa >= 0 && kps_s[qa] == cur ? std::min(kend_s[qa], kb + cur) : kb;
       const int64_t pe_b = qb >= 0 && kps_s[qb] == cur ? std::min(kend_s[qb], kb + cur) : kb;
+      // Decode (copy warps): a round's tile g is "whole" when all its keys are below ke_max, contiguous (not a tree
+      // node's path) and in one chunk that tab_s holds; then its K and V rows lie kv_row_bytes apart from one base
+      // each, found once a round. Other tiles, and every tile where all threads copy and compute (MT > 1, whose
+      // registers the bases would take), go row by row: a chunk lookup a row and zeros past ke_max. That cost the
+      // copy warps about 1,000 instructions a round: at 32768 keys the compute warps waited at the round's
+      // barrier for the copy warps' address arithmetic, not for the data (docs/benchmarks.md, fortieth session).
+      const uint32_t kv_row_bytes = 2u * static_cast<uint32_t>(p.n_kv_heads) * HD;
       auto issue = [&](int r) {
         if (ct < 0) return;
         const int64_t ke = ke_max;
         const uint32_t slot = static_cast<uint32_t>(r % S::kRounds) * kTileGroups;
+        const char* whole[2][2];  // [tile g][K, V]: the tile's first row, or nullptr
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          whole[g][0] = whole[g][1] = nullptr;
+          const int k = 2 * r + g;
+          const int64_t j0 = kb + static_cast<int64_t>(k) * BN;
+          if (S::kCopyWarps > 0 && k < n_tiles && j0 + BN <= ke && !(node_block && j0 + BN > n_prefix)) {
+            const int64_t ch = chunk_of(j0), tc = ch - c0;
+            if (chunk_of(j0 + BN - 1) == ch && tc >= 0 && tc < n_tab) {
+              const int64_t off = 2 * (((j0 - ch * p.chunk_tokens) * p.n_kv_heads + kvh) * HD);
+              whole[g][0] = reinterpret_cast<const char*>(tab_s[tc]) + off;
+              whole[g][1] = reinterpret_cast<const char*>(tab_s[S::kTabChunks + tc]) + off;
+            }
+          }
+        }
         // Rows kU at a time (unrolled), so that a thread's many rows hold few addresses at once (no spills).
         constexpr int kU = kRowsPerThread < 4 ? kRowsPerThread : 4;
         static_assert(kRowsPerThread % kU == 0);
@@ -314,6 +336,16 @@ __global__ void __launch_bounds__(MmaShape<HD, MT, RES>::kThreads, 1) decode_mma
           const int g = row / (2 * BN), kv = row / BN % 2, t = row % BN;
           const int k = 2 * r + g;
           if (k >= n_tiles) continue;
+          if constexpr (S::kCopyWarps > 0) {
+            const char* w = g == 0 ? (kv == 0 ? whole[0][0] : whole[0][1]) : (kv == 0 ? whole[1][0] : whole[1][1]);
+            if (w != nullptr) {
+              const uint32_t dst =
+                  ring_base + (slot + g) * static_cast<uint32_t>(S::kStageBytes) + (kv * BN + t) * LD * 2;
+              const char* src = w + t * kv_row_bytes;
+              for (int c = ct % kTpr; c < kPieces; c += kTpr) cp_async16(dst + 16 * c, src + 16 * c);
+              continue;
+            }
+          }
           const int64_t j = kb + static_cast<int64_t>(k) * BN + t;
           const bool valid = j < ke;
           const char* src = reinterpret_cast<const char*>(p.q);  // any global address: not read when !valid
