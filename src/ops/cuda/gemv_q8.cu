@@ -710,21 +710,24 @@ __device__ __forceinline__ bool half_tail_applies(int split, int blocks) {
   return false;
 }
 
-// The blocks of each row in flight a lane (group_dot's round), the lane's first block of a row (part `part` of its
-// warp steps), and the row's blocks the full-width warp steps take (the rest, where half_tail_applies, go through
-// half_tail).
+// The blocks of each row in flight a lane (group_dot's round).
 template <typename B, int R>
 constexpr int round_blocks() {
   return B::kInFlight > R ? B::kInFlight / R : 1;
 }
+
+// A lane's walk over a row's blocks: its first block (part `part` of the row's warp steps), the step between its
+// blocks (a warp step times split) and the end of the full-width steps (the rest, where half_tail_applies, go
+// through half_tail). The kernel's first round and group_dot's rounds both follow it.
+struct BlockWalk {
+  int b0, step, end;
+};
 template <typename B, int R>
-__device__ __forceinline__ int full_step_blocks(const Args& a, int split) {
+__device__ __forceinline__ BlockWalk block_walk(const Args& a, int part, int split, int lane) {
+  constexpr int kPerStep = 32 / B::kLanes;
   const int blocks = static_cast<int>(a.cols / B::kElems);
-  return half_tail_applies<B, R>(split, blocks) ? blocks - 32 / B::kLanes / 2 : blocks;
-}
-template <typename B>
-__device__ __forceinline__ int first_block(int part, int lane) {
-  return part * (32 / B::kLanes) + lane / B::kLanes;
+  return {part * kPerStep + lane / B::kLanes, split * kPerStep,
+          half_tail_applies<B, R>(split, blocks) ? blocks - kPerStep / 2 : blocks};
 }
 
 // The weights of one round of group_dot: blocks b0 + k * step (k < U, those below end) of each row.
@@ -773,29 +776,25 @@ __device__ __forceinline__ void dot_round(const Args& a, const typename B::Raw (
 }
 
 // acc[j][t] += the dot product of row rowp[j] with token t0 + t (t < n) over this lane's blocks: blocks
-// (part * P + lane / kLanes) + i * split * P (P = 32 / kLanes blocks a warp step), in increasing order,
+// (part * P + lane / kLanes) + i * split * P (P = 32 / kLanes blocks a warp step; block_walk), in increasing order,
 // whatever R and NT, so every (row, token) sum is formed in the same order by every kernel. Each block's
 // activation slice of a token is loaded once for the R rows. The first round's weights w0 come loaded
-// (load_round from first_block: the kernel loads them before its PDL wait). Where half_tail_applies, the last
-// (half-full) step's blocks go through half_tail, in the same order.
+// (load_round at wk.b0: the kernel loads them before its PDL wait). Where half_tail_applies, the last (half-full)
+// step's blocks go through half_tail, in the same order.
 template <typename B, int R, int NT>
-__device__ __forceinline__ void group_dot(const Args& a, const uint8_t* const (&rowp)[R], int part, int split, int t0,
+__device__ __forceinline__ void group_dot(const Args& a, const uint8_t* const (&rowp)[R], const BlockWalk& wk, int t0,
                                           int n, int lane, const typename B::Raw (&w0)[round_blocks<B, R>()][R],
                                           float (&acc)[R][NT]) {
-  constexpr int kPerStep = 32 / B::kLanes;
   constexpr int U = round_blocks<B, R>();
-  const int end = full_step_blocks<B, R>(a, split);
-  const int step = split * kPerStep;
-  int b0 = first_block<B>(part, lane);
-  dot_round<B, R, NT, U>(a, w0, b0, step, end, t0, n, lane, acc);
-  for (b0 += U * step; b0 < end; b0 += U * step) {
+  dot_round<B, R, NT, U>(a, w0, wk.b0, wk.step, wk.end, t0, n, lane, acc);
+  for (int b0 = wk.b0 + U * wk.step; b0 < wk.end; b0 += U * wk.step) {
     typename B::Raw w[U][R];
-    load_round<B, R, U>(a, rowp, b0, step, end, lane, w);
-    dot_round<B, R, NT, U>(a, w, b0, step, end, t0, n, lane, acc);
+    load_round<B, R, U>(a, rowp, b0, wk.step, wk.end, lane, w);
+    dot_round<B, R, NT, U>(a, w, b0, wk.step, wk.end, t0, n, lane, acc);
   }
   if constexpr (has_half_tail<B>() && R == 2) {
     const int blocks = static_cast<int>(a.cols / B::kElems);
-    if (end < blocks) half_tail<B, NT>(a, rowp, end, blocks, t0, n, lane, acc);
+    if (wk.end < blocks) half_tail<B, NT>(a, rowp, wk.end, blocks, t0, n, lane, acc);
   }
 }
 
@@ -875,17 +874,16 @@ __global__ void __launch_bounds__(kThreads, kCtas) gemv_q8_kernel(const Args a) 
   // (weights are constant during a step), so that they stream in while the kernel before this one drains; the
   // activations (coherent loads, which ptxas keeps below the wait: launch.cuh) and y only after it.
   constexpr int U = round_blocks<B, R>();
+  const BlockWalk wk = block_walk<B, R>(a, part, split, lane);
   typename B::Raw w0[U][R];
-  if (y[0] != nullptr)
-    load_round<B, R, U>(a, rowp, first_block<B>(part, lane), split * (32 / B::kLanes), full_step_blocks<B, R>(a, split),
-                        lane, w0);
+  if (y[0] != nullptr) load_round<B, R, U>(a, rowp, wk.b0, wk.step, wk.end, lane, w0);
   pdl_begin();
   float acc[R][NT];
 #pragma unroll
   for (int j = 0; j < R; ++j)
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[j][t] = 0.0f;
-  if (y[0] != nullptr) group_dot<B, R, NT>(a, rowp, part, split, t0, n, lane, w0, acc);
+  if (y[0] != nullptr) group_dot<B, R, NT>(a, rowp, wk, t0, n, lane, w0, acc);
   if constexpr (B::kGroupParts) {
     constexpr int G = 32 / B::kLanes;
     __shared__ float parts[kWarps][G][R * NT];
